@@ -1,0 +1,1 @@
+"""paged: PagedAttention, layer by layer."""
