@@ -1,35 +1,18 @@
 """The one oracle (STYLE §3): plain contiguous attention over one sequence.
 
-Every equivalence test, at every step, compares a paged result with this
-function applied to the contiguous keys and values of the same sequence.
-It works in any dtype (float64 for tight bounds).
+Every equivalence test, at every step, compares a paged result with
+``contiguous_attention`` applied to the contiguous keys and values of the same
+sequence. It is the package's own ``causal_sdpa`` (so the reference paged path,
+which gathers and then calls it, is bitwise equal exactly when the gather is
+right), and ``test_oracle.py`` checks it once against softmax written out by
+hand in float64.
+
+    contiguous_attention(q [T_q, H, D], k [T_k, H_kv, D], v [T_k, H_kv, D], scale) -> [T_q, H, D]
+
+Query ``i`` sits at position ``T_k - T_q + i`` and sees keys ``0 ..`` that
+position; query head ``h`` reads KV head ``h // (H // H_kv)``.
 """
 
-import torch
-import torch.nn.functional as F
+from paged.step03_attention.reference import causal_sdpa as contiguous_attention
 
-
-def contiguous_attention(
-    q: torch.Tensor,  # [T_q, H, D]   the new tokens' queries
-    k: torch.Tensor,  # [T_k, H_kv, D] every key of the sequence, oldest first
-    v: torch.Tensor,  # [T_k, H_kv, D]
-    scale: float,
-) -> torch.Tensor:  # [T_q, H, D]
-    """Causal attention of the last ``T_q`` positions of a ``T_k``-token sequence.
-
-    Query ``i`` sits at position ``T_k - T_q + i`` and sees keys ``0 ..`` that
-    position. Grouped-query attention: query head ``h`` reads KV head
-    ``h // (H // H_kv)``.
-    """
-    t_q, h, _ = q.shape
-    t_k, h_kv, _ = k.shape
-    group = h // h_kv
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    pos_q = torch.arange(t_k - t_q, t_k).unsqueeze(1)  # [T_q, 1]
-    pos_k = torch.arange(t_k).unsqueeze(0)  # [1, T_k]
-    mask = pos_k <= pos_q  # [T_q, T_k]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
-    )  # [H, T_q, D]
-    return out.transpose(0, 1)
+__all__ = ["contiguous_attention"]

@@ -1,0 +1,70 @@
+"""Block-wise paged attention with an online softmax: the paper's equation (§4.1).
+
+The paper writes attention over the KV blocks of a sequence,
+\\(K_j = (k_{(j-1)B+1}, \\dots, k_{jB})\\) and \\(V_j\\) likewise:
+
+    A_ij = exp(q_i K_j^T / sqrt(d)) / sum_t exp(q_i K_t^T 1 / sqrt(d))
+    o_i  = sum_j V_j A_ij^T
+
+Computed literally this needs the denominator before any block is finished.
+The online softmax gets the same result in one pass over the blocks: keep a
+running maximum ``m``, a running sum ``l`` of ``exp(score - m)`` and an
+unnormalised output ``acc``; when a block raises the maximum, rescale what was
+accumulated by ``exp(m_old - m_new)``. At the end ``o = acc / l``. This is the
+loop every kernel (``csrc/cpu``, ``csrc/cuda``) runs, written readably. It is
+slow on purpose: one Python iteration per block.
+
+Same arguments and result as ``reference.reference_attention``; equal to it up
+to the reordering of the sums (tests: toleranced, float64 for tight bounds).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paged.step03_attention.reference import _lens
+
+
+# --8<-- [start:blockwise]
+def _one_sequence(q, key_cache, value_cache, blocks, context_len, scale):
+    """q [T_q, H, D] for the last T_q of ``context_len`` positions -> [T_q, H, D]."""
+    t_q, h, d = q.shape
+    block_size, h_kv = key_cache.shape[1], key_cache.shape[2]
+    group = h // h_kv
+    qg = q.float() if q.dtype in (torch.float16, torch.bfloat16) else q
+    qg = qg.reshape(t_q, h_kv, group, d)  # [T_q, H_kv, G, D]
+    pos_q = torch.arange(context_len - t_q, context_len)  # [T_q]
+    m = torch.full((t_q, h_kv, group), float("-inf"), dtype=qg.dtype)  # running max
+    l = torch.zeros((t_q, h_kv, group), dtype=qg.dtype)  # running sum of exp
+    acc = torch.zeros((t_q, h_kv, group, d), dtype=qg.dtype)  # unnormalised output
+    for j in range(-(-context_len // block_size)):  # logical block j
+        phys = int(blocks[j])
+        n = min(block_size, context_len - j * block_size)  # #filled of block j
+        k = key_cache[phys, :n].to(qg.dtype)  # [n, H_kv, D]
+        v = value_cache[phys, :n].to(qg.dtype)  # [n, H_kv, D]
+        s = torch.einsum("qhgd,nhd->qhgn", qg, k) * scale  # [T_q, H_kv, G, n]
+        pos_k = torch.arange(j * block_size, j * block_size + n)
+        s = s.masked_fill((pos_k[None, :] > pos_q[:, None])[:, None, None, :], float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        # a row whose keys are all masked so far keeps m = -inf; guard the exp
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_safe[..., None])  # [T_q, H_kv, G, n]
+        correction = torch.exp(m - m_safe)  # rescale what came before
+        l = l * correction + p.sum(dim=-1)
+        acc = acc * correction[..., None] + torch.einsum("qhgn,nhd->qhgd", p, v)
+        m = m_new
+    return (acc / l[..., None]).reshape(t_q, h, d).to(q.dtype)
+# --8<-- [end:blockwise]
+
+
+def blockwise_attention(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale):
+    """Paged attention block by block with an online softmax (see module doc)."""
+    q_lens, ctx = _lens(query, context_lens, query_lens)
+    out = torch.empty_like(query)
+    start = 0
+    for s, (q_len, c) in enumerate(zip(q_lens, ctx)):
+        out[start : start + q_len] = _one_sequence(
+            query[start : start + q_len], key_cache, value_cache, block_tables[s], c, scale
+        )
+        start += q_len
+    return out
