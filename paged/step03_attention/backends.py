@@ -1,0 +1,61 @@
+"""Choosing an attention path (DESIGN §4).
+
+Four paths compute the same thing with the same arguments (see
+``reference.py``): ``reference`` and ``blockwise`` (pure PyTorch), ``cpu``
+(the C++ / OpenMP kernel of ``csrc/cpu``) and ``cuda`` (``csrc/cuda``).
+``PAGED_ATTENTION_BACKEND`` forces one; otherwise the fastest available for
+the tensors' device is used. The native kernels handle decode (one new token
+per sequence); prompts go through ``prefill_attention``, which needs no gather
+when nothing of the sequence is cached yet.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+
+BACKENDS = ("reference", "blockwise", "cpu", "cuda")
+ENV_VAR = "PAGED_ATTENTION_BACKEND"
+
+
+def native_decode(name: str):
+    """The decode kernel of a native backend, or None (with one warning) if it cannot build."""
+    if name == "cpu":
+        from paged.kernels import cpu as module
+    else:
+        from paged.kernels import cuda as module
+    if module.available():
+        return module.paged_attention_decode if name == "cpu" else module.paged_attention_v1
+    return None
+
+
+def resolve_backend(device: torch.device | str, requested: str | None = None) -> str:
+    """The backend name to use on ``device``: ``requested``, the environment, or the fastest."""
+    device = torch.device(device)
+    name = requested or os.environ.get(ENV_VAR) or ("cuda" if device.type == "cuda" else "cpu")
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name in ("cpu", "cuda") and name != device.type:
+        raise ValueError(f"attention backend {name!r} cannot run on a {device.type} device")
+    if name in ("cpu", "cuda") and native_decode(name) is None:
+        warnings.warn(f"the {name} attention kernel is unavailable; using 'reference' instead")
+        return "reference"
+    return name
+
+
+def prefill_attention(
+    q: torch.Tensor,  # [T, H, D] all tokens of a sequence with nothing cached before them
+    k: torch.Tensor,  # [T, H_kv, D]
+    v: torch.Tensor,  # [T, H_kv, D]
+    scale: float,
+) -> torch.Tensor:  # [T, H, D]
+    """Causal attention over a prompt's own keys: no block table needed yet."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+    )  # [H, T, D]
+    return out.transpose(0, 1)

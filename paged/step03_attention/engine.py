@@ -1,0 +1,255 @@
+"""The first engine: iteration-level (Orca-style) FCFS batching over paged KV (paper §4.5).
+
+Every iteration (``step``) the engine
+
+1. makes room for one more token in every running sequence — a new block only
+   when its last block is full (§4.3); if the pool is empty it ends the newest
+   running request with ``finish_reason="kv_cache_exhausted"`` and frees its
+   blocks (step03 cannot preempt: step05 replaces this with swap / recompute);
+2. admits waiting requests first-come-first-served while free blocks cover
+   their prompts (a request that cannot fit blocks the ones behind it);
+3. sends one ``StepPlan`` to the ``ModelRunner`` — prompts and decodes packed
+   into one forward pass — and records the sampled tokens; a finished
+   sequence leaves the batch and frees its blocks at once.
+
+The engine is plain Python over plain data: the runner is the only place
+tensors live.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from collections import deque
+
+import torch
+
+from paged.step01_allocator import BlockAllocator
+from paged.step02_block_table import BlockTable, KVCache, Sequence, SequenceStatus
+from paged.step03_attention.backends import resolve_backend
+from paged.step03_attention.outputs import CompletionOutput, RequestOutput
+from paged.step03_attention.plan import StepPlan
+from paged.step03_attention.request import Request, StopChecker
+from paged.step03_attention.runner import ModelRunner
+from paged.step03_attention.sampling_params import SamplingParams
+
+logger = logging.getLogger("paged")
+
+DEFAULT_KV_CACHE_MEMORY = 512 * 2**20  # bytes, when neither a budget nor a block count is given
+
+
+class Engine:
+    """Iteration-level batching engine over a paged KV cache.
+
+    Args:
+        model: a ``paged.models.LoadedModel``.
+        block_size: tokens per KV block (B).
+        num_blocks: physical blocks; or derive them from ``kv_cache_memory`` (bytes).
+        max_num_seqs: most sequences in one iteration.
+        max_num_batched_tokens: most tokens in one iteration (prompts included).
+        max_model_len: most tokens per sequence; default: the model's context.
+        attention_backend: ``reference|blockwise|cpu|cuda``; default: fastest.
+        seed: seeds the generators of requests that give no seed.
+        free_order: initial free-list order of the allocator (tests shuffle it).
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+        attention_backend: str | None = None,
+        seed: int = 0,
+        free_order=None,
+    ) -> None:
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.max_model_len = max_model_len or cfg.max_position_embeddings
+        if not 1 <= self.max_model_len <= cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len must be in [1, {cfg.max_position_embeddings}] (the model's "
+                f"context), got {self.max_model_len}"
+            )
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens or max(self.max_model_len, 2048)
+        dtype = next(model.model.parameters()).dtype
+        device = next(model.model.parameters()).device
+        shape = (cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+        if num_blocks is None:
+            budget = kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
+            num_blocks = KVCache.num_blocks_for(budget, *shape)
+            how = f"from a budget of {budget / 2**20:.1f} MiB"
+        else:
+            how = "as given"
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.allocator = BlockAllocator(num_blocks, free_order)
+        self.kv_cache = KVCache(
+            cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
+        )
+        self.backend = resolve_backend(device, attention_backend)
+        self.runner = ModelRunner(model.model, self.kv_cache, self.backend)
+        self.stops = StopChecker(model.eos_token_ids, self.max_model_len, model.tokenizer)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s",
+            num_blocks, block_size, num_blocks * block_size,
+            self.kv_cache.data.numel() * self.kv_cache.data.element_size() / 2**20, how, self.backend,
+        )
+        self._rng = random.Random(seed)
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._finished_seq_ids: list[int] = []
+
+    # -- requests -------------------------------------------------------------
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ``ValueError`` if the request can never run here; changes nothing."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {n} tokens; this model allows at most {self.max_model_len - 1} "
+                f"(max_model_len {self.max_model_len} minus one generated token)"
+            )
+        if n > self.max_num_batched_tokens:
+            raise ValueError(
+                f"the prompt has {n} tokens, more than max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) of one iteration"
+            )
+        need = -(-n // self.block_size)
+        if need > self.allocator.num_blocks:
+            raise ValueError(
+                f"the prompt needs {need} KV blocks but the cache has only "
+                f"{self.allocator.num_blocks}; raise kv_cache_memory or num_blocks"
+            )
+        if params.n != 1 or params.best_of != 1 or params.use_beam_search:
+            raise ValueError("this engine (step03) generates one sequence per request; "
+                             "n > 1, best_of and beam search arrive in step04")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams | None = None, prompt: str | None = None) -> None:
+        """Queue a request (FCFS). Invalid requests raise ``ValueError`` and queue nothing."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.check_request(prompt_token_ids, params)
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        req = Request(request_id, prompt, list(prompt_token_ids), params, seed, next(self._arrivals))
+        seq = Sequence(next(self._seq_ids), req.prompt_token_ids, BlockTable(self.allocator, self.block_size))
+        req.seqs.append(seq)
+        req.outputs[seq.seq_id] = CompletionOutput(0, "", [])
+        self.requests[request_id] = req
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request wherever it is and free its blocks; False if unknown or done."""
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
+            return False
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self.stops.finish(seq, req.outputs[seq.seq_id], "abort")
+        self._retire(req)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one iteration --------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; returns the requests that advanced or finished in it."""
+        ended = self._make_room()
+        admitted = self._admit()
+        plan = self._plan(admitted)
+        results = self.runner.execute(plan)
+        touched = {r.request_id: r for r in ended}
+        for req in list(self.running):
+            for seq in req.seqs:
+                if seq.seq_id in results:
+                    self.stops.record(seq, req.outputs[seq.seq_id], results[seq.seq_id], req.params)
+                    touched[req.request_id] = req
+            if req.finished:
+                self._retire(req)
+        return [r.to_output() for r in touched.values()]
+
+    def _make_room(self) -> list[Request]:
+        """Ensure every running sequence can take one more token; end the newest if not."""
+        ended = []
+        while True:
+            need = sum(self._new_block_needed(s) for r in self.running for s in r.seqs if not s.is_finished)
+            if need <= self.allocator.num_free or not self.running:
+                return ended
+            victim = max(self.running, key=lambda r: r.arrival)
+            for seq in victim.seqs:
+                if not seq.is_finished:
+                    self.stops.finish(seq, victim.outputs[seq.seq_id], "kv_cache_exhausted")
+            self._retire(victim)
+            ended.append(victim)
+            logger.warning("KV cache exhausted: ended request %s (step05 adds preemption)", victim.request_id)
+
+    def _new_block_needed(self, seq: Sequence) -> int:
+        return int(seq.block_table.num_tokens % self.block_size == 0)
+
+    def _admit(self) -> list[Request]:
+        """FCFS: admit waiting requests while their prompts fit in free blocks and the budgets."""
+        admitted = []
+        reserved = sum(self._new_block_needed(s) for r in self.running for s in r.seqs)
+        seqs = sum(len(r.seqs) for r in self.running)
+        tokens = seqs  # one decode token each
+        while self.waiting:
+            req = self.waiting[0]
+            n = len(req.prompt_token_ids)
+            need = -(-n // self.block_size)
+            if (need > self.allocator.num_free - reserved or seqs + 1 > self.max_num_seqs
+                    or tokens + n > self.max_num_batched_tokens):
+                break
+            self.waiting.popleft()
+            reserved += need
+            seqs += 1
+            tokens += n
+            admitted.append(req)
+        return admitted
+
+    def _plan(self, admitted: list[Request]) -> StepPlan:
+        plan = StepPlan(finished_seq_ids=self._finished_seq_ids)
+        self._finished_seq_ids = []
+        for req in self.running:  # decodes: the newest token of each sequence
+            for seq in req.seqs:
+                slots = seq.block_table.append(1)
+                self._add(plan, req, seq, [seq.last_token_id], seq.num_tokens - 1, slots)
+        for req in admitted:  # prompts: every token at once
+            seq = req.seqs[0]
+            seq.status = SequenceStatus.RUNNING
+            slots = seq.block_table.append(len(seq.prompt_token_ids))
+            self._add(plan, req, seq, seq.prompt_token_ids, 0, slots)
+            self.running.append(req)
+        return plan
+
+    def _add(self, plan, req, seq, token_ids, start, slots):
+        plan.add(seq.seq_id, token_ids, start, slots, seq.block_table.num_tokens,
+                 seq.block_table.blocks, True, req.params, req.seed)
+
+    def _retire(self, req: Request) -> None:
+        """A finished or aborted request: free every block now, drop it from the queues."""
+        for seq in req.seqs:
+            seq.block_table.free()
+            self._finished_seq_ids.append(seq.seq_id)
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.requests.pop(req.request_id, None)

@@ -1,0 +1,95 @@
+"""A request as the engine tracks it: its sequences, settings and stopping rules.
+
+A request owns one sequence in step03; step04 gives it several (``n``, beam
+search) that share blocks. Stopping is decided here, per sequence, from the
+sampled token and the text so far (EOS, stop token ids, stop strings,
+``max_tokens``, the model's context length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paged.step02_block_table import Sequence
+from paged.step03_attention.outputs import CompletionOutput, RequestOutput
+from paged.step03_attention.sampler import SampleResult
+from paged.step03_attention.sampling_params import SamplingParams
+
+
+@dataclass
+class Request:
+    """One ``add_request`` call."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int  # seeds the first sequence's generator
+    arrival: int  # FCFS order
+    seqs: list[Sequence] = field(default_factory=list)
+    outputs: dict[int, CompletionOutput] = field(default_factory=dict)  # seq_id -> output
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+    def to_output(self) -> RequestOutput:
+        completions = [self.outputs[s.seq_id] for s in self.seqs]
+        return RequestOutput(
+            self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished
+        )
+
+
+class StopChecker:
+    """Decides after each sampled token whether a sequence is done.
+
+    Args:
+        eos_token_ids: the model's end-of-sequence ids.
+        max_model_len: the most tokens (prompt + output) a sequence may hold.
+        tokenizer: a ``tokenizers.Tokenizer`` to detokenize with, or None.
+    """
+
+    def __init__(self, eos_token_ids, max_model_len: int, tokenizer=None) -> None:
+        self.eos = set(eos_token_ids or [])
+        self.max_model_len = max_model_len
+        self.tokenizer = tokenizer
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer else ""
+
+    def record(self, seq: Sequence, out: CompletionOutput, result: SampleResult, params: SamplingParams):
+        """Append the token to ``seq`` and ``out``; finish ``seq`` if a rule says so."""
+        token = result.token_id
+        seq.append_token(token)
+        out.token_ids.append(token)
+        if result.logprob is not None:
+            out.cumulative_logprob = (out.cumulative_logprob or 0.0) + result.logprob
+            entry = dict(result.top_logprobs or {})
+            entry[token] = result.logprob
+            if out.logprobs is None:
+                out.logprobs = []
+            out.logprobs.append(entry)
+        n_out = len(seq.output_token_ids)
+        reason, stop_reason = None, None
+        if n_out > params.min_tokens or n_out == params.max_tokens:
+            if token in self.eos and not params.ignore_eos:
+                reason = "stop"
+            elif token in params.stop_token_ids:
+                reason, stop_reason = "stop", token
+        if reason is None and params.stop and self.tokenizer is not None and n_out > params.min_tokens:
+            text = self.decode(seq.output_token_ids)
+            for s in params.stop:
+                at = text.find(s)
+                if at != -1:
+                    reason, stop_reason, out.text = "stop", s, text[:at]
+                    break
+        if reason is None and (n_out >= params.max_tokens or seq.num_tokens >= self.max_model_len):
+            reason = "length"
+        if reason is not None:
+            self.finish(seq, out, reason, stop_reason)
+
+    def finish(self, seq: Sequence, out: CompletionOutput, reason: str, stop_reason=None) -> None:
+        seq.finish(reason)
+        out.finish_reason, out.stop_reason = reason, stop_reason
+        if not (reason == "stop" and isinstance(stop_reason, str)):
+            out.text = self.decode(out.token_ids)

@@ -1,0 +1,75 @@
+"""``ModelRunner``: a worker that executes ``StepPlan``s (DESIGN §2).
+
+It owns the model and the ``KVCache`` and makes no memory decisions. Each
+iteration: the plan's lists become tensors once; one forward pass runs over
+every scheduled token of every sequence (prompts and decodes packed together);
+logits are computed only for the rows that sample; one vectorised sampling
+call draws a token for each of them. The only device-to-host transfer is the
+sampled ids (and log-probabilities when asked).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paged.step02_block_table import KVCache
+from paged.step03_attention.attention import AttentionMetadata, PagedAttention
+from paged.step03_attention.plan import StepPlan
+from paged.step03_attention.sampler import SampleResult, sample
+
+
+class ModelRunner:
+    """Runs plans against one model and its paged KV cache.
+
+    Args:
+        model: a ``paged.models`` causal LM.
+        kv_cache: the paged cache, sized by the engine.
+        backend: attention path name (``backends.resolve_backend``).
+    """
+
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, backend: str) -> None:
+        self.model, self.kv_cache, self.backend = model, kv_cache, backend
+        self.device = kv_cache.data.device
+        self._generators: dict[int, torch.Generator] = {}
+
+    def execute(self, plan: StepPlan) -> dict[int, SampleResult]:
+        """Run one iteration; returns the token drawn by each sequence that samples."""
+        self.execute_memory_ops(plan)
+        for seq_id in plan.finished_seq_ids:
+            self._generators.pop(seq_id, None)
+        if not plan.seq_ids:
+            return {}
+        meta = AttentionMetadata.build(
+            plan.slot_mapping, plan.block_tables, plan.context_lens, plan.query_lens, self.device
+        )
+        input_ids = torch.tensor(plan.input_ids, dtype=torch.int64, device=self.device)
+        positions = torch.tensor(plan.positions, dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            hidden = self.model(input_ids, positions, PagedAttention(self.kv_cache, meta, self.backend))
+            rows, last = [], -1
+            for s, q_len in enumerate(plan.query_lens):
+                last += q_len
+                if plan.sample[s]:
+                    rows.append((s, last))
+            if not rows:
+                return {}
+            idx = torch.tensor([r for _, r in rows], device=self.device)
+            logits = self.model.compute_logits(hidden[idx])  # [S', V]
+            seqs = [s for s, _ in rows]
+            results = sample(
+                logits,
+                [plan.sampling_params[s] for s in seqs],
+                [self._generator(plan.seq_ids[s], plan.seeds[s]) for s in seqs],
+            )
+        return {plan.seq_ids[s]: r for s, r in zip(seqs, results)}
+
+    def execute_memory_ops(self, plan: StepPlan) -> None:
+        """Block copies before the forward pass (step03 has none; steps 04-05 add them)."""
+        if plan.has_memory_ops:
+            raise NotImplementedError("memory operations arrive with step04 (copy) and step05 (swap)")
+
+    def _generator(self, seq_id: int, seed: int) -> torch.Generator:
+        g = self._generators.get(seq_id)
+        if g is None:
+            g = self._generators[seq_id] = torch.Generator().manual_seed(seed)
+        return g
