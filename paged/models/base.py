@@ -1,0 +1,89 @@
+"""``CausalLM``: what every model in ``paged.models`` promises to the runner and the loader.
+
+The runner calls ``forward(input_ids, positions, attention)`` once per
+iteration over every new token of every sequence, packed (DESIGN §2), then
+``compute_logits`` on the rows it samples from. The loader asks
+``checkpoint_layout()`` which Hugging Face tensors fill which parameter:
+module and parameter names follow Hugging Face's, except the fused
+projections listed in ``packed_modules`` (e.g. ``qkv_proj`` <- ``q_proj``,
+``k_proj``, ``v_proj``), which are filled part by part.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from paged.models.attention import Attention
+from paged.models.config import ModelConfig
+from paged.models.layers import MergedLinear, RotaryEmbedding
+
+
+class CausalLM(nn.Module):
+    """Base of the decoder-only models: a ``model`` trunk and an ``lm_head``.
+
+    Class attributes:
+        packed_modules: fused module name -> the Hugging Face modules stacked in it, in output order.
+        tp_plan: module name -> ``"column"`` or ``"row"``: how a tensor-parallel step shards it
+            (column-parallel parts are split per part of a ``MergedLinear``).
+    """
+
+    packed_modules: dict[str, tuple[str, ...]] = {}
+    tp_plan: dict[str, str] = {}
+
+    config: ModelConfig
+    model: nn.Module
+    lm_head: nn.Linear
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64, new tokens of all sequences packed
+        positions: torch.Tensor,  # [T] int64, each token's position in its own sequence
+        attention: Attention,
+    ) -> torch.Tensor:  # [T, hidden]
+        """Hidden states after the last layer (and final norm) for every new token."""
+        return self.model(input_ids, positions, attention)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
+        """Logits of the rows to sample from (call it on those rows only: the LM head is the widest GEMM)."""
+        return self.lm_head(hidden)
+
+    def tie_weights(self) -> None:
+        """Share the token embedding with the LM head when the config says so (again after ``to_empty``,
+        which gives every module its own fresh tensor)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.get_input_embeddings().weight
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding module."""
+        raise NotImplementedError
+
+    def reset_buffers(self) -> None:
+        """Recompute non-persistent buffers (RoPE tables) in the dtype of the weights."""
+        dtype = next(self.parameters()).dtype
+        for module in self.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.reset_table(dtype)
+
+    def checkpoint_layout(self) -> dict[str, list[tuple[str, int, int]]]:
+        """Which checkpoint tensor fills which rows of which parameter.
+
+        Returns:
+            parameter name -> list of ``(checkpoint name, first row, row count)``; a plain parameter has
+            one entry covering all of it, a ``MergedLinear`` weight or bias one entry per part.
+        """
+        layout = {}
+        modules = dict(self.named_modules())
+        for name, param in self.named_parameters():  # tied parameters appear once
+            module_name, _, leaf = name.rpartition(".")
+            prefix, _, short = module_name.rpartition(".")
+            module = modules[module_name]
+            if isinstance(module, MergedLinear) and short in self.packed_modules:
+                parts, row = [], 0
+                for part, size in zip(self.packed_modules[short], module.output_sizes):
+                    parts.append((f"{prefix}.{part}.{leaf}", row, size))
+                    row += size
+                layout[name] = parts
+            else:
+                layout[name] = [(name, 0, param.shape[0] if param.dim() else 1)]
+        return layout

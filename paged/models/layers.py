@@ -1,0 +1,124 @@
+"""Building blocks shared by the model definitions: fused linears, RMSNorm, RoPE.
+
+``MergedLinear`` is one ``nn.Linear`` that computes several projections in one
+GEMM (q|k|v, gate|up) and records the size of each part, so the loader can
+fill each part from its own checkpoint tensor and a tensor-parallel step can
+shard each part column-wise. ``RotaryEmbedding`` precomputes cos/sin for every
+position once; a forward pass only indexes the table with ``positions``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from paged.models.config import ModelConfig
+
+
+class MergedLinear(nn.Linear):
+    """Several column-parallel projections of the same input stacked into one ``nn.Linear``.
+
+    Args:
+        in_features: input width.
+        output_sizes: width of each part, in output order (e.g. ``(H*D, H_kv*D, H_kv*D)``).
+        bias: whether every part has a bias.
+    """
+
+    def __init__(self, in_features: int, output_sizes: tuple[int, ...], bias: bool):
+        super().__init__(in_features, sum(output_sizes), bias=bias)
+        self.output_sizes = tuple(output_sizes)
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``[T, sum(output_sizes)]`` -> one ``[T, size]`` view per part."""
+        return y.split(self.output_sizes, dim=-1)
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x**2) + eps) * weight`` over the last dim.
+
+    Half-precision inputs are normalised in float32 (as transformers and vLLM
+    do); float32 and float64 inputs are normalised in their own dtype, so a
+    float64 model is float64 throughout.
+    """
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        dtype = x.dtype
+        x = x.to(torch.promote_types(dtype, torch.float32))
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:  # [D/2] float32
+    """Frequency of each rotated pair, ``theta ** (-2i / D)``, with the config's scaling applied.
+
+    Computed in float32, like the tables these checkpoints were trained and
+    served with (transformers, vLLM); a float64 model casts the finished table.
+    ``llama3`` scaling (Llama 3.1): wavelengths shorter than
+    ``original / high_freq_factor`` are kept, those longer than
+    ``original / low_freq_factor`` are divided by ``factor``, and the band in
+    between is interpolated smoothly.
+    """
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    long_wave = wavelen > original / low
+    short_wave = wavelen < original / high
+    scaled = torch.where(long_wave, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)  # 0 at the long edge, 1 at the short edge
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    return torch.where(~long_wave & ~short_wave, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding with a cos/sin table for every position, built once.
+
+    The table is a non-persistent buffer: it follows ``.to(device/dtype)`` but
+    is not part of a checkpoint; ``reset_table()`` rebuilds it (after the
+    loader materialises a model built on the meta device).
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.reset_table()
+
+    def reset_table(self, dtype: torch.dtype | None = None) -> None:
+        """(Re)compute ``cos``/``sin`` ``[max_position_embeddings, D/2]`` in float32, stored in ``dtype``."""
+        device, dtype = self.cos.device, dtype or self.cos.dtype
+        inv_freq = rope_inverse_frequencies(self.config).to(device)  # [D/2]
+        pos = torch.arange(self.config.max_position_embeddings, device=device, dtype=torch.float32)
+        angles = pos[:, None] * inv_freq[None, :]  # [P, D/2]
+        self.cos = angles.cos().to(dtype)
+        self.sin = angles.sin().to(dtype)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate the two halves of each head: pair ``(x[i], x[i + D/2])`` turns by ``pos * inv_freq[i]``.
+
+        Args:
+            x: ``[T, heads, D]`` queries or keys.
+            positions: ``[T]`` position of each token in its own sequence.
+
+        Returns:
+            ``[T, heads, D]``, same dtype as ``x``.
+        """
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
+        sin = self.sin[positions].unsqueeze(1)
+        x1, x2 = x.chunk(2, dim=-1)  # [T, heads, D/2] each
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,115 @@
+"""The LLaMA family (Llama 2/3, Mistral, Qwen2) over a pluggable attention.
+
+A pre-norm decoder: ``h += attn(rmsnorm(h)); h += mlp(rmsnorm(h))`` with
+rotary positions, grouped-query attention (H_kv <= H key/value heads) and a
+SwiGLU MLP ``down(silu(gate(x)) * up(x))``. The three members differ only in
+config: Qwen2 has q/k/v biases, Llama may have ``attention_bias`` /
+``mlp_bias``, Mistral may have a sliding window (declared through
+``ModelConfig.max_model_len``, not masked). q/k/v run as one GEMM
+(``qkv_proj``), gate/up as one GEMM (``gate_up_proj``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paged.models.attention import Attention
+from paged.models.base import CausalLM
+from paged.models.config import ModelConfig
+from paged.models.layers import MergedLinear, RMSNorm, RotaryEmbedding
+
+
+class LlamaAttention(nn.Module):
+    """Fused q/k/v projection, RoPE on q and k, the pluggable attention, output projection."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        h, h_kv, d = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = h, h_kv, d
+        self.scale = d**-0.5
+        self.qkv_proj = MergedLinear(config.hidden_size, (h * d, h_kv * d, h_kv * d), bias=config.qkv_bias)
+        self.o_proj = nn.Linear(h * d, config.hidden_size, bias=config.o_bias)
+        self.rotary = [rotary]  # shared by all layers; a list so it is not registered L times
+
+    def forward(self, layer: int, x: torch.Tensor, positions: torch.Tensor, attention: Attention):
+        """``[T, hidden]`` -> ``[T, hidden]``."""
+        t = x.shape[0]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        rotary = self.rotary[0]
+        q = rotary(q.view(t, self.num_heads, self.head_dim), positions)  # [T, H, D]
+        k = rotary(k.view(t, self.num_kv_heads, self.head_dim), positions)  # [T, H_kv, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)  # [T, H_kv, D]
+        out = attention(layer, q, k, v, self.scale)  # [T, H, D]
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: ``down_proj(silu(gate) * up)`` with gate and up from one GEMM."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        i = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, (i, i), bias=config.mlp_bias)
+        self.down_proj = nn.Linear(i, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm residual block: attention then MLP."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, rotary)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, layer, h, positions, attention):  # h: [T, hidden]
+        h = h + self.self_attn(layer, self.input_layernorm(h), positions, attention)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    """Token embedding, the decoder layers, final RMSNorm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = RotaryEmbedding(config)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, self.rotary_emb) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, attention):  # [T], [T] -> [T, hidden]
+        h = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            h = layer(i, h, positions, attention)
+        return self.norm(h)
+
+
+class LlamaForCausalLM(CausalLM):
+    """Llama / Mistral / Qwen2 causal LM; see ``CausalLM`` for the calling convention.
+
+    Args:
+        config: a ``ModelConfig`` with ``architecture == "llama"``.
+    """
+
+    packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    tp_plan = {"qkv_proj": "column", "o_proj": "row", "gate_up_proj": "column", "down_proj": "row"}
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.architecture != "llama":
+            raise ValueError(f"LlamaForCausalLM needs a llama-family config, got {config.architecture!r}")
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding module."""
+        return self.model.embed_tokens

@@ -1,0 +1,215 @@
+"""``load_model``: a Hugging Face checkpoint folder -> a ready ``CausalLM``, tokenizer and EOS ids.
+
+Reads ``config.json``, the ``*.safetensors`` files (one, or the shards named
+by ``model.safetensors.index.json``), ``tokenizer.json`` (optional, through
+the ``tokenizers`` library) and ``generation_config.json`` (optional, for the
+EOS ids). Everything is checked before any memory is allocated for weights:
+the config, every tensor name (missing and unexpected) and every shape, read
+from the safetensors headers. A folder that fails a check raises
+``ModelLoadError`` naming the file and the problem; nothing half-loads.
+The model is built on the meta device, materialised once in the target dtype
+and device, and each checkpoint tensor is copied into its place (fused
+projections part by part).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from paged.models.base import CausalLM
+from paged.models.config import ModelConfig, ModelLoadError, parse_dtype
+from paged.models.llama import LlamaForCausalLM
+from paged.models.opt import OPTForCausalLM
+
+MODEL_CLASSES = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}
+INDEX_FILE = "model.safetensors.index.json"
+# Checkpoint entries that carry no weights of ours: old Llama checkpoints saved the RoPE frequencies.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """What ``load_model`` returns.
+
+    Attributes:
+        model: the ``CausalLM`` in eval mode.
+        config: its ``ModelConfig``.
+        tokenizer: a ``tokenizers.Tokenizer`` from ``tokenizer.json``, or None when the folder has none.
+        eos_token_ids: ids that end generation (``generation_config.json``, else ``config.json``).
+        path: the folder it came from.
+    """
+
+    model: CausalLM
+    config: ModelConfig
+    tokenizer: object | None
+    eos_token_ids: list[int]
+    path: Path
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"{path}: cannot read JSON ({err})") from None
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """Parse ``path/config.json``; raises ``ModelLoadError`` if it is missing or unsupported."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"{path}: not a directory (expected a checkpoint folder with config.json)")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{config_file}: missing (a checkpoint folder needs config.json)")
+    return ModelConfig.from_hf(_read_json(config_file), source=str(config_file))
+
+
+def _checkpoint_index(path: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """Tensor name -> (file, shape), from the safetensors headers only."""
+    index_file = path / INDEX_FILE
+    if index_file.is_file():
+        weight_map = _read_json(index_file).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ModelLoadError(f"{index_file}: has no 'weight_map' object")
+        files = sorted({path / f for f in weight_map.values()})
+        for f in files:
+            if not f.is_file():
+                raise ModelLoadError(f"{f}: missing, but {index_file.name} lists it as a shard")
+    else:
+        weight_map = None
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            extra = " (pytorch_model.bin is not supported; convert it to safetensors)" if any(
+                path.glob("*.bin")) else ""
+            raise ModelLoadError(f"{path}: no *.safetensors file{extra}")
+    found: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for f in files:
+        try:
+            with safe_open(f, framework="pt") as st:
+                for name in st.keys():
+                    if name in found:
+                        raise ModelLoadError(f"{f}: tensor {name!r} also appears in {found[name][0].name}")
+                    found[name] = (f, tuple(st.get_slice(name).get_shape()))
+        except ModelLoadError:
+            raise
+        except Exception as err:  # safetensors raises its own error types for corrupt headers
+            raise ModelLoadError(f"{f}: not a readable safetensors file ({err})") from None
+    if weight_map is not None:
+        for name, fname in weight_map.items():
+            if name not in found or found[name][0].name != fname:
+                raise ModelLoadError(f"{path / fname}: does not contain {name!r} although {INDEX_FILE} says so")
+    return found
+
+
+def _plan(model: CausalLM, found: dict, path: Path) -> dict[str, list[tuple[str, int, int]]]:
+    """Match the model's parameters with checkpoint tensors; raise on anything missing, extra or misshapen."""
+    if found and not any(n.startswith("model.") for n in found):  # e.g. OPT saved from OPTModel: decoder.*
+        found.update({f"model.{n}": found.pop(n) for n in list(found) if not n.startswith("lm_head.")})
+    layout = model.checkpoint_layout()
+    params = dict(model.named_parameters())
+    missing, seen = [], set()
+    for pname, parts in layout.items():
+        shape = tuple(params[pname].shape)
+        for ck_name, _, rows in parts:
+            if ck_name not in found:
+                missing.append(ck_name)
+                continue
+            seen.add(ck_name)
+            file, got = found[ck_name]
+            want = (rows, *shape[1:]) if len(parts) > 1 else shape
+            if got != want:
+                raise ModelLoadError(f"{file}: tensor {ck_name!r} has shape {list(got)}, the config needs {list(want)}")
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ModelLoadError(f"{path}: checkpoint is missing tensors {missing[:5]}{more}")
+    ignorable = lambda n: n.endswith(_IGNORED_SUFFIXES) or (model.config.tie_word_embeddings and n == "lm_head.weight")
+    unexpected = sorted(n for n in found if n not in seen and not ignorable(n))
+    if unexpected:
+        more = f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""
+        raise ModelLoadError(
+            f"{found[unexpected[0]][0]}: unexpected tensors {unexpected[:5]}{more} for model_type "
+            f"{model.config.model_type!r} with this config.json"
+        )
+    return layout
+
+
+def _eos_ids(path: Path, config: ModelConfig) -> list[int]:
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        eos = _read_json(gen_file).get("eos_token_id")
+        if eos is not None:
+            return [eos] if isinstance(eos, int) else [int(e) for e in eos]
+    return list(config.eos_token_ids)
+
+
+def _tokenizer(path: Path):
+    tok_file = path / "tokenizer.json"
+    if not tok_file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(tok_file))
+    except Exception as err:
+        raise ModelLoadError(f"{tok_file}: cannot be read by tokenizers ({err})") from None
+
+
+def load_model(
+    path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> LoadedModel:
+    """Load a Hugging Face checkpoint folder.
+
+    Args:
+        path: folder with ``config.json`` and ``*.safetensors`` (and optionally ``tokenizer.json``,
+            ``generation_config.json``).
+        dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` / ``float64`` or its name; ``"auto"`` takes
+            the checkpoint's ``torch_dtype`` (float32 when it names none).
+        device: where the weights go.
+
+    Returns:
+        a ``LoadedModel``.
+
+    Raises:
+        ModelLoadError: the folder cannot be loaded; the message names the file and the problem.
+        ValueError: ``dtype`` is not one of the supported ones.
+    """
+    path = Path(path)
+    config = read_config(path)
+    dtype = (config.torch_dtype or torch.float32) if dtype == "auto" else parse_dtype(dtype)
+    if config.sliding_window and config.sliding_window < config.max_position_embeddings:
+        warnings.warn(
+            f"{path}: sliding-window attention (window {config.sliding_window}) is not implemented; "
+            f"sequences are limited to max_model_len={config.max_model_len} tokens, where it equals full attention",
+            stacklevel=2,
+        )
+    with torch.device("meta"):
+        model = MODEL_CLASSES[config.architecture](config)
+    found = _checkpoint_index(path)
+    layout = _plan(model, found, path)
+    tokenizer = _tokenizer(path)
+    eos = _eos_ids(path, config)
+
+    model = model.to(dtype).to_empty(device=device)
+    model.tie_weights()
+    params = dict(model.named_parameters())
+    by_file: dict[Path, list[tuple[str, str, int, int]]] = {}
+    for pname, parts in layout.items():
+        for ck_name, row, rows in parts:
+            by_file.setdefault(found[ck_name][0], []).append((ck_name, pname, row, rows))
+    with torch.no_grad():
+        for file, entries in by_file.items():
+            try:
+                with safe_open(file, framework="pt") as st:
+                    for ck_name, pname, row, rows in entries:
+                        params[pname][row : row + rows].copy_(st.get_tensor(ck_name))
+            except Exception as err:  # a truncated or corrupt file: the half-filled model is dropped
+                raise ModelLoadError(f"{file}: reading the tensors failed ({err})") from None
+    model.reset_buffers()
+    model.eval()
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, eos_token_ids=eos, path=path)
