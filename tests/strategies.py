@@ -36,3 +36,10 @@ head_dims = st.sampled_from([8, 16, 32, 64, 128])
 def shuffled_free_list(draw, num_blocks: int):
     """A permutation of ``range(num_blocks)``: the allocator's initial free order."""
     return draw(st.permutations(list(range(num_blocks))))
+
+
+@st.composite
+def length_traces(draw, max_prompt: int = 40, max_output: int = 40, max_requests: int = 12):
+    """A short list of ``(prompt_len, output_len)`` pairs, both >= 1 (step01 waste)."""
+    pairs = st.tuples(st.integers(1, max_prompt), st.integers(1, max_output))
+    return draw(st.lists(pairs, min_size=1, max_size=max_requests))

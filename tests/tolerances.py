@@ -19,3 +19,18 @@ BFLOAT16 = dict(rtol=1.6e-2, atol=1e-2)
 # Whole-model logits in float64 against Hugging Face transformers: same math,
 # different operation order (fused projections, other reduction orders).
 LOGITS_FLOAT64 = dict(rtol=1e-9, atol=1e-9)
+
+# Waste shares are integer slot counts divided by one common total: their sum
+# differs from 1 by float rounding of four divisions only.
+SHARES_SUM = dict(rel_tol=1e-12, abs_tol=0.0)
+
+# Synthetic length traces (20 000 requests): the mean is the paper's up to
+# sampling noise (~1%) and the redraw of pairs longer than max_len, which trims
+# the log-normal's tail (~2% low for ShareGPT's outputs).
+TRACE_MEAN_RTOL = 0.05
+
+# Whole-model logits in float64 against transformers as shipped: its RMSNorm
+# rounds the float64 residual stream to float32 at each of the 2L + 1 norms
+# (see tests/hf_models.py), a relative error of ~6e-8 each; measured ~1e-6 on
+# logits of size ~5 for the tiny 2-layer models.
+LOGITS_FLOAT64_VS_HF_FLOAT32_RMSNORM = dict(rtol=1e-5, atol=1e-5)

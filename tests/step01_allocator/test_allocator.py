@@ -1,0 +1,138 @@
+"""BlockAllocator: free list and reference counts (paper §4.2; DESIGN §5 invariants).
+
+A stateful Hypothesis machine drives one allocator, whose free list starts
+shuffled, with random allocations, shares, releases and bad calls. Beside it
+the machine keeps a shadow list of "block-table entries" (one block id per
+entry). After every rule: each block's reference count equals the number of
+entries pointing at it; a block is free exactly when no entry points at it;
+free + used = total. A failing call must leave the state exactly as it was.
+"""
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from paged.step01_allocator import (
+    BlockAllocator,
+    BlockAllocatorError,
+    DoubleFreeError,
+    InvalidBlockError,
+    OutOfBlocksError,
+)
+from tests.strategies import shuffled_free_list
+
+
+def _state(a: BlockAllocator):
+    return a.free_blocks(), [a.ref_count(b) for b in range(a.num_blocks)]
+
+
+class AllocatorMachine(RuleBasedStateMachine):
+    @initialize(data=st.data(), num_blocks=st.integers(0, 12))
+    def start(self, data, num_blocks):
+        self.allocator = BlockAllocator(num_blocks, free_order=data.draw(shuffled_free_list(num_blocks)))
+        self.entries: list[int] = []  # shadow block-table entries
+
+    def _unchanged_after(self, error, call, *args):
+        before = _state(self.allocator)
+        with pytest.raises(error):
+            call(*args)
+        assert _state(self.allocator) == before
+
+    @rule()
+    def allocate(self):
+        if self.allocator.num_free == 0:
+            self._unchanged_after(OutOfBlocksError, self.allocator.allocate)
+            return
+        block = self.allocator.allocate()
+        assert block not in self.entries, "handed out a block that is in use"
+        self.entries.append(block)
+
+    @rule(n=st.integers(0, 14))
+    def allocate_many(self, n):
+        if n > self.allocator.num_free:  # all or nothing
+            self._unchanged_after(OutOfBlocksError, self.allocator.allocate_many, n)
+            return
+        blocks = self.allocator.allocate_many(n)
+        assert len(set(blocks)) == n and not set(blocks) & set(self.entries)
+        self.entries.extend(blocks)
+
+    @precondition(lambda self: self.entries)
+    @rule(data=st.data())
+    def share(self, data):
+        block = data.draw(st.sampled_from(self.entries))
+        self.allocator.incref(block)
+        self.entries.append(block)
+
+    @precondition(lambda self: self.entries)
+    @rule(data=st.data())
+    def drop_entry(self, data):
+        block = data.draw(st.sampled_from(self.entries))
+        self.entries.remove(block)
+        assert self.allocator.decref(block) == (block not in self.entries)
+
+    @precondition(lambda self: self.entries)
+    @rule(data=st.data())
+    def free_unshared(self, data):
+        block = data.draw(st.sampled_from(self.entries))
+        if self.entries.count(block) > 1:  # shared: free() refuses, decref is the way
+            self._unchanged_after(BlockAllocatorError, self.allocator.free, block)
+            return
+        self.allocator.free(block)
+        self.entries.remove(block)
+
+    @rule(data=st.data())
+    def misuse_free_block(self, data):
+        free = self.allocator.free_blocks()
+        if not free:
+            return
+        block = data.draw(st.sampled_from(free))
+        op = data.draw(st.sampled_from(["free", "decref", "incref"]))
+        self._unchanged_after(DoubleFreeError, getattr(self.allocator, op), block)
+
+    @rule(block=st.sampled_from([-1, 12, 13, 10**6, "0", None]),
+          op=st.sampled_from(["free", "decref", "incref", "ref_count"]))
+    def misuse_unknown_id(self, block, op):
+        if isinstance(block, int) and 0 <= block < self.allocator.num_blocks:
+            return
+        self._unchanged_after(InvalidBlockError, getattr(self.allocator, op), block)
+
+    @rule()
+    def negative_count(self):
+        self._unchanged_after(ValueError, self.allocator.allocate_many, -1)
+
+    @rule()
+    def release_everything(self):
+        """A request ending drops all its entries: then every block is free."""
+        while self.entries:
+            self.allocator.decref(self.entries.pop())
+        assert self.allocator.num_free == self.allocator.num_blocks
+
+    @invariant()
+    def counts_match_entries(self):
+        a = self.allocator
+        for b in range(a.num_blocks):
+            assert a.ref_count(b) == self.entries.count(b)
+
+    @invariant()
+    def free_exactly_when_unreferenced(self):
+        a = self.allocator
+        free = a.free_blocks()
+        assert len(free) == len(set(free)), "a block is on the free list twice"
+        assert set(free) == set(range(a.num_blocks)) - set(self.entries)
+        assert a.num_free + a.num_used == a.num_blocks
+        assert a.num_used == len(set(self.entries))
+
+
+TestAllocatorMachine = AllocatorMachine.TestCase
+
+
+def test_allocator_hands_blocks_out_in_free_list_order():
+    a = BlockAllocator(4, free_order=[2, 0, 3, 1])
+    assert [a.allocate() for _ in range(4)] == [2, 0, 3, 1]
+
+
+def test_allocator_rejects_bad_construction():
+    with pytest.raises(ValueError, match="non-negative"):
+        BlockAllocator(-1)
+    with pytest.raises(ValueError, match="permutation"):
+        BlockAllocator(3, free_order=[0, 1, 1])
