@@ -71,11 +71,11 @@ class Engine:
         cfg = model.config
         self.model = model
         self.block_size = block_size
-        self.max_model_len = max_model_len or cfg.max_position_embeddings
-        if not 1 <= self.max_model_len <= cfg.max_position_embeddings:
+        self.max_model_len = max_model_len or cfg.max_model_len
+        if not 2 <= self.max_model_len <= cfg.max_model_len:
             raise ValueError(
-                f"max_model_len must be in [1, {cfg.max_position_embeddings}] (the model's "
-                f"context), got {self.max_model_len}"
+                f"max_model_len must be in [2, {cfg.max_model_len}] (the model's context), "
+                f"got {self.max_model_len}"
             )
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens or max(self.max_model_len, 2048)
