@@ -74,10 +74,10 @@ def load_trace(args: argparse.Namespace) -> list[TraceRequest]:
 
 # --8<-- [start:measure]
 def measure(trace: list[TraceRequest], kv_slots: int, block_size: int, max_len: int) -> dict:
-    """The four shares of every system on one trace: ``{system: {state: share}}``."""
+    """Every system on one trace, same schedule and capacity: ``{system: WasteReport}``."""
     reports = [simulate_paged(trace, kv_slots, block_size, max_len)]
     reports += [simulate_orca(trace, kv_slots, policy, max_len) for policy in POLICIES]
-    return {r.system: r.shares() for r in reports}
+    return {r.system: r for r in reports}
 # --8<-- [end:measure]
 
 
@@ -120,17 +120,19 @@ def plot(systems: dict, title: str, path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args)
-        systems = measure(trace, args.kv_slots, args.block_size, args.max_len)
+        reports = measure(trace, args.kv_slots, args.block_size, args.max_len)
     except (TraceFormatError, InvalidTraceError, OSError, ValueError) as e:
         print(f"python -m paged.bench waste: error: {e}", file=sys.stderr)
         return 2
-    systems = {name: systems[name] for name in SYSTEMS}
+    systems = {name: reports[name].shares() for name in SYSTEMS}
     name = args.trace if args.trace in SYNTHETIC else str(args.trace)
     print(f"trace {name}: {len(trace)} requests, mean prompt "
           f"{sum(r.prompt_len for r in trace) / len(trace):.1f}, mean output "
           f"{sum(r.output_len for r in trace) / len(trace):.1f}; KV capacity {args.kv_slots} "
           f"slots, block size {args.block_size}, max len {args.max_len}")
     print(format_table(systems))
+    print("iterations: " + ", ".join(f"{LABELS[n]} {reports[n].iterations}" for n in SYSTEMS)
+          + f"; paged preemptions (recompute): {reports['paged'].preemptions}")
     if args.plot:
         plot(systems, f"KV cache usage, {name} trace (B={args.block_size}, "
                       f"{args.kv_slots} slots)", args.plot)

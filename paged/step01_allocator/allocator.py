@@ -85,6 +85,7 @@ class BlockAllocator:
         return list(self._free)
 
     # -- operations ---------------------------------------------------------
+    # --8<-- [start:operations]
     def allocate(self) -> int:
         """Take one free block; its reference count becomes 1."""
         if not self._free:
@@ -129,6 +130,7 @@ class BlockAllocator:
                 "use decref to drop one of them"
             )
         self.decref(block)
+    # --8<-- [end:operations]
 
     # -- checks -------------------------------------------------------------
     def _check_id(self, block: int) -> None:
