@@ -1,0 +1,264 @@
+"""BlockTable: on-demand allocation, derived #filled, slots, free (paper §4.2–4.3).
+
+Plain Python, no tensors. The stateful machine runs several interleaved block
+tables over one allocator whose free list is shuffled, and after every rule
+checks the invariants of DESIGN §5: free + used = total, no block both free and
+used, reference count = number of table entries pointing at the block, and
+each table's shape (``ceil(len / B)`` blocks, ``#filled``, slots).
+"""
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+
+from paged.step01_allocator import BlockAllocator, DoubleFreeError, OutOfBlocksError
+from paged.step02_block_table import BlockTable
+from tests.strategies import block_sizes, seq_lens, shuffled_free_list
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def snapshot(table: BlockTable, allocator: BlockAllocator):
+    """Everything a failed call must leave as it was."""
+    refs = [allocator.ref_count(b) for b in range(allocator.num_blocks)]
+    return list(table.blocks), table.num_tokens, allocator.free_blocks(), refs
+
+
+def check_shape(table: BlockTable) -> None:
+    """ceil(len / B) blocks, #filled = B except the last, slots = block * B + offset."""
+    b = table.block_size
+    assert table.num_blocks == ceil_div(table.num_tokens, b)
+    filled = [table.filled(i) for i in range(table.num_blocks)]
+    assert all(f == b for f in filled[:-1])
+    assert all(1 <= f <= b for f in filled)
+    assert sum(filled) == table.num_tokens
+    for p in range(table.num_tokens):
+        assert table.slot(p) == table.blocks[p // b] * b + p % b
+
+
+def check_allocator(allocator: BlockAllocator, tables) -> None:
+    """DESIGN §5 allocator invariants, with the tables as the only owners."""
+    free = allocator.free_blocks()
+    entries = Counter(b for t in tables for b in t.blocks)
+    assert len(free) == len(set(free)), "a block is on the free list twice"
+    assert allocator.num_free + allocator.num_used == allocator.num_blocks
+    assert not set(free) & set(entries), "a block is both free and in a table"
+    for block in range(allocator.num_blocks):
+        assert allocator.ref_count(block) == entries.get(block, 0)
+
+
+# -- the stateful machine ------------------------------------------------------
+class BlockTableMachine(RuleBasedStateMachine):
+    """Interleaved sequences appending prefill chunks and single tokens, then freeing."""
+
+    tables = Bundle("tables")
+
+    def __init__(self):
+        super().__init__()
+        self.allocator = None
+        self.live: list[BlockTable] = []
+        self.issued: dict[int, list[int]] = {}  # id(table) -> every slot append returned
+
+    @rule(target=tables, data=st.data())
+    def new_sequence(self, data):
+        if self.allocator is None:
+            self.block_size = data.draw(block_sizes, label="B")
+            n = data.draw(st.integers(1, 24), label="num_blocks")
+            self.allocator = BlockAllocator(n, free_order=data.draw(shuffled_free_list(n)))
+        table = BlockTable(self.allocator, self.block_size)
+        self.live.append(table)
+        self.issued[id(table)] = []
+        return table
+
+    @rule(table=tables, data=st.data())
+    def append(self, table, data):
+        if table not in self.live:
+            return
+        n = data.draw(st.one_of(st.just(1), seq_lens(self.block_size, max_blocks=3)), label="n")
+        before = snapshot(table, self.allocator)
+        predicted = table.slots_for(n)
+        assert snapshot(table, self.allocator) == before, "slots_for changed something"
+        if predicted > self.allocator.num_free:
+            with pytest.raises(OutOfBlocksError):
+                table.append(n)
+            assert snapshot(table, self.allocator) == before
+            return
+        start = table.num_tokens
+        slots = table.append(n)
+        assert len(slots) == n
+        assert table.num_blocks == len(before[0]) + predicted
+        assert table.blocks[: len(before[0])] == before[0], "existing entries moved"
+        assert slots == [table.slot(p) for p in range(start, start + n)]
+        self.issued[id(table)] += slots
+
+    @rule(table=consumes(tables))
+    def free(self, table):
+        if table not in self.live:
+            return
+        held = set(table.blocks)
+        free_before = self.allocator.num_free
+        table.free()
+        self.live.remove(table)
+        assert table.blocks == [] and table.num_tokens == 0
+        assert self.allocator.num_free == free_before + len(held)
+        assert held <= set(self.allocator.free_blocks())
+
+    @invariant()
+    def tables_are_well_formed(self):
+        for table in self.live:
+            check_shape(table)
+            assert self.issued[id(table)] == [table.slot(p) for p in range(table.num_tokens)]
+
+    @invariant()
+    def slots_never_collide(self):
+        slots = [s for t in self.live for s in self.issued[id(t)]]
+        assert len(slots) == len(set(slots)), "two live tokens share a slot"
+
+    @invariant()
+    def allocator_matches_tables(self):
+        if self.allocator is not None:
+            check_allocator(self.allocator, self.live)
+
+    def teardown(self):
+        # Freeing every table returns every block.
+        for table in self.live:
+            table.free()
+        if self.allocator is not None:
+            assert self.allocator.num_free == self.allocator.num_blocks
+
+
+TestBlockTableMachine = BlockTableMachine.TestCase
+
+
+# -- properties of one table ---------------------------------------------------
+@given(data=st.data(), b=block_sizes)
+def test_block_table_chunked_appends_match_token_by_token(data, b):
+    """Prefill in chunks or token by token: same blocks, same #filled, same slots."""
+    length = data.draw(seq_lens(b), label="len")
+    n = ceil_div(length, b) + 1
+    order = data.draw(shuffled_free_list(n))
+    one, chunked = BlockTable(BlockAllocator(n, order), b), BlockTable(BlockAllocator(n, order), b)
+    slots_one = [s for _ in range(length) for s in one.append(1)]
+    slots_chunked, left = [], length
+    while left:
+        c = data.draw(st.integers(1, left), label="chunk")
+        slots_chunked += chunked.append(c)
+        left -= c
+    assert one.blocks == chunked.blocks == order[: ceil_div(length, b)]
+    assert slots_one == slots_chunked
+    check_shape(one)
+    check_shape(chunked)
+
+
+@given(data=st.data(), b=block_sizes)
+def test_block_table_free_returns_every_block(data, b):
+    length = data.draw(seq_lens(b), label="len")
+    n = ceil_div(length, b)
+    allocator = BlockAllocator(n, data.draw(shuffled_free_list(n)))
+    table = BlockTable(allocator, b)
+    table.append(length)
+    assert allocator.num_free == 0
+    table.free()
+    assert allocator.num_free == n and table.blocks == [] and table.num_tokens == 0
+    table.free()  # an empty table frees nothing, and does not fail
+    assert allocator.num_free == n
+
+
+def test_block_table_figure6_of_the_paper():
+    """Figure 6: B = 4, 7-token prompt, 2 generated tokens -> blocks 7, 1, 3; #filled 4, 4, 1."""
+    table = BlockTable(BlockAllocator(8, free_order=[7, 1, 3, 0, 2, 4, 5, 6]), 4)
+    assert table.append(7) == [28, 29, 30, 31, 4, 5, 6]
+    assert [table.filled(i) for i in range(2)] == [4, 3]
+    assert table.append(1) == [7]  # "fathers" fills logical block 1: no new block
+    assert table.blocks == [7, 1]
+    assert table.append(1) == [12]  # "brought" opens logical block 2 at physical block 3
+    assert table.blocks == [7, 1, 3]
+    assert [table.filled(i) for i in range(3)] == [4, 4, 1]
+
+
+def test_block_table_append_zero_allocates_nothing():
+    allocator = BlockAllocator(2)
+    table = BlockTable(allocator, 4)
+    assert table.slots_for(0) == 0 and table.append(0) == []
+    assert allocator.num_free == 2 and table.blocks == []
+
+
+def test_block_table_free_releases_shared_block_only_at_last_reference():
+    """free() decrefs: a block another owner also references stays used."""
+    allocator = BlockAllocator(3)
+    table = BlockTable(allocator, 2)
+    table.append(3)
+    shared = table.blocks[0]
+    allocator.incref(shared)  # as step04's fork will
+    table.free()
+    assert allocator.ref_count(shared) == 1
+    assert shared not in allocator.free_blocks() and allocator.num_free == 2
+
+
+# -- errors: the specific exception, nothing changed ---------------------------
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_block_table_rejects_bad_block_size(bad, error):
+    allocator = BlockAllocator(4)
+    with pytest.raises(error, match="block_size"):
+        BlockTable(allocator, bad)
+    assert allocator.num_free == 4
+
+
+def test_block_table_rejects_non_allocator():
+    with pytest.raises(TypeError, match="BlockAllocator"):
+        BlockTable([0, 1, 2], 4)
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), (None, TypeError)])
+def test_block_table_bad_n_changes_nothing(bad, error):
+    allocator = BlockAllocator(4, free_order=[2, 0, 3, 1])
+    table = BlockTable(allocator, 4)
+    table.append(5)
+    before = snapshot(table, allocator)
+    with pytest.raises(error, match="n must be"):
+        table.append(bad)
+    with pytest.raises(error, match="n must be"):
+        table.slots_for(bad)
+    assert snapshot(table, allocator) == before
+
+
+def test_block_table_out_of_blocks_changes_nothing():
+    allocator = BlockAllocator(3, free_order=[1, 2, 0])
+    table, other = BlockTable(allocator, 4), BlockTable(allocator, 4)
+    other.append(4)  # takes block 1
+    table.append(5)  # takes blocks 2 and 0
+    before = snapshot(table, allocator)
+    with pytest.raises(OutOfBlocksError, match="cannot append 4 tokens to a sequence of 5"):
+        table.append(4)  # needs one more block, none free
+    assert snapshot(table, allocator) == before
+    assert table.append(3) == [0 * 4 + 1, 0 * 4 + 2, 0 * 4 + 3]  # still fits the last block
+
+
+def test_block_table_slot_and_filled_out_of_range():
+    table = BlockTable(BlockAllocator(4), 4)
+    table.append(5)
+    for bad in (-1, 5):
+        with pytest.raises(IndexError, match="outside 0..4"):
+            table.slot(bad)
+    for bad in (-1, 2):
+        with pytest.raises(IndexError, match="outside 0..1"):
+            table.filled(bad)
+    with pytest.raises(TypeError):
+        table.slot(1.0)
+
+
+def test_block_table_free_after_external_release_changes_nothing():
+    """A block released behind the table's back: DoubleFreeError before any decref."""
+    allocator = BlockAllocator(4)
+    table = BlockTable(allocator, 2)
+    table.append(5)  # blocks 0, 1, 2
+    allocator.free(table.blocks[2])
+    before = snapshot(table, allocator)
+    with pytest.raises(DoubleFreeError, match="nothing was freed"):
+        table.free()
+    assert snapshot(table, allocator) == before
