@@ -33,6 +33,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(h * d, config.hidden_size, bias=config.o_bias)
         self.rotary = [rotary]  # shared by all layers; a list so it is not registered L times
 
+    # --8<-- [start:attention]
     def forward(self, layer: int, x: torch.Tensor, positions: torch.Tensor, attention: Attention):
         """``[T, hidden]`` -> ``[T, hidden]``."""
         t = x.shape[0]
@@ -43,6 +44,8 @@ class LlamaAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)  # [T, H_kv, D]
         out = attention(layer, q, k, v, self.scale)  # [T, H, D]
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+    # --8<-- [end:attention]
 
 
 class LlamaMLP(nn.Module):
@@ -69,9 +72,12 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
+    # --8<-- [start:layer]
     def forward(self, layer, h, positions, attention):  # h: [T, hidden]
         h = h + self.self_attn(layer, self.input_layernorm(h), positions, attention)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    # --8<-- [end:layer]
 
 
 class LlamaModel(nn.Module):

@@ -70,8 +70,8 @@ def read_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_hf(_read_json(config_file), source=str(config_file))
 
 
-def _checkpoint_index(path: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """Tensor name -> (file, shape), from the safetensors headers only."""
+def _checkpoint_index(path: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
+    """Tensor name -> (file, shape, name stored in the file), from the safetensors headers only."""
     index_file = path / INDEX_FILE
     if index_file.is_file():
         weight_map = _read_json(index_file).get("weight_map")
@@ -88,14 +88,14 @@ def _checkpoint_index(path: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
             extra = " (pytorch_model.bin is not supported; convert it to safetensors)" if any(
                 path.glob("*.bin")) else ""
             raise ModelLoadError(f"{path}: no *.safetensors file{extra}")
-    found: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    found: dict[str, tuple[Path, tuple[int, ...], str]] = {}
     for f in files:
         try:
             with safe_open(f, framework="pt") as st:
                 for name in st.keys():
                     if name in found:
                         raise ModelLoadError(f"{f}: tensor {name!r} also appears in {found[name][0].name}")
-                    found[name] = (f, tuple(st.get_slice(name).get_shape()))
+                    found[name] = (f, tuple(st.get_slice(name).get_shape()), name)
         except ModelLoadError:
             raise
         except Exception as err:  # safetensors raises its own error types for corrupt headers
@@ -121,7 +121,7 @@ def _plan(model: CausalLM, found: dict, path: Path) -> dict[str, list[tuple[str,
                 missing.append(ck_name)
                 continue
             seen.add(ck_name)
-            file, got = found[ck_name]
+            file, got, _ = found[ck_name]
             want = (rows, *shape[1:]) if len(parts) > 1 else shape
             if got != want:
                 raise ModelLoadError(f"{file}: tensor {ck_name!r} has shape {list(got)}, the config needs {list(want)}")
@@ -201,13 +201,14 @@ def load_model(
     by_file: dict[Path, list[tuple[str, str, int, int]]] = {}
     for pname, parts in layout.items():
         for ck_name, row, rows in parts:
-            by_file.setdefault(found[ck_name][0], []).append((ck_name, pname, row, rows))
+            file, _, stored = found[ck_name]
+            by_file.setdefault(file, []).append((stored, pname, row, rows))
     with torch.no_grad():
         for file, entries in by_file.items():
             try:
                 with safe_open(file, framework="pt") as st:
-                    for ck_name, pname, row, rows in entries:
-                        params[pname][row : row + rows].copy_(st.get_tensor(ck_name))
+                    for stored, pname, row, rows in entries:
+                        params[pname][row : row + rows].copy_(st.get_tensor(stored))
             except Exception as err:  # a truncated or corrupt file: the half-filled model is dropped
                 raise ModelLoadError(f"{file}: reading the tensors failed ({err})") from None
     model.reset_buffers()

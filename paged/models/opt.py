@@ -84,6 +84,7 @@ class OPTDecoder(nn.Module):
             nn.LayerNorm(config.hidden_size, elementwise_affine=affine) if config.final_layer_norm else None
         )
 
+    # --8<-- [start:embed]
     def forward(self, input_ids, positions, attention):  # [T], [T] -> [T, hidden]
         x = self.embed_tokens(input_ids)  # [T, word_embed_proj_dim]
         if self.project_in is not None:
@@ -92,6 +93,8 @@ class OPTDecoder(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(i, h, attention)
         return self.final_layer_norm(h) if self.final_layer_norm is not None else h
+
+    # --8<-- [end:embed]
 
 
 class OPTModel(nn.Module):
