@@ -100,9 +100,9 @@ class BlockAllocator:
         """Take ``n`` blocks at once, or none: a failure allocates nothing."""
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of blocks ({n})")
-        if n > len(self._free):
+        if n > self.num_free:
             raise OutOfBlocksError(
-                f"out of KV blocks: asked for {n}, only {len(self._free)} of "
+                f"out of KV blocks: asked for {n}, only {self.num_free} of "
                 f"{self.num_blocks} are free"
             )
         return [self.allocate() for _ in range(n)]

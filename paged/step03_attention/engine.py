@@ -54,6 +54,8 @@ class Engine:
         free_order: initial free-list order of the allocator (tests shuffle it).
     """
 
+    runner_class = ModelRunner
+
     def __init__(
         self,
         model,
@@ -90,12 +92,12 @@ class Engine:
             how = "as given"
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-        self.allocator = BlockAllocator(num_blocks, free_order)
+        self.allocator = self._make_allocator(num_blocks, free_order)
         self.kv_cache = KVCache(
             cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
         )
         self.backend = resolve_backend(device, attention_backend)
-        self.runner = ModelRunner(model.model, self.kv_cache, self.backend)
+        self.runner = self.runner_class(model.model, self.kv_cache, self.backend)
         self.stops = StopChecker(model.eos_token_ids, self.max_model_len, model.tokenizer)
         logger.info(
             "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s",
@@ -148,12 +150,28 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.check_request(prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        req = Request(request_id, prompt, list(prompt_token_ids), params, seed, next(self._arrivals))
-        seq = Sequence(next(self._seq_ids), req.prompt_token_ids, BlockTable(self.allocator, self.block_size))
-        req.seqs.append(seq)
-        req.outputs[seq.seq_id] = CompletionOutput(0, "", [])
+        req = self._new_request(request_id, prompt, list(prompt_token_ids), params, seed, next(self._arrivals))
+        self._new_seq(req, req.prompt_token_ids, index=0)
         self.requests[request_id] = req
         self.waiting.append(req)
+
+    def _new_request(self, request_id, prompt, prompt_token_ids, params, seed, arrival) -> Request:
+        return Request(request_id, prompt, prompt_token_ids, params, seed, arrival)
+
+    def _empty_plan(self) -> StepPlan:
+        return StepPlan()
+
+    def _make_allocator(self, num_blocks: int, free_order) -> BlockAllocator:
+        return BlockAllocator(num_blocks, free_order)
+
+    def _new_seq(self, req: Request, token_ids: list[int], index: int,
+                 table: BlockTable | None = None) -> Sequence:
+        """A sequence of ``req`` (completion ``index``) over ``table`` or a new empty one."""
+        table = table or BlockTable(self.allocator, self.block_size)
+        seq = Sequence(next(self._seq_ids), token_ids, table)
+        req.seqs.append(seq)
+        req.outputs[seq.seq_id] = CompletionOutput(index, "", [])
+        return seq
 
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is and free its blocks; False if unknown or done."""
@@ -178,13 +196,20 @@ class Engine:
         results = self.runner.execute(plan)
         touched = {r.request_id: r for r in ended}
         for req in list(self.running):
-            for seq in req.seqs:
-                if seq.seq_id in results:
-                    self.stops.record(seq, req.outputs[seq.seq_id], results[seq.seq_id], req.params)
-                    touched[req.request_id] = req
+            if self._process(req, results):
+                touched[req.request_id] = req
             if req.finished:
                 self._retire(req)
         return [r.to_output() for r in touched.values()]
+
+    def _process(self, req: Request, results: dict) -> bool:
+        """Record the tokens ``req``'s sequences drew; True if any did."""
+        drew = False
+        for seq in list(req.seqs):
+            if seq.seq_id in results:
+                self.stops.record(seq, req.outputs[seq.seq_id], results[seq.seq_id], req.params)
+                drew = True
+        return drew
 
     def _make_room(self) -> list[Request]:
         """Ensure every running sequence can take one more token; end the newest if not."""
@@ -202,7 +227,10 @@ class Engine:
             logger.warning("KV cache exhausted: ended request %s (step05 adds preemption)", victim.request_id)
 
     def _new_block_needed(self, seq: Sequence) -> int:
-        return int(seq.block_table.num_tokens % self.block_size == 0)
+        return seq.block_table.slots_for(1)
+
+    def _prompt_blocks_needed(self, req: Request) -> int:
+        return -(-len(req.prompt_token_ids) // self.block_size)
 
     def _admit(self) -> list[Request]:
         """FCFS: admit waiting requests while their prompts fit in free blocks and the budgets."""
@@ -213,7 +241,7 @@ class Engine:
         while self.waiting:
             req = self.waiting[0]
             n = len(req.prompt_token_ids)
-            need = -(-n // self.block_size)
+            need = self._prompt_blocks_needed(req)
             if (need > self.allocator.num_free - reserved or seqs + 1 > self.max_num_seqs
                     or tokens + n > self.max_num_batched_tokens):
                 break
@@ -225,19 +253,25 @@ class Engine:
         return admitted
 
     def _plan(self, admitted: list[Request]) -> StepPlan:
-        plan = StepPlan(finished_seq_ids=self._finished_seq_ids)
-        self._finished_seq_ids = []
+        plan = self._empty_plan()
+        plan.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         for req in self.running:  # decodes: the newest token of each sequence
             for seq in req.seqs:
+                if seq.is_finished:
+                    continue
                 slots = seq.block_table.append(1)
                 self._add(plan, req, seq, [seq.last_token_id], seq.num_tokens - 1, slots)
         for req in admitted:  # prompts: every token at once
-            seq = req.seqs[0]
-            seq.status = SequenceStatus.RUNNING
-            slots = seq.block_table.append(len(seq.prompt_token_ids))
-            self._add(plan, req, seq, seq.prompt_token_ids, 0, slots)
+            self._start_prompt(plan, req)
             self.running.append(req)
         return plan
+
+    def _start_prompt(self, plan: StepPlan, req: Request) -> None:
+        """Put ``req``'s prompt into the plan: slots for every prompt token."""
+        seq = req.seqs[0]
+        seq.status = SequenceStatus.RUNNING
+        slots = seq.block_table.append(len(seq.prompt_token_ids))
+        self._add(plan, req, seq, seq.prompt_token_ids, 0, slots)
 
     def _add(self, plan, req, seq, token_ids, start, slots):
         plan.add(seq.seq_id, token_ids, start, slots, seq.block_table.num_tokens,

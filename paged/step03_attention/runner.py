@@ -46,22 +46,24 @@ class ModelRunner:
         positions = torch.tensor(plan.positions, dtype=torch.int64, device=self.device)
         with torch.inference_mode():
             hidden = self.model(input_ids, positions, PagedAttention(self.kv_cache, meta, self.backend))
-            rows, last = [], -1
-            for s, q_len in enumerate(plan.query_lens):
-                last += q_len
-                if plan.sample[s]:
-                    rows.append((s, last))
+            rows = self._sample_rows(plan)  # (seq_id, token row, params, seed)
             if not rows:
                 return {}
-            idx = torch.tensor([r for _, r in rows], device=self.device)
+            idx = torch.tensor([r[1] for r in rows], device=self.device)
             logits = self.model.compute_logits(hidden[idx])  # [S', V]
-            seqs = [s for s, _ in rows]
             results = sample(
-                logits,
-                [plan.sampling_params[s] for s in seqs],
-                [self._generator(plan.seq_ids[s], plan.seeds[s]) for s in seqs],
+                logits, [r[2] for r in rows], [self._generator(r[0], r[3]) for r in rows]
             )
-        return {plan.seq_ids[s]: r for s, r in zip(seqs, results)}
+        return {r[0]: res for r, res in zip(rows, results)}
+
+    def _sample_rows(self, plan: StepPlan) -> list[tuple[int, int, object, int]]:
+        """Which sequence draws from which packed token row: each sampling sequence's last token."""
+        rows, last = [], -1
+        for s, q_len in enumerate(plan.query_lens):
+            last += q_len
+            if plan.sample[s]:
+                rows.append((plan.seq_ids[s], last, plan.sampling_params[s], plan.seeds[s]))
+        return rows
 
     def execute_memory_ops(self, plan: StepPlan) -> None:
         """Block copies before the forward pass (step03 has none; steps 04-05 add them)."""

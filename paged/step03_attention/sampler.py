@@ -35,6 +35,19 @@ class SampleResult:
     top_logprobs: dict[int, float] | None = None  # the k most likely tokens
 
 
+def num_top_logprobs(p: SamplingParams) -> int | None:
+    """How many top log-probabilities a row needs, or None for none at all.
+
+    Beam search needs the 2k best extensions of each beam; best-of-n ranking
+    needs the sampled token's log-probability (0 top entries).
+    """
+    if p.use_beam_search:
+        return max(2 * p.best_of, p.logprobs or 0)
+    if p.logprobs is not None:
+        return p.logprobs
+    return 0 if p.best_of > p.n else None
+
+
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, top-k and top-p on rows of [S, V] logits -> probabilities [S, V]."""
     dev = logits.device
@@ -72,17 +85,17 @@ def sample(
         race = probs.double() / (-torch.log(u.clamp_min(1e-300)))
         tokens[rows] = race.argmax(dim=1)
     token_list = tokens.tolist()
-    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    want = [i for i, p in enumerate(params) if num_top_logprobs(p) is not None]
     results = [SampleResult(t) for t in token_list]
     if want:
         rows = torch.tensor(want, device=logits.device)
         logp = logits[rows].log_softmax(dim=1)  # [S', V]
         chosen = logp.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
-        k = max(params[i].logprobs for i in want)
+        k = max(num_top_logprobs(params[i]) for i in want)
         top_v, top_i = logp.topk(k, dim=1) if k > 0 else (None, None)
         for j, i in enumerate(want):
             results[i].logprob = chosen[j]
-            n = params[i].logprobs
+            n = num_top_logprobs(params[i])
             results[i].top_logprobs = (
                 dict(zip(top_i[j, :n].tolist(), top_v[j, :n].tolist())) if n else {}
             )

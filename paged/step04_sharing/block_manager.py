@@ -1,0 +1,115 @@
+"""The block manager: fork / append / free over shared blocks, with prefix caching (paper §4.4).
+
+The paper's three primitives, on top of step01's allocator and step02's tables:
+
+* ``fork(table)`` — a child mapping the same blocks (``CowBlockTable.fork``);
+* ``append`` — slots for new tokens, copy-on-write when the last block is
+  shared (``CowBlockTable.append``); the copies are collected for the plan;
+* ``free(table)`` — drop one reference per block.
+
+Prefix caching (``prefix_cache.py``) plugs in at two points: ``allocate_prompt``
+maps the cached full blocks of a prompt before allocating the rest, and
+``register_full_blocks`` names a table's blocks once their K/V is written.
+The block holding the last prompt token is never taken from the cache: it is
+always computed, so the prompt's logits exist and generated tokens never write
+into a block another request may be reading.
+
+Extends: composes ``CowBlockTable`` and ``CachingBlockAllocator``.
+"""
+
+from __future__ import annotations
+
+from paged.step01_allocator import BlockAllocator, OutOfBlocksError
+from paged.step04_sharing.cow_table import CowBlockTable
+from paged.step04_sharing.prefix_cache import CachingBlockAllocator
+
+
+class BlockManager:
+    """Owns the device block pool and every table's sharing and caching.
+
+    Args:
+        num_blocks: physical blocks in the pool.
+        block_size: tokens per block.
+        enable_prefix_caching: find and reuse full blocks by content.
+        free_order: initial free-list order (tests shuffle it).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 free_order=None) -> None:
+        self.block_size = block_size
+        self.caching = enable_prefix_caching
+        cls = CachingBlockAllocator if enable_prefix_caching else BlockAllocator
+        self.allocator: BlockAllocator = cls(num_blocks, free_order)
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    def new_table(self) -> CowBlockTable:
+        return CowBlockTable(self.allocator, self.block_size)
+
+    # --8<-- [start:prompt]
+    def _cacheable_blocks(self, prompt: list[int]) -> int:
+        """Full prompt blocks that lie wholly before the block of the last prompt token."""
+        return (len(prompt) - 1) // self.block_size
+
+    def blocks_needed_for_prompt(self, prompt: list[int]) -> int:
+        """Free blocks ``allocate_prompt`` would consume (cache hits on parked blocks count)."""
+        total = -(-len(prompt) // self.block_size)
+        if not self.caching:
+            return total
+        hits_in_use, parent, b = 0, None, self.block_size
+        for i in range(self._cacheable_blocks(prompt)):
+            block = self.allocator.peek(parent, tuple(prompt[i * b:(i + 1) * b]))
+            if block is None:
+                break
+            hits_in_use += self.allocator.ref_count(block) > 0  # parked ones still cost a free block
+            parent = self.allocator.hash_of(block)
+        return total - hits_in_use
+
+    def allocate_prompt(self, table: CowBlockTable, prompt: list[int]) -> tuple[int, list[int]]:
+        """Map cached blocks, then slots for the rest; returns (cached tokens, slots of the rest).
+
+        All or nothing: out of blocks raises ``OutOfBlocksError`` with every
+        reference taken here given back.
+        """
+        hashes, parent, b = [], None, self.block_size
+        if self.caching:
+            for i in range(self._cacheable_blocks(prompt)):
+                tokens = tuple(prompt[i * b:(i + 1) * b])
+                block = self.allocator.lookup(parent, tokens)
+                if block is None:
+                    break
+                table.blocks.append(block)
+                table.num_tokens += b
+                parent = self.allocator.hash_of(block)
+                hashes.append(parent)
+        cached = table.num_tokens
+        try:
+            slots = table.append(len(prompt) - cached)
+        except OutOfBlocksError:
+            table.free()
+            raise
+        table.hashes = hashes
+        return cached, slots
+    # --8<-- [end:prompt]
+
+    def register_full_blocks(self, table: CowBlockTable, token_ids: list[int]) -> None:
+        """Name every full block of ``table`` whose K/V is now written (``token_ids``: its tokens)."""
+        if not self.caching:
+            return
+        hashes = table.hashes
+        b = self.block_size
+        for i in range(len(hashes), table.num_tokens // b):
+            parent = hashes[-1] if hashes else None
+            hashes.append(self.allocator.register(table.blocks[i], parent, tuple(token_ids[i * b:(i + 1) * b])))
+
+    def fork(self, table: CowBlockTable) -> CowBlockTable:
+        return table.fork()
+
+    def free(self, table: CowBlockTable) -> None:
+        table.free()
+
+    def hit_rate(self) -> float:
+        a = self.allocator
+        return a.hits / a.queries if self.caching and a.queries else 0.0

@@ -1,0 +1,205 @@
+"""The engine of step04: sequence groups that share blocks (paper §4.4).
+
+One request may now own several sequences:
+
+* **Parallel sampling** (``n``, ``best_of``): the prompt is computed once by
+  the first sequence; the others are forks of it, mapping the same prompt
+  blocks. Each sample draws from its own generator, seeded by
+  ``sample_seed(request seed, i)``, so sample ``i`` equals an independent
+  ``n=1`` run with that seed. With ``best_of > n`` the ``n`` samples with the
+  highest cumulative log-probability are returned.
+* **Beam search** (``use_beam_search``, width ``best_of``): see ``beam.py``;
+  surviving candidates fork, dropped ones are freed.
+* **Prefix caching**: a prompt's cached full blocks are mapped, not computed.
+
+Copy-on-write pairs gathered from every table while planning go into the
+plan's ``blocks_to_copy``. Greedy, sampled and beam requests share one batch.
+
+Extends: ``paged.step03_attention.Engine`` (block tables come from the
+``BlockManager``; prompts may fork; outputs may rank).
+"""
+
+from __future__ import annotations
+
+from paged.step02_block_table import Sequence, SequenceStatus
+from paged.step03_attention import Engine
+from paged.step03_attention.outputs import CompletionOutput, RequestOutput
+from paged.step03_attention.request import Request
+from paged.step04_sharing import beam
+from paged.step04_sharing.block_manager import BlockManager
+from paged.step04_sharing.runner import SharingModelRunner, SharingStepPlan
+
+MAX_BEST_OF = 64
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The generator seed of parallel sample ``index`` of a request seeded with ``seed``."""
+    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**63
+
+
+class GroupRequest(Request):
+    """A request whose sequences may fork, finish at different times, or be ranked."""
+
+    finished_beams: list[beam.Hypothesis]
+    beam_done: bool = False
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        if self.params.use_beam_search:
+            return self.beam_done
+        return all(s.is_finished for s in self.seqs)
+
+    def to_output(self) -> RequestOutput:
+        p = self.params
+        if p.use_beam_search:
+            outs = self._beam_outputs() if self.beam_done else [self.outputs[s.seq_id] for s in self.seqs]
+        else:
+            outs = [self.outputs[s.seq_id] for s in self.seqs]
+            if p.best_of > p.n and self.finished:
+                outs = sorted(outs, key=lambda o: -(o.cumulative_logprob or 0.0))[: p.n]
+                outs = [CompletionOutput(i, o.text, o.token_ids, o.cumulative_logprob, o.logprobs,
+                                         o.finish_reason, o.stop_reason) for i, o in enumerate(outs)]
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
+                             self.finished, self.num_cached_tokens)
+
+    def _beam_outputs(self) -> list[CompletionOutput]:
+        chosen = beam.best(self.finished_beams, self.params.n, self.params.length_penalty)
+        return [CompletionOutput(i, h.text, h.token_ids, h.cumulative_logprob, None,
+                                 "stop" if h.ended_by is not None else "length",
+                                 h.ended_by if h.ended_by is not None and h.ended_by not in self._eos else None)
+                for i, h in enumerate(chosen)]
+
+
+class SharingEngine(Engine):
+    """``Engine`` with a ``BlockManager``: forks, copy-on-write, beam search, prefix caching.
+
+    Args:
+        enable_prefix_caching: reuse cached full prompt blocks (default on).
+        **kwargs: as ``paged.step03_attention.Engine``.
+    """
+
+    runner_class = SharingModelRunner
+
+    def __init__(self, model, *, enable_prefix_caching: bool = True, **kwargs) -> None:
+        self.enable_prefix_caching = enable_prefix_caching
+        super().__init__(model, **kwargs)
+
+    def _make_allocator(self, num_blocks, free_order):
+        self.block_manager = BlockManager(num_blocks, self.block_size, self.enable_prefix_caching, free_order)
+        return self.block_manager.allocator
+
+    # -- requests -------------------------------------------------------------
+    def check_request(self, prompt_token_ids, params) -> None:
+        if params.best_of > MAX_BEST_OF:
+            raise ValueError(f"best_of (or n) must be <= {MAX_BEST_OF}, got {params.best_of}")
+        if params.use_beam_search and params.temperature != 0:
+            raise ValueError("beam search is deterministic: set temperature=0 "
+                             f"(got {params.temperature})")
+        single = params.n == 1 and params.best_of == 1 and not params.use_beam_search
+        relaxed = params if single else type(params)(max_tokens=params.max_tokens)
+        super().check_request(prompt_token_ids, relaxed)
+
+    def _new_request(self, request_id, prompt, prompt_token_ids, params, seed, arrival):
+        req = GroupRequest(request_id, prompt, prompt_token_ids, params, seed, arrival)
+        req.finished_beams = []
+        req._eos = self.stops.eos
+        return req
+
+    def _new_seq(self, req, token_ids, index, table=None):
+        return super()._new_seq(req, token_ids, index, table or self.block_manager.new_table())
+
+    def _prompt_blocks_needed(self, req) -> int:
+        return self.block_manager.blocks_needed_for_prompt(req.prompt_token_ids)
+
+    # -- planning ---------------------------------------------------------------
+    def _plan(self, admitted):
+        plan = super()._plan(admitted)
+        for req in self.running:
+            for seq in req.seqs:
+                plan.blocks_to_copy.extend(seq.block_table.take_copies())
+        return plan
+
+    def _empty_plan(self):
+        return SharingStepPlan()
+
+    def _start_prompt(self, plan, req) -> None:
+        """Map cached blocks, compute the rest once, and fork the parallel samples."""
+        seq = req.seqs[0]
+        seq.status = SequenceStatus.RUNNING
+        cached, slots = self.block_manager.allocate_prompt(seq.block_table, seq.prompt_token_ids)
+        req.num_cached_tokens = cached
+        self._add(plan, req, seq, seq.prompt_token_ids[cached:], cached, slots)
+        if not req.params.use_beam_search:
+            for i in range(1, req.params.best_of):
+                child = self._fork(req, seq, index=i)
+                plan.fanout.append((seq.seq_id, child.seq_id, sample_seed(req.seed, i)))
+
+    def _fork(self, req, parent: Sequence, index: int) -> Sequence:
+        child = self._new_seq(req, parent.prompt_token_ids, index, self.block_manager.fork(parent.block_table))
+        child.output_token_ids = list(parent.output_token_ids)
+        child.status = parent.status
+        src = req.outputs[parent.seq_id]
+        out = req.outputs[child.seq_id]
+        out.token_ids, out.cumulative_logprob = list(src.token_ids), src.cumulative_logprob
+        return child
+
+    # -- after the forward pass -----------------------------------------------
+    def _process(self, req, results) -> bool:
+        for seq in req.seqs:  # K/V of every token up to num_tokens is now written
+            self.block_manager.register_full_blocks(seq.block_table, seq.token_ids)
+        if not req.params.use_beam_search:
+            return super()._process(req, results)
+        live = [s for s in req.seqs if s.seq_id in results]
+        if not live:
+            return False
+        self._beam_step(req, live, results)
+        return True
+
+    def _beam_step(self, req, live, results) -> None:
+        p, k = req.params, req.params.best_of
+        outs = req.outputs
+        ends = lambda t: (t in self.stops.eos and not p.ignore_eos) or t in p.stop_token_ids  # noqa: E731
+        beams = [(outs[s.seq_id].cumulative_logprob or 0.0, list(s.output_token_ids)) for s in live]
+        proposals = [results[s.seq_id].top_logprobs for s in live]
+        chosen, done = beam.select(beams, proposals, k, ends)
+        for h in done:
+            h.text = self.stops.decode(h.token_ids)
+        req.finished_beams += done
+        # the next beams: the first pick of a parent extends it, later picks fork it first
+        by_parent: dict[int, list[tuple[int, float]]] = {}
+        for b, tok, score in chosen:
+            by_parent.setdefault(b, []).append((tok, score))
+        next_seqs = []
+        for b, seq in enumerate(live):
+            picks = by_parent.get(b)
+            if not picks:
+                continue
+            forks = [self._fork(req, seq, index=0) for _ in picks[1:]]
+            for s, (tok, score) in zip([seq] + forks, picks):
+                s.append_token(tok)
+                outs[s.seq_id].token_ids.append(tok)
+                outs[s.seq_id].cumulative_logprob = score
+                next_seqs.append(s)
+        for seq in live:
+            if seq not in next_seqs:
+                self._drop(req, seq)
+        length = len(next_seqs[0].output_token_ids) if next_seqs else 0
+        best_live = max((outs[s.seq_id].cumulative_logprob for s in next_seqs), default=None)
+        max_len = min(p.max_tokens, self.max_model_len - len(req.prompt_token_ids))
+        if beam.is_done(req.finished_beams, best_live, length, k, max_len, p.length_penalty, p.early_stopping):
+            for s in list(req.seqs):
+                if length >= max_len:
+                    h = beam.Hypothesis(list(s.output_token_ids), outs[s.seq_id].cumulative_logprob, None)
+                    h.text = self.stops.decode(h.token_ids)
+                    req.finished_beams.append(h)
+                s.finish("stop")
+            req.beam_done = True
+
+    def _drop(self, req, seq) -> None:
+        """A beam nobody chose: free its blocks now; it leaves the request."""
+        seq.finish("dropped")
+        self.block_manager.free(seq.block_table)
+        self._finished_seq_ids.append(seq.seq_id)
+        req.seqs.remove(seq)
+        del req.outputs[seq.seq_id]

@@ -1,0 +1,53 @@
+"""The worker of step04: fused block copies and one prompt sampled by many sequences.
+
+Two additions to step03's ``ModelRunner``:
+
+* ``blocks_to_copy`` (copy-on-write) runs before the forward pass as ONE
+  indexed copy over every layer, keys and values — the paper's fused block
+  copy. Every copy reads the cache as it was before any of them writes.
+* ``fanout``: after a prompt is computed once, each of its parallel samples
+  draws its first token from that same row of logits with its own generator.
+
+Extends: ``paged.step03_attention.ModelRunner`` and ``StepPlan``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from paged.step02_block_table import KVCache
+from paged.step03_attention import ModelRunner, StepPlan
+
+
+@dataclass
+class SharingStepPlan(StepPlan):
+    """``StepPlan`` plus ``fanout``: ``(seq that computed the row, child seq, child seed)``."""
+
+    fanout: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+# --8<-- [start:copy]
+def copy_blocks(kv_cache: KVCache, pairs: list[tuple[int, int]]) -> None:
+    """Copy block ``src`` to ``dst`` for every pair, in all layers at once (one indexed copy)."""
+    src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=kv_cache.device)
+    dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=kv_cache.device)
+    kv_cache.data[:, :, dst] = kv_cache.data[:, :, src]  # [L, 2, P, B, H_kv, D]
+# --8<-- [end:copy]
+
+
+class SharingModelRunner(ModelRunner):
+    def execute_memory_ops(self, plan: StepPlan) -> None:
+        if plan.blocks_to_swap_in or plan.blocks_to_swap_out:
+            raise NotImplementedError("swapping arrives with step05")
+        if plan.blocks_to_copy:
+            copy_blocks(self.kv_cache, plan.blocks_to_copy)
+
+    def _sample_rows(self, plan: StepPlan):
+        rows = super()._sample_rows(plan)
+        fanout = getattr(plan, "fanout", [])
+        if fanout:
+            row_of = {r[0]: r for r in rows}
+            rows += [(child, row_of[parent][1], row_of[parent][2], seed) for parent, child, seed in fanout]
+        return rows
