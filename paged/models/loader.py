@@ -85,8 +85,8 @@ def _checkpoint_index(path: Path) -> dict[str, tuple[Path, tuple[int, ...], str]
         weight_map = None
         files = sorted(path.glob("*.safetensors"))
         if not files:
-            extra = " (pytorch_model.bin is not supported; convert it to safetensors)" if any(
-                path.glob("*.bin")) else ""
+            has_bin = any(path.glob("*.bin"))
+            extra = " (pytorch_model.bin is not supported; convert it to safetensors)" if has_bin else ""
             raise ModelLoadError(f"{path}: no *.safetensors file{extra}")
     found: dict[str, tuple[Path, tuple[int, ...], str]] = {}
     for f in files:
@@ -128,7 +128,9 @@ def _plan(model: CausalLM, found: dict, path: Path) -> dict[str, list[tuple[str,
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"{path}: checkpoint is missing tensors {missing[:5]}{more}")
-    ignorable = lambda n: n.endswith(_IGNORED_SUFFIXES) or (model.config.tie_word_embeddings and n == "lm_head.weight")
+    def ignorable(name: str) -> bool:  # a tied LM head saved anyway is the embedding again
+        return name.endswith(_IGNORED_SUFFIXES) or (model.config.tie_word_embeddings and name == "lm_head.weight")
+
     unexpected = sorted(n for n in found if n not in seen and not ignorable(n))
     if unexpected:
         more = f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""

@@ -14,7 +14,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import paged.models.loader as loader_module
-from paged.models import LlamaForCausalLM, ModelConfig, ModelLoadError, OPTForCausalLM, load_model
+from paged.models import (
+    ContiguousAttention,
+    LlamaForCausalLM,
+    ModelConfig,
+    ModelLoadError,
+    OPTForCausalLM,
+    load_model,
+)
 from tests.hf_models import build_hf_model, save_checkpoint, write_tokenizer
 
 
@@ -85,8 +92,6 @@ def test_loader_dtypes_cast_bitwise(llama_dir, dtype):
     assert {p.dtype for p in model.parameters()} == {want} and model.model.rotary_emb.cos.dtype == want
     assert _hf_weights_equal_ours(hf, model, want) > 0
     with torch.no_grad():
-        from paged.models import ContiguousAttention
-
         attention = ContiguousAttention(loaded.config.num_layers)
         attention.begin([0], [4])
         logits = model.compute_logits(model(torch.tensor([3, 4, 5, 6]), torch.arange(4), attention))

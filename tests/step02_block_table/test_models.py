@@ -16,6 +16,8 @@ compares with transformers as shipped, at the looser float32 tolerance.
 Run with ``-s`` to see the largest logit difference per architecture.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -40,17 +42,10 @@ def pair(request, tmp_path_factory):
     """(kind, transformers model, our loaded model) for one architecture."""
     hf = build_hf_model(request.param)
     path = save_checkpoint(hf, tmp_path_factory.mktemp(request.param))
-    with pytest.warns(UserWarning, match="sliding-window") if request.param == "mistral" else _nothing():
+    warns = request.param == "mistral"  # its sliding window is declared, not masked
+    with pytest.warns(UserWarning, match="sliding-window") if warns else contextlib.nullcontext():
         loaded = load_model(path, dtype=torch.float64)
     return request.param, hf, loaded.model
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _ours_packed_logits(model, prompts):
@@ -103,28 +98,37 @@ def test_models_greedy_tokens_identical_to_transformers_generate(pair):
     assert got == want
 
 
-def test_models_chunked_prefill_equals_one_pass_toleranced(pair):
-    """Toleranced (FLOAT64): a prompt fed as chunks of 5, 1, 13, 21 tokens through the KV cache gives the
-    logits of one pass (different GEMM shapes reorder the sums)."""
+def test_models_chunked_mixed_batch_equals_one_pass_toleranced(pair):
+    """Toleranced (FLOAT64): two sequences packed in each forward pass — A's 40-token prompt in chunks of
+    5, 1, 13, 21 beside B's 7-token prompt and then single decode-like tokens — give each sequence's
+    one-pass logits (different GEMM shapes reorder the sums)."""
     _, _, ours = pair
-    prompt = _prompts(ours.config.vocab_size)[2]  # 40 tokens
-    whole = _ours_packed_logits(ours, [prompt])
-    attention, rows, start = ContiguousAttention(ours.config.num_layers), [], 0
+    a = _prompts(ours.config.vocab_size)[2]  # 40 tokens
+    b = _prompts(ours.config.vocab_size, seed=5)[2][:10]
+    chunks = {"a": (5, 1, 13, 21), "b": (7, 1, 1, 1)}
+    attention, rows, start = ContiguousAttention(ours.config.num_layers), {"a": [], "b": []}, {"a": 0, "b": 0}
     with torch.no_grad():
-        for n in (5, 1, 13, 21):
-            attention.begin(["s"], [n])
-            hidden = ours(torch.tensor(prompt[start : start + n]), torch.arange(start, start + n), attention)
-            rows.append(ours.compute_logits(hidden))
-            start += n
-    assert attention.context_len("s") == len(prompt)
-    torch.testing.assert_close(torch.cat(rows), whole, **FLOAT64)
+        for step in range(4):
+            lens = [chunks["a"][step], chunks["b"][step]]
+            ids, pos = [], []
+            for sid, seq, n in (("a", a, lens[0]), ("b", b, lens[1])):
+                ids += seq[start[sid] : start[sid] + n]
+                pos += range(start[sid], start[sid] + n)
+                start[sid] += n
+            attention.begin(["a", "b"], lens)
+            logits = ours.compute_logits(ours(torch.tensor(ids), torch.tensor(pos), attention))
+            rows["a"].append(logits[: lens[0]])
+            rows["b"].append(logits[lens[0] :])
+    assert attention.context_len("a") == len(a) and attention.context_len("b") == len(b)
+    torch.testing.assert_close(torch.cat(rows["a"]), _ours_packed_logits(ours, [a]), **FLOAT64)
+    torch.testing.assert_close(torch.cat(rows["b"]), _ours_packed_logits(ours, [b]), **FLOAT64)
 
 
-def test_models_greedy_stops_at_eos_like_transformers():
+def test_models_greedy_stops_at_eos_like_transformers(tmp_path):
     """Token-identical, EOS included: with an EOS id taken from the middle of an unconstrained run, both
     stop right after emitting it."""
     hf = build_hf_model("llama", seed=3)
-    ours = _loaded(hf)
+    ours = load_model(save_checkpoint(hf, tmp_path), dtype=torch.float64).model
     prompt = _prompts(160)[0]
     free_run = greedy_generate(ours, [prompt], NEW_TOKENS)[0]
     eos = free_run[5]
@@ -133,13 +137,6 @@ def test_models_greedy_stops_at_eos_like_transformers():
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos)
     assert got[0] == free_run[: free_run.index(eos) + 1] == want[0, len(prompt) :].tolist()
     assert eos not in got[1][:-1] and (len(got[1]) == NEW_TOKENS or got[1][-1] == eos)
-
-
-def _loaded(hf):
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        return load_model(save_checkpoint(hf, d), dtype=torch.float64).model
 
 
 def test_contiguous_attention_equals_oracle_bitwise():
