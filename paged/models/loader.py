@@ -128,6 +128,7 @@ def _plan(model: CausalLM, found: dict, path: Path) -> dict[str, list[tuple[str,
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"{path}: checkpoint is missing tensors {missing[:5]}{more}")
+
     def ignorable(name: str) -> bool:  # a tied LM head saved anyway is the embedding again
         return name.endswith(_IGNORED_SUFFIXES) or (model.config.tie_word_embeddings and name == "lm_head.weight")
 
