@@ -209,9 +209,23 @@ class KVCache:
     ) -> int:
         """How many blocks fit in ``memory_bytes``, the allocation's spare row included.
 
+        Args:
+            memory_bytes: the budget (an int, or a float such as ``4e9``).
+            num_layers: ``L``.
+            block_size: ``B``.
+            num_kv_heads: ``H_kv``.
+            head_dim: ``D``.
+            dtype: element type of the cache.
+
         Raises:
-            ValueError: the budget does not hold even one block.
+            TypeError: ``memory_bytes`` is not a number.
+            ValueError: the budget does not hold even one block, or is not finite.
         """
+        if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, (int, float)):
+            raise TypeError(f"memory_bytes must be a number of bytes, got {memory_bytes!r}")
+        if memory_bytes != memory_bytes or memory_bytes in (float("inf"), float("-inf")):
+            raise ValueError(f"memory_bytes must be finite, got {memory_bytes}")
+        memory_bytes = int(memory_bytes)  # 4e9 from a command line is a fine budget
         per_block = KVCache.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
         spare = num_kv_heads * head_dim * dtype.itemsize  # the padding row of write()
         num_blocks = (memory_bytes - spare) // per_block

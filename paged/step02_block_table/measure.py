@@ -62,7 +62,9 @@ def measure(
     Args:
         num_tokens: ``T``, the length of the one sequence measured.
         block_sizes: the ``B`` values to compare.
-        num_kv_heads, head_dim, dtype: the shape of one token's K (and V).
+        num_kv_heads: ``H_kv`` of one token's K (and V).
+        head_dim: ``D``.
+        dtype: element type of the K/V.
         repeats: timed runs per number (the median is kept).
 
     Returns:

@@ -31,7 +31,7 @@ def test_diagram_committed_text_figures_are_current():
         allocator, requests = build()
         committed = (FIGURES / f"step02_{name}.txt").read_text()
         assert committed == render_text(requests, allocator.num_blocks), (
-            f"regenerate with: python -m paged.step02_block_table.diagram docs/figures"
+            "regenerate with: python -m paged.step02_block_table.diagram docs/figures"
         )
 
 

@@ -264,6 +264,18 @@ def test_kv_cache_num_blocks_for_too_small_budget_names_block_bytes():
     per_block = KVCache.bytes_per_block(2, 16, 4, 64, torch.bfloat16)
     with pytest.raises(ValueError, match=f"one block takes {per_block} bytes"):
         KVCache.num_blocks_for(per_block - 1, 2, 16, 4, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="holds no block"):
+        KVCache.num_blocks_for(-5, 2, 16, 4, 64, torch.bfloat16)
+
+
+def test_kv_cache_num_blocks_for_takes_float_budgets_and_refuses_non_numbers():
+    shape = (2, 16, 4, 64, torch.bfloat16)
+    n = KVCache.num_blocks_for(4e9, *shape)
+    assert isinstance(n, int) and n == KVCache.num_blocks_for(4_000_000_000, *shape)
+    with pytest.raises(TypeError, match="number of bytes"):
+        KVCache.num_blocks_for("4GB", *shape)
+    with pytest.raises(ValueError, match="finite"):
+        KVCache.num_blocks_for(float("inf"), *shape)
 
 
 # -- errors: the specific exception, nothing changed --------------------------------
@@ -352,3 +364,23 @@ def test_kv_cache_key_value_reject_bad_layer():
             cache.key(bad)
         with pytest.raises(IndexError, match="outside 0..1"):
             cache.value(bad)
+
+
+# -- on a GPU: the same round trip, and write() never waits for the device ------------
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kv_cache_cuda_write_has_no_host_sync_and_gathers_bitwise():
+    """Padding is routed on the device, so write() makes no synchronising call (bitwise)."""
+    cache = KVCache(2, 8, 4, 2, 8, torch.bfloat16, device="cuda")
+    table = BlockTable(BlockAllocator(8, free_order=[5, 2, 7, 0, 1, 3, 4, 6]), 4)
+    k = torch.randn(11, 2, 8, device="cuda").to(torch.bfloat16)
+    v = torch.randn(11, 2, 8, device="cuda").to(torch.bfloat16)
+    slots = torch.tensor(table.append(10) + [-1], device="cuda")  # the last token is padding
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        cache.write(1, k, v, slots)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    gk, gv = cache.gather(1, table.blocks, 10)
+    assert torch.equal(gk, k[:10]) and torch.equal(gv, v[:10])
+    assert torch.count_nonzero(cache.data[0]) == 0
