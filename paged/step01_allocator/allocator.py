@@ -73,7 +73,7 @@ class BlockAllocator:
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free
 
     def ref_count(self, block: int) -> int:
         """How many block-table entries point at ``block`` (0 when free)."""
