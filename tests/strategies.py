@@ -43,3 +43,7 @@ def length_traces(draw, max_prompt: int = 40, max_output: int = 40, max_requests
     """A short list of ``(prompt_len, output_len)`` pairs, both >= 1 (step01 waste)."""
     pairs = st.tuples(st.integers(1, max_prompt), st.integers(1, max_output))
     return draw(st.lists(pairs, min_size=1, max_size=max_requests))
+
+# Head dims of real models beyond the powers of two (Phi-2 80, Qwen-1.8B 96...):
+# the C++ kernel specializes each, so its tests draw them too.
+model_head_dims = st.sampled_from([64, 80, 96, 128])

@@ -1,0 +1,221 @@
+// Python binding of the CPU kernels: argument checks, then plain pointers to
+// paged_attention.cpp (decode attention) and the KV write by slot mapping.
+//
+// Every check raises an exception a user can act on: TypeError for a wrong
+// dtype, ValueError for a wrong shape, layout or value, naming the argument,
+// what it was, and what was expected. A kernel never sees an unchecked index.
+//
+// Versions: decode(version=0) picks v2 (AVX-512) when it applies and v1
+// otherwise; version=1 / 2 force one, for the tests that check each against
+// the oracle. write_kv has one version (a row copy per token).
+
+// Narrow includes instead of <torch/extension.h>: they halve the first build.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "paged_attention.h"
+
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+paged::DType kernel_dtype(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return paged::DType::kFloat32;
+    case at::kBFloat16: return paged::DType::kBFloat16;
+    case at::kDouble: return paged::DType::kFloat64;
+    default:
+      TORCH_CHECK_TYPE(false, name, " must be float32, bfloat16 or float64, got ", t.scalar_type());
+  }
+  return paged::DType::kFloat32;  // unreachable
+}
+
+void check_cpu(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());
+}
+
+// key_cache / value_cache: [N, B, H_kv, D], contiguous, same dtype as `like`.
+void check_cache(const at::Tensor& c, const char* name, const at::Tensor& like) {
+  check_cpu(c, name);
+  TORCH_CHECK_VALUE(c.dim() == 4, name, " must be [N, B, H_kv, D], got shape ", shape_of(c));
+  TORCH_CHECK_TYPE(c.scalar_type() == like.scalar_type(), name, " must have dtype ",
+                   like.scalar_type(), " like the query / new keys, got ", c.scalar_type());
+  TORCH_CHECK_VALUE(c.is_contiguous(), name,
+                    " must be contiguous (a layer view kv[l, 0] or kv[l, 1] of the "
+                    "[L, 2, N, B, H_kv, D] cache is)");
+}
+
+at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
+                  const at::Tensor& key_cache,  // [N, B, H_kv, D]
+                  const at::Tensor& value_cache,
+                  const at::Tensor& block_tables_in,  // [S, M] int32
+                  const at::Tensor& context_lens_in,  // [S] int32
+                  double scale, c10::optional<at::Tensor> out_in, int64_t version) {
+  check_cpu(query_in, "query");
+  const paged::DType dtype = kernel_dtype(query_in, "query");
+  TORCH_CHECK_VALUE(query_in.dim() == 3, "query must be [S, H, D] (one token per sequence), got shape ",
+                    shape_of(query_in));
+  check_cache(key_cache, "key_cache", query_in);
+  check_cache(value_cache, "value_cache", query_in);
+  TORCH_CHECK_VALUE(value_cache.sizes() == key_cache.sizes(), "value_cache shape ",
+                    shape_of(value_cache), " differs from key_cache shape ", shape_of(key_cache));
+  const int64_t S = query_in.size(0), H = query_in.size(1), D = query_in.size(2);
+  const int64_t N = key_cache.size(0), B = key_cache.size(1), H_kv = key_cache.size(2);
+  TORCH_CHECK_VALUE(key_cache.size(3) == D, "head dim of key_cache (", key_cache.size(3),
+                    ") differs from the query's (", D, ")");
+  TORCH_CHECK_VALUE(H_kv > 0 && H % H_kv == 0, "query heads H = ", H,
+                    " must be a multiple of the cache's KV heads H_kv = ", H_kv);
+  TORCH_CHECK_VALUE(D > 0 && B > 0, "head dim and block size must be positive, got D = ", D,
+                    ", B = ", B);
+
+  check_cpu(block_tables_in, "block_tables");
+  check_cpu(context_lens_in, "context_lens");
+  TORCH_CHECK_TYPE(block_tables_in.scalar_type() == at::kInt, "block_tables must be int32, got ",
+                   block_tables_in.scalar_type());
+  TORCH_CHECK_TYPE(context_lens_in.scalar_type() == at::kInt, "context_lens must be int32, got ",
+                   context_lens_in.scalar_type());
+  TORCH_CHECK_VALUE(block_tables_in.dim() == 2 && block_tables_in.size(0) == S,
+                    "block_tables must be [S, M] with S = ", S, " sequences, got shape ",
+                    shape_of(block_tables_in));
+  TORCH_CHECK_VALUE(context_lens_in.dim() == 1 && context_lens_in.size(0) == S,
+                    "context_lens must be [S] with S = ", S, ", got shape ", shape_of(context_lens_in));
+  const at::Tensor block_tables = block_tables_in.contiguous();
+  const at::Tensor context_lens = context_lens_in.contiguous();
+  const int64_t M = block_tables.size(1);
+  const int32_t* table = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t len = lens[s];
+    TORCH_CHECK_VALUE(len >= 1 && len <= M * B, "context_lens[", s, "] = ", len,
+                      " must be in [1, M * B] = [1, ", M * B, "] (M = ", M,
+                      " block-table columns, B = ", B, ")");
+    for (int64_t j = 0; j * B < len; ++j) {
+      const int64_t b = table[s * M + j];
+      TORCH_CHECK_VALUE(b >= 0 && b < N, "block_tables[", s, ", ", j, "] = ", b,
+                        " is not a physical block of the cache (N = ", N, ")");
+    }
+  }
+
+  // Rows of D must be contiguous; sequence and head strides may be anything
+  // (a query sliced out of a fused QKV projection keeps its strides).
+  const at::Tensor query = query_in.stride(2) == 1 ? query_in : query_in.contiguous();
+  at::Tensor out;
+  if (out_in.has_value()) {
+    out = *out_in;
+    check_cpu(out, "out");
+    TORCH_CHECK_TYPE(out.scalar_type() == query.scalar_type(), "out must have dtype ",
+                     query.scalar_type(), ", got ", out.scalar_type());
+    TORCH_CHECK_VALUE(out.sizes() == query.sizes(), "out must have the query's shape ",
+                      shape_of(query), ", got ", shape_of(out));
+    TORCH_CHECK_VALUE(out.stride(2) == 1, "out must have contiguous rows (stride 1 in the last dim)");
+  } else {
+    out = at::empty_like(query, at::MemoryFormat::Contiguous);
+  }
+  TORCH_CHECK_VALUE(version >= 0 && version <= 2, "version must be 0 (auto), 1 or 2, got ", version);
+  if (S == 0 || H == 0) return out;
+
+  paged::DecodeArgs args;
+  args.query = query.data_ptr();
+  args.key_cache = key_cache.data_ptr();
+  args.value_cache = value_cache.data_ptr();
+  args.block_tables = table;
+  args.context_lens = lens;
+  args.out = out.data_ptr();
+  args.num_seqs = S;
+  args.num_heads = H;
+  args.num_kv_heads = H_kv;
+  args.head_dim = D;
+  args.block_size = B;
+  args.max_blocks = M;
+  args.q_stride_s = query.stride(0);
+  args.q_stride_h = query.stride(1);
+  args.out_stride_s = out.stride(0);
+  args.out_stride_h = out.stride(1);
+  args.scale = scale;
+  args.dtype = dtype;
+  args.num_threads = at::get_num_threads();
+
+  if (version == 1) {
+    paged::paged_attention_decode_v1(args);
+  } else if (!paged::paged_attention_decode_v2(args)) {
+    TORCH_CHECK_VALUE(version == 0, "version 2 needs an AVX-512 build (",
+                      paged::v2_compiled() ? "yes" : "no",
+                      " here), float32 or bfloat16 and a head dim in {16, 32, ..., 128, 160, 192, "
+                      "256}; got ", query.scalar_type(), ", D = ", D);
+    paged::paged_attention_decode_v1(args);
+  }
+  return out;
+}
+
+// key_cache.view(N * B, H_kv, D)[slot_mapping[t]] = k[t] (same for v); slots < 0 are skipped.
+void write_kv(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& k_in,
+              const at::Tensor& v_in, const at::Tensor& slot_mapping_in) {
+  check_cpu(k_in, "k");
+  check_cpu(v_in, "v");
+  check_cache(key_cache, "key_cache", k_in);
+  check_cache(value_cache, "value_cache", k_in);
+  TORCH_CHECK_VALUE(value_cache.sizes() == key_cache.sizes(), "value_cache shape ",
+                    shape_of(value_cache), " differs from key_cache shape ", shape_of(key_cache));
+  TORCH_CHECK_TYPE(v_in.scalar_type() == k_in.scalar_type(), "v must have k's dtype ",
+                   k_in.scalar_type(), ", got ", v_in.scalar_type());
+  const int64_t N = key_cache.size(0), B = key_cache.size(1), H_kv = key_cache.size(2),
+                D = key_cache.size(3);
+  TORCH_CHECK_VALUE(k_in.dim() == 3 && k_in.size(1) == H_kv && k_in.size(2) == D,
+                    "k must be [T, H_kv, D] = [T, ", H_kv, ", ", D, "], got shape ", shape_of(k_in));
+  TORCH_CHECK_VALUE(v_in.sizes() == k_in.sizes(), "v shape ", shape_of(v_in),
+                    " differs from k shape ", shape_of(k_in));
+  const int64_t T = k_in.size(0);
+  check_cpu(slot_mapping_in, "slot_mapping");
+  TORCH_CHECK_TYPE(slot_mapping_in.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
+                   slot_mapping_in.scalar_type());
+  TORCH_CHECK_VALUE(slot_mapping_in.dim() == 1 && slot_mapping_in.size(0) == T,
+                    "slot_mapping must be [T] with T = ", T, " new tokens, got shape ",
+                    shape_of(slot_mapping_in));
+  const at::Tensor slots = slot_mapping_in.contiguous();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK_VALUE(slot[t] < N * B, "slot_mapping[", t, "] = ", slot[t],
+                      " is past the cache's last slot N * B - 1 = ", N * B - 1);
+
+  // One token's heads must be one run of H_kv * D elements.
+  auto rows = [&](const at::Tensor& x) {
+    return (x.stride(2) == 1 && x.stride(1) == D) ? x : x.contiguous();
+  };
+  const at::Tensor k = rows(k_in), v = rows(v_in);
+  const int64_t bytes = H_kv * D * static_cast<int64_t>(k.element_size());
+  const char* k_src = static_cast<const char*>(k.data_ptr());
+  const char* v_src = static_cast<const char*>(v.data_ptr());
+  const int64_t k_stride = k.stride(0) * k.element_size(), v_stride = v.stride(0) * v.element_size();
+  char* k_dst = static_cast<char*>(key_cache.data_ptr());
+  char* v_dst = static_cast<char*>(value_cache.data_ptr());
+  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      if (slot[t] < 0) continue;
+      std::memcpy(k_dst + slot[t] * bytes, k_src + t * k_stride, bytes);
+      std::memcpy(v_dst + slot[t] * bytes, v_src + t * v_stride, bytes);
+    }
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "paged: CPU paged-attention decode and KV write (csrc/cpu)";
+  m.def("decode", &decode, "Paged attention decode, one query per sequence",
+        py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("context_lens"), py::arg("scale"), py::arg("out") = py::none(),
+        py::arg("version") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def("write_kv", &write_kv, "Write new K/V rows into the cache by slot mapping",
+        py::arg("key_cache"), py::arg("value_cache"), py::arg("k"), py::arg("v"),
+        py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
+  m.def("v2_compiled", &paged::v2_compiled, "Whether the AVX-512 decode (v2) was compiled in");
+}

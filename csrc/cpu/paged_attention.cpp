@@ -1,0 +1,404 @@
+// PagedAttention decode on the CPU (paper §4.1, Figure 5; DESIGN §3, §4).
+//
+// One query token per sequence attends to the sequence's K/V, which lives in
+// fixed-size physical blocks scattered over the cache; the block table says
+// where. Each (sequence, KV head) pair is one work item: the G = H / H_kv query
+// heads that share a KV head are processed together, so every K and V row is
+// read from memory once. Each physical block is visited once, with the online
+// softmax of the paper's equation: per block, the scores, the block's maximum,
+// a running maximum m and sum l, and the accumulator rescaled by exp(m_old - m).
+//
+// Cache layout (DESIGN §3): key_cache[b, o, h, :] is the key of slot b*B + o for
+// KV head h; rows of one head inside a block are H_kv * D elements apart.
+//
+// Versions (both tested against the contiguous oracle, tests/step03_attention/
+// test_cpu_kernel.py; the dispatcher in bindings.cpp picks v2 when it applies):
+//   v1  scalar and readable: the equation line by line, any dtype (float64 for
+//       tight tests, float32, bfloat16 with float32 accumulation), any head dim.
+//       It is the specification of v2 and the path for float64 and odd head dims.
+//   v2  AVX-512 for float32 and bfloat16, head dim a multiple of 16 (64, 80, 96,
+//       128, ... and the small 16, 32): the K row is held in registers while the
+//       G dot products run; the scores, max, exp (a vectorized polynomial) and
+//       sum run 16 tokens per instruction; V is accumulated in register tiles of
+//       query heads x head dim; the next block's rows are prefetched. Exists
+//       because decode is the engine's hot path on a CPU.
+// Work items are spread over torch's thread count with a dynamic OpenMP
+// schedule, so sequences of different lengths balance across threads.
+
+#include "paged_attention.h"
+
+#include <c10/util/BFloat16.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace paged {
+namespace {
+
+template <typename T>
+struct AccType {
+  using type = float;  // float32 and bfloat16 accumulate in float32
+};
+template <>
+struct AccType<double> {
+  using type = double;
+};
+
+// Runs fn(s, kv_head, scratch) for every work item. Each thread owns one
+// Scratch, built once, not per item.
+template <typename Scratch, typename Fn>
+void for_each_item(const DecodeArgs& a, Fn&& fn) {
+  const int64_t items = a.num_seqs * a.num_kv_heads;
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.num_threads, items)));
+#pragma omp parallel num_threads(threads)
+  {
+    Scratch scratch(a);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < items; ++i) fn(i / a.num_kv_heads, i % a.num_kv_heads, scratch);
+  }
+}
+
+// ---------------------------------------------------------------- v1 scalar
+
+template <typename T>
+struct ScratchV1 {
+  using Acc = typename AccType<T>::type;
+  std::vector<Acc> q, acc, scores, m, l;
+  explicit ScratchV1(const DecodeArgs& a) {
+    const int64_t G = a.num_heads / a.num_kv_heads;
+    q.resize(G * a.head_dim);
+    acc.resize(G * a.head_dim);
+    scores.resize(a.block_size);
+    m.resize(G);
+    l.resize(G);
+  }
+};
+
+template <typename T>
+void decode_item_v1(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV1<T>& w) {
+  using Acc = typename AccType<T>::type;
+  const int64_t G = a.num_heads / a.num_kv_heads, D = a.head_dim, B = a.block_size;
+  const int64_t row = a.num_kv_heads * D;  // elements between tokens of one head
+  const T* query = static_cast<const T*>(a.query);
+  const T* key_cache = static_cast<const T*>(a.key_cache);
+  const T* value_cache = static_cast<const T*>(a.value_cache);
+  const int32_t* table = a.block_tables + s * a.max_blocks;
+  const int64_t ctx = a.context_lens[s];
+
+  for (int64_t g = 0; g < G; ++g) {
+    const T* q = query + s * a.q_stride_s + (kvh * G + g) * a.q_stride_h;
+    for (int64_t d = 0; d < D; ++d) {
+      w.q[g * D + d] = static_cast<Acc>(q[d]) * static_cast<Acc>(a.scale);
+      w.acc[g * D + d] = 0;
+    }
+    w.m[g] = -std::numeric_limits<Acc>::infinity();
+    w.l[g] = 0;
+  }
+
+  for (int64_t j = 0; j * B < ctx; ++j) {
+    const int64_t n = std::min(B, ctx - j * B);  // filled slots of this block
+    const int64_t base = (static_cast<int64_t>(table[j]) * B * a.num_kv_heads + kvh) * D;
+    const T* k_block = key_cache + base;    // row t at k_block + t * row
+    const T* v_block = value_cache + base;
+    for (int64_t g = 0; g < G; ++g) {
+      const Acc* q = &w.q[g * D];
+      Acc* acc = &w.acc[g * D];
+      // scores of this block and their maximum
+      Acc block_max = -std::numeric_limits<Acc>::infinity();
+      for (int64_t t = 0; t < n; ++t) {
+        const T* k = k_block + t * row;
+        Acc dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += q[d] * static_cast<Acc>(k[d]);
+        w.scores[t] = dot;
+        block_max = std::max(block_max, dot);
+      }
+      // online softmax: rescale what was accumulated under the old maximum
+      const Acc m_new = std::max(w.m[g], block_max);
+      const Acc alpha = std::exp(w.m[g] - m_new);  // exp(-inf) = 0 on the first block
+      w.l[g] *= alpha;
+      for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+      for (int64_t t = 0; t < n; ++t) {
+        const Acc p = std::exp(w.scores[t] - m_new);
+        w.l[g] += p;
+        const T* v = v_block + t * row;
+        for (int64_t d = 0; d < D; ++d) acc[d] += p * static_cast<Acc>(v[d]);
+      }
+      w.m[g] = m_new;
+    }
+  }
+
+  T* out = static_cast<T*>(a.out);
+  for (int64_t g = 0; g < G; ++g) {
+    T* o = out + s * a.out_stride_s + (kvh * G + g) * a.out_stride_h;
+    const Acc inv = Acc(1) / w.l[g];
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(w.acc[g * D + d] * inv);
+  }
+}
+
+template <typename T>
+void run_v1(const DecodeArgs& a) {
+  for_each_item<ScratchV1<T>>(
+      a, [&](int64_t s, int64_t kvh, ScratchV1<T>& w) { decode_item_v1<T>(a, s, kvh, w); });
+}
+
+// ---------------------------------------------------------------- v2 AVX-512
+
+#if defined(__AVX512F__)
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  // bfloat16 is the top half of a float32: widen and shift, exactly.
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// exp(x) for x <= 0 (scores minus their running maximum), ~1 ulp: Cephes expf.
+// x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-6 polynomial, times 2^n.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // exp(-104) is 0 in float32
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 tail_mask(int64_t remaining) {
+  return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1u);
+}
+
+struct ScratchV2 {
+  int64_t stride;  // scores per query head: B rounded up to 16
+  std::vector<float> q, acc, scores, m, l, alpha;
+  explicit ScratchV2(const DecodeArgs& a) {
+    const int64_t G = a.num_heads / a.num_kv_heads;
+    stride = (a.block_size + 15) / 16 * 16;
+    q.resize(G * a.head_dim);
+    acc.resize(G * a.head_dim);
+    scores.resize(G * stride);
+    m.resize(G);
+    l.resize(G);
+    alpha.resize(G);
+  }
+};
+
+// Scores of GT query heads against one key row held in NC registers.
+template <int NC, int GT>
+inline void dot_tile(const __m512 (&k)[NC], const float* q, int64_t D, float* scores,
+                     int64_t stride) {
+  for (int g = 0; g < GT; ++g) {
+    const float* qg = q + g * D;
+    // two partial sums halve the dependency chain of the NC multiply-adds
+    __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(qg), k[0]);
+    __m512 s1 = _mm512_setzero_ps();
+    if constexpr (NC > 1) s1 = _mm512_mul_ps(_mm512_loadu_ps(qg + 16), k[1]);
+    for (int c = 2; c < NC; c += 2) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), k[c], s0);
+      if (c + 1 < NC) s1 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * (c + 1)), k[c + 1], s1);
+    }
+    scores[g * stride] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  }
+}
+
+// acc[g, :] = acc[g, :] * alpha[g] + sum_t p[g, t] * V[t, :] for GT query heads,
+// the GT x NC accumulator tile kept in registers across the block's tokens.
+template <typename T, int NC, int GT>
+inline void accumulate_tile(const T* v_block, int64_t row, int64_t n, const float* p,
+                            int64_t stride, const float* alpha, float* acc, int64_t D) {
+  __m512 a[GT][NC];
+  for (int g = 0; g < GT; ++g) {
+    const __m512 al = _mm512_set1_ps(alpha[g]);
+    for (int c = 0; c < NC; ++c) a[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + 16 * c), al);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const T* v = v_block + t * row;
+    __m512 pt[GT];
+    for (int g = 0; g < GT; ++g) pt[g] = _mm512_set1_ps(p[g * stride + t]);
+    for (int c = 0; c < NC; ++c) {
+      const __m512 vc = load16(v + 16 * c);
+      for (int g = 0; g < GT; ++g) a[g][c] = _mm512_fmadd_ps(pt[g], vc, a[g][c]);
+    }
+  }
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + g * D + 16 * c, a[g][c]);
+}
+
+// Tile of query heads for the accumulator: GT x NC registers, at most 16.
+template <int NC>
+constexpr int kHeadTile = NC >= 16 ? 1 : 16 / NC;
+
+template <typename T, int NC, int GT>
+inline void accumulate_heads(const T* v_block, int64_t row, int64_t n, ScratchV2& w, int64_t G,
+                             int64_t D) {
+  int64_t g = 0;
+  for (; g + GT <= G; g += GT)
+    accumulate_tile<T, NC, GT>(v_block, row, n, &w.scores[g * w.stride], w.stride, &w.alpha[g],
+                               &w.acc[g * D], D);
+  for (; g < G; ++g)  // leftover heads one at a time
+    accumulate_tile<T, NC, 1>(v_block, row, n, &w.scores[g * w.stride], w.stride, &w.alpha[g],
+                              &w.acc[g * D], D);
+}
+
+template <typename T>
+inline void prefetch_rows(const T* block, int64_t row, int64_t n, int64_t bytes) {
+  for (int64_t t = 0; t < n; ++t) {
+    const char* p = reinterpret_cast<const char*>(block + t * row);
+    for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+  }
+}
+
+template <typename T, int NC>
+void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV2& w) {
+  constexpr int D = 16 * NC;
+  const int64_t G = a.num_heads / a.num_kv_heads, B = a.block_size, stride = w.stride;
+  const int64_t row = a.num_kv_heads * D;
+  const T* query = static_cast<const T*>(a.query);
+  const T* key_cache = static_cast<const T*>(a.key_cache);
+  const T* value_cache = static_cast<const T*>(a.value_cache);
+  const int32_t* table = a.block_tables + s * a.max_blocks;
+  const int64_t ctx = a.context_lens[s];
+  const float scale = static_cast<float>(a.scale);
+
+  for (int64_t g = 0; g < G; ++g) {
+    const T* q = query + s * a.q_stride_s + (kvh * G + g) * a.q_stride_h;
+    for (int c = 0; c < NC; ++c) {
+      _mm512_storeu_ps(&w.q[g * D + 16 * c], _mm512_mul_ps(load16(q + 16 * c), _mm512_set1_ps(scale)));
+      _mm512_storeu_ps(&w.acc[g * D + 16 * c], _mm512_setzero_ps());
+    }
+    w.m[g] = -std::numeric_limits<float>::infinity();
+    w.l[g] = 0.0f;
+  }
+
+  const int64_t num_blocks = (ctx + B - 1) / B;
+  for (int64_t j = 0; j < num_blocks; ++j) {
+    const int64_t n = std::min(B, ctx - j * B);
+    const int64_t base = (static_cast<int64_t>(table[j]) * B * a.num_kv_heads + kvh) * D;
+    const T* k_block = key_cache + base;
+    const T* v_block = value_cache + base;
+    // The next block is elsewhere and its rows are H_kv * D apart, a new page
+    // each: hardware prefetchers do not follow. Ask for it now, into L2 (into
+    // L1 it would evict the rows in use; measured: 2x on caches beyond L3).
+    if (j + 1 < num_blocks) {
+      const int64_t next = (static_cast<int64_t>(table[j + 1]) * B * a.num_kv_heads + kvh) * D;
+      const int64_t n_next = std::min(B, ctx - (j + 1) * B);
+      prefetch_rows(key_cache + next, row, n_next, D * int64_t(sizeof(T)));
+      prefetch_rows(value_cache + next, row, n_next, D * int64_t(sizeof(T)));
+    }
+
+    // 1. scores[g, t] = q_g . k_t for the whole group, each key row loaded once
+    for (int64_t t = 0; t < n; ++t) {
+      const T* kr = k_block + t * row;
+      __m512 k[NC];
+      for (int c = 0; c < NC; ++c) k[c] = load16(kr + 16 * c);
+      int64_t g = 0;
+      for (; g + 4 <= G; g += 4) dot_tile<NC, 4>(k, &w.q[g * D], D, &w.scores[g * stride + t], stride);
+      for (; g < G; ++g) dot_tile<NC, 1>(k, &w.q[g * D], D, &w.scores[g * stride + t], stride);
+    }
+
+    // 2. online softmax, 16 tokens per instruction: block max, new running max,
+    //    p = exp(score - m) in place of the score, running sum rescaled by alpha
+    for (int64_t g = 0; g < G; ++g) {
+      float* sc = &w.scores[g * stride];
+      __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int64_t t = 0; t < n; t += 16)
+        mx = _mm512_mask_max_ps(mx, tail_mask(n - t), mx, _mm512_loadu_ps(sc + t));
+      const float m_old = w.m[g];
+      const float m_new = std::max(m_old, _mm512_reduce_max_ps(mx));
+      const __m512 mv = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t t = 0; t < n; t += 16) {
+        const __mmask16 k = tail_mask(n - t);
+        const __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sc + t), mv));
+        _mm512_mask_storeu_ps(sc + t, k, p);
+        sum = _mm512_mask_add_ps(sum, k, sum, p);
+      }
+      const float alpha = m_new == m_old ? 1.0f : std::exp(m_old - m_new);  // 0 on block 0
+      w.alpha[g] = alpha;
+      w.l[g] = w.l[g] * alpha + _mm512_reduce_add_ps(sum);
+      w.m[g] = m_new;
+    }
+
+    // 3. acc = acc * alpha + p V, each value row loaded once per head tile
+    accumulate_heads<T, NC, kHeadTile<NC>>(v_block, row, n, w, G, D);
+  }
+
+  T* out = static_cast<T*>(a.out);
+  for (int64_t g = 0; g < G; ++g) {
+    T* o = out + s * a.out_stride_s + (kvh * G + g) * a.out_stride_h;
+    const float inv = 1.0f / w.l[g];
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(w.acc[g * D + d] * inv);
+  }
+}
+
+template <typename T, int NC>
+void run_v2(const DecodeArgs& a) {
+  for_each_item<ScratchV2>(
+      a, [&](int64_t s, int64_t kvh, ScratchV2& w) { decode_item_v2<T, NC>(a, s, kvh, w); });
+}
+
+template <typename T>
+bool dispatch_head_dim(const DecodeArgs& a) {
+  switch (a.head_dim) {
+    case 16: run_v2<T, 1>(a); return true;
+    case 32: run_v2<T, 2>(a); return true;
+    case 48: run_v2<T, 3>(a); return true;
+    case 64: run_v2<T, 4>(a); return true;
+    case 80: run_v2<T, 5>(a); return true;
+    case 96: run_v2<T, 6>(a); return true;
+    case 112: run_v2<T, 7>(a); return true;
+    case 128: run_v2<T, 8>(a); return true;
+    case 160: run_v2<T, 10>(a); return true;
+    case 192: run_v2<T, 12>(a); return true;
+    case 256: run_v2<T, 16>(a); return true;
+    default: return false;
+  }
+}
+
+#endif  // __AVX512F__
+
+}  // namespace
+
+void paged_attention_decode_v1(const DecodeArgs& a) {
+  switch (a.dtype) {
+    case DType::kFloat32: run_v1<float>(a); break;
+    case DType::kBFloat16: run_v1<c10::BFloat16>(a); break;
+    case DType::kFloat64: run_v1<double>(a); break;
+  }
+}
+
+bool paged_attention_decode_v2(const DecodeArgs& a) {
+#if defined(__AVX512F__)
+  switch (a.dtype) {
+    case DType::kFloat32: return dispatch_head_dim<float>(a);
+    case DType::kBFloat16: return dispatch_head_dim<c10::BFloat16>(a);
+    default: return false;
+  }
+#else
+  (void)a;
+  return false;
+#endif
+}
+
+bool v2_compiled() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace paged

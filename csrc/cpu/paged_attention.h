@@ -1,0 +1,45 @@
+// Interface between the PyTorch binding (bindings.cpp) and the decode kernels
+// (paged_attention.cpp). Plain pointers and sizes only, so the kernel file does
+// not include the heavy torch headers and compiles in parallel with the binding.
+#pragma once
+
+#include <cstdint>
+
+namespace paged {
+
+enum class DType { kFloat32, kBFloat16, kFloat64 };
+
+// One decode step: every sequence s has exactly one query token, which sits
+// at position context_lens[s] - 1 and attends to all context_lens[s] tokens.
+// The binding checks every field before a kernel sees it.
+struct DecodeArgs {
+  const void* query;           // [S, H, D], rows of D contiguous (strides below)
+  const void* key_cache;       // [N, B, H_kv, D] contiguous
+  const void* value_cache;     // [N, B, H_kv, D] contiguous
+  const int32_t* block_tables; // [S, M] contiguous
+  const int32_t* context_lens; // [S]
+  void* out;                   // [S, H, D], rows of D contiguous (strides below)
+  int64_t num_seqs;            // S
+  int64_t num_heads;           // H
+  int64_t num_kv_heads;        // H_kv
+  int64_t head_dim;            // D
+  int64_t block_size;          // B
+  int64_t max_blocks;          // M
+  int64_t q_stride_s, q_stride_h;      // elements
+  int64_t out_stride_s, out_stride_h;  // elements
+  double scale;
+  DType dtype;
+  int num_threads;
+};
+
+// v1: scalar, readable, any dtype and any head dim.
+void paged_attention_decode_v1(const DecodeArgs& args);
+
+// v2: AVX-512, float32 / bfloat16, head_dim % 16 == 0. Returns false (and does
+// nothing) when this build or these arguments cannot take it.
+bool paged_attention_decode_v2(const DecodeArgs& args);
+
+// Whether v2 was compiled in (the compiler targeted AVX-512F).
+bool v2_compiled();
+
+}  // namespace paged

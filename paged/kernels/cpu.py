@@ -1,0 +1,150 @@
+"""The C++ / OpenMP paged-attention kernel of ``csrc/cpu`` (paper §4.1; DESIGN §3, §4).
+
+The extension is compiled on first use with ``torch.utils.cpp_extension.load``
+(``-O3 -march=native -fopenmp``: it is built on the machine that runs it) into
+``$PAGED_EXTENSIONS_DIR`` (default ``~/.cache/paged/torch_extensions``), in a
+folder named after the torch version and the CPU's vector capability, so a cache
+shared between machines never hands one CPU code built for another. Later
+imports reuse the build; ninja rebuilds only when a source changed, and
+cpp_extension's lock file keeps concurrent processes (pytest workers) from
+building at once.
+
+If the build fails, ``load()`` warns once and returns ``None``, and
+``paged_attention_decode`` falls back to the reference path (gather + SDPA).
+Tests call ``load(strict=True)`` so that a broken build fails them instead.
+
+Invariants: the kernel reads only the first ``ceil(context_lens[s] / B)``
+entries of block-table row ``s`` and only the filled slots of the last block;
+it never writes the cache. Layout: the cache of DESIGN §3, unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+_SOURCES = ("bindings.cpp", "paged_attention.cpp")
+_lock = threading.Lock()
+_module = None
+_error: Exception | None = None  # the build's failure, kept so we warn once
+
+
+def _source_dir() -> Path:
+    """``csrc/cpu`` of the repository (editable install) or inside the package."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[2] / "csrc" / "cpu", here.parents[1] / "csrc" / "cpu"):
+        if (candidate / _SOURCES[0]).is_file():
+            return candidate
+    raise FileNotFoundError(f"csrc/cpu sources not found near {here}")
+
+
+def _build_dir() -> Path:
+    base = os.environ.get("PAGED_EXTENSIONS_DIR") or Path.home() / ".cache" / "paged" / "torch_extensions"
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    version = torch.__version__.replace("+", "_")
+    path = Path(base) / f"paged_cpu-torch{version}-{capability}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _build(verbose: bool):
+    from torch.utils import cpp_extension
+
+    src = _source_dir()
+    return cpp_extension.load(
+        name="paged_cpu",
+        sources=[str(src / name) for name in _SOURCES],
+        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(_build_dir()),
+        verbose=verbose,
+    )
+
+
+def load(verbose: bool = False, *, strict: bool = False):
+    """The compiled extension, building it on the first call.
+
+    Args:
+        verbose: print the compiler's commands and output.
+        strict: raise the build error instead of warning and returning None
+            (the tests use it: a broken build must fail CI, not fall back).
+
+    Returns:
+        The extension module, or None if the build failed (one warning per
+        process; later calls return None at once).
+    """
+    global _module, _error
+    with _lock:
+        if _module is None and (_error is None or strict):
+            try:
+                _module = _build(verbose)
+                _error = None
+            except Exception as exc:  # a compiler error, a missing ninja, ...
+                first = _error is None
+                _error = exc
+                if strict:
+                    raise
+                if first:
+                    warnings.warn(
+                        f"paged: building the C++ CPU kernel failed ({type(exc).__name__}: {exc}); "
+                        "falling back to the reference attention path",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+        return _module
+
+
+def available() -> bool:
+    """Whether the kernel is (or can be) built here."""
+    return load() is not None
+
+
+def paged_attention_decode(
+    query: torch.Tensor,  # [S, H, D] one query token per sequence
+    key_cache: torch.Tensor,  # [N, B, H_kv, D] = kv[l, 0]
+    value_cache: torch.Tensor,  # [N, B, H_kv, D] = kv[l, 1]
+    block_tables: torch.Tensor,  # [S, M] int32
+    context_lens: torch.Tensor,  # [S] int32, including the current token
+    scale: float,
+    out: torch.Tensor | None = None,  # [S, H, D]
+) -> torch.Tensor:  # [S, H, D]
+    """Decode attention of one query per sequence over its paged K/V.
+
+    Query head ``h`` reads KV head ``h // (H // H_kv)``. Sequence ``s`` sees the
+    ``context_lens[s]`` tokens in physical blocks ``block_tables[s, :ceil(len/B)]``
+    (entries past that are ignored). float32, bfloat16 (float32 accumulation)
+    and float64.
+
+    Raises:
+        TypeError: a tensor has the wrong dtype.
+        ValueError: a shape, layout, context length or block id is out of range.
+    """
+    module = load()
+    if module is None:
+        from paged.step03_attention.reference import reference_attention
+
+        result = reference_attention(query, key_cache, value_cache, block_tables, context_lens, None, scale)
+        return result if out is None else out.copy_(result)
+    return module.decode(query, key_cache, value_cache, block_tables, context_lens, float(scale), out)
+
+
+def write_kv(
+    key_cache: torch.Tensor,  # [N, B, H_kv, D]
+    value_cache: torch.Tensor,  # [N, B, H_kv, D]
+    k: torch.Tensor,  # [T, H_kv, D]
+    v: torch.Tensor,  # [T, H_kv, D]
+    slot_mapping: torch.Tensor,  # [T] int64, slot = block * B + offset; < 0 skipped
+) -> None:
+    """Store new tokens' keys and values at their slots (the paper's fused write)."""
+    module = load()
+    if module is not None:
+        module.write_kv(key_cache, value_cache, k, v, slot_mapping)
+        return
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    key_cache.view(-1, *key_cache.shape[2:])[slots] = k[keep]
+    value_cache.view(-1, *value_cache.shape[2:])[slots] = v[keep]

@@ -1,0 +1,30 @@
+"""``python -m paged.bench kernel --json`` on a tiny grid: the JSON contract of issue 4 item 5.
+
+Times are not checked (they are noise on a tiny grid); the shape of the last
+line is, and the kernel's output is checked against contiguous SDPA on every case.
+"""
+
+import json
+
+from paged.bench.__main__ import main
+
+
+def test_bench_kernel_json_last_line(capsys, tmp_path):
+    argv = ["kernel", "--batch", "2", "3", "--context", "1", "17", "--dtype", "float32", "bfloat16",
+            "--block-size", "8", "--sweep-block-sizes", "4", "16", "--repeats", "1", "--warmup", "0",
+            "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--plot", str(tmp_path / "k.png"), "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cases = result["cases"]
+    assert [(c["batch"], c["context"], c["dtype"]) for c in cases] == [
+        (b, c, d) for d in ("float32", "bfloat16") for b in (2, 3) for c in (1, 17)
+    ]
+    for c in cases:
+        for key in ("contiguous_ms", "reference_ms", "cpu_kernel_ms", "blockwise_ms"):
+            assert isinstance(c[key], float) and c[key] > 0, (key, c)
+        # same K/V on both sides: the kernel must agree with SDPA (float32 / bfloat16 rounding)
+        assert c["max_abs_diff"] <= (1e-5 if c["dtype"] == "float32" else 2**-7), c
+    assert len(result["block_size_sweep"]) == 2 * 2 * 2  # dtypes x contexts x block sizes
+    for key in ("geomean_cpu_kernel_over_contiguous", "geomean_reference_over_contiguous"):
+        assert isinstance(result[key], float) and result[key] > 0
+    assert (tmp_path / "k.png").stat().st_size > 0
