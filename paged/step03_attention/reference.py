@@ -27,7 +27,8 @@ prefix (step04's shared prefixes, step05's recomputation) with one rule.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from paged.models.contiguous import causal_attention
 
 
 def _lens(query: torch.Tensor, context_lens: torch.Tensor, query_lens) -> tuple[list[int], list[int]]:
@@ -57,24 +58,10 @@ def gather_blocks(
 # --8<-- [end:gather]
 
 
-def causal_sdpa(
-    q: torch.Tensor,  # [T_q, H, D]
-    k: torch.Tensor,  # [T_k, H_kv, D]
-    v: torch.Tensor,  # [T_k, H_kv, D]
-    scale: float,
-) -> torch.Tensor:  # [T_q, H, D]
-    """Contiguous causal attention of the last T_q of T_k positions (GQA by repeating KV heads)."""
-    t_q, h, _ = q.shape
-    t_k, h_kv, _ = k.shape
-    if h != h_kv:
-        k = k.repeat_interleave(h // h_kv, dim=1)
-        v = v.repeat_interleave(h // h_kv, dim=1)
-    pos_q = torch.arange(t_k - t_q, t_k).unsqueeze(1)  # [T_q, 1]
-    mask = torch.arange(t_k).unsqueeze(0) <= pos_q  # [T_q, T_k]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
-    )  # [H, T_q, D]
-    return out.transpose(0, 1)
+# The contiguous causal attention every path is measured against lives with the
+# models (``paged.models.contiguous``), which step03 builds on; the name here is
+# the one the attention paths use.
+causal_sdpa = causal_attention
 
 
 # --8<-- [start:reference]

@@ -16,6 +16,7 @@ import torch
 from paged.models import load_model
 from paged.step03_attention import Engine, LLM, SamplingParams
 from tests.hf_models import build_hf_model, float64_rmsnorm, save_checkpoint
+from tests.tolerances import FLOAT64
 
 PROMPTS = [[5, 9, 14, 3, 7, 22, 8], [40], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27], [3, 3]]
 NEW_TOKENS = 20
@@ -142,5 +143,5 @@ def test_engine_logprobs_are_the_model_distribution(checkpoint):
     first = out.logprobs[0]
     assert len(first) == 3 and out.token_ids[0] in first
     for tok, lp in first.items():
-        assert abs(lp - ref[tok].item()) < 1e-9
-    assert abs(out.cumulative_logprob - sum(out.logprobs[i][t] for i, t in enumerate(out.token_ids))) < 1e-12
+        assert lp == pytest.approx(ref[tok].item(), rel=FLOAT64["rtol"], abs=FLOAT64["atol"])
+    assert out.cumulative_logprob == pytest.approx(sum(out.logprobs[i][t] for i, t in enumerate(out.token_ids)), rel=FLOAT64["rtol"], abs=FLOAT64["atol"])

@@ -1,0 +1,209 @@
+"""The step04 engine end to end on tiny random checkpoints (float64).
+
+* Parallel sampling: sample ``i`` of an ``n``-sample request equals an
+  independent single-sample run seeded with ``sample_seed(seed, i)``
+  (token-identical); ``best_of > n`` returns the ``n`` best by cumulative
+  log-probability.
+* Beam search equals a plain beam search written here over a contiguous KV
+  cache (recomputing every candidate from scratch) with the rules of
+  ``paged/step04_sharing/beam.py`` — token-identical, log-probabilities within
+  ``FLOAT64`` (same float64 model, other operation order).
+* Prefix caching changes nothing: greedy outputs with caching on equal caching
+  off, for partial last blocks, a fully cached prompt, and a prefix evicted and
+  then recomputed.
+* A mixed batch (greedy, sampled, parallel, beam) gives each request what it
+  gets alone; every block is free afterwards.
+"""
+
+import pytest
+import torch
+
+from paged.models import ContiguousAttention, load_model
+from paged.step04_sharing import SamplingParams, SharingEngine, sample_seed
+from paged.step04_sharing.beam import Hypothesis, best, is_done
+from tests.hf_models import build_hf_model, save_checkpoint
+from tests.tolerances import FLOAT64
+
+PROMPT = [5, 9, 14, 3, 7, 22, 8]
+NUM_BLOCKS = 96
+
+
+@pytest.fixture(scope="module")
+def model():
+    import tempfile
+
+    path = save_checkpoint(build_hf_model("llama"), tempfile.mkdtemp())
+    return load_model(path, dtype=torch.float64)
+
+
+def _engine(model, **kw):
+    kw.setdefault("num_blocks", NUM_BLOCKS)
+    return SharingEngine(model, block_size=4, free_order=list(range(kw["num_blocks"]))[::-1], **kw)
+
+
+def _run(engine, requests):
+    for rid, prompt, params in requests:
+        engine.add_request(rid, prompt, params)
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert engine.allocator.num_used == 0, "blocks leaked"
+    return done
+
+
+def _tokens(out):
+    return [o.token_ids for o in out.outputs]
+
+
+def test_parallel_sample_i_equals_independent_seeded_run(model):
+    params = SamplingParams(n=4, temperature=1.0, top_p=0.95, seed=99, max_tokens=12, ignore_eos=True)
+    group = _run(_engine(model), [("g", PROMPT, params)])["g"]
+    assert len(group.outputs) == 4
+    for i, out in enumerate(group.outputs):
+        single = SamplingParams(temperature=1.0, top_p=0.95, seed=sample_seed(99, i), max_tokens=12, ignore_eos=True)
+        alone = _run(_engine(model, enable_prefix_caching=False), [("s", PROMPT, single)])["s"]
+        assert out.token_ids == alone.outputs[0].token_ids, i
+
+
+def test_parallel_samples_share_prompt_blocks_then_copy_on_write(model):
+    engine = _engine(model, enable_prefix_caching=False)
+    engine.add_request("g", PROMPT, SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4, ignore_eos=True))
+    engine.step()  # the prompt: 7 tokens in 2 blocks, mapped by all 3 samples
+    assert engine.allocator.num_used == 2
+    plan_copies = []
+    original = engine.runner.execute
+
+    def spy(plan):
+        plan_copies.extend(plan.blocks_to_copy)
+        return original(plan)
+
+    engine.runner.execute = spy
+    engine.step()  # each sample writes its first token into the shared, partly filled block
+    assert len(plan_copies) == 2  # two copy-on-writes; the last sample writes in place
+    assert engine.allocator.num_used == 4
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.allocator.num_used == 0
+
+
+def test_best_of_keeps_the_n_most_likely(model):
+    params = SamplingParams(n=2, best_of=5, temperature=1.0, seed=3, max_tokens=8, ignore_eos=True)
+    out = _run(_engine(model), [("b", PROMPT, params)])["b"]
+    every = _run(_engine(model), [("a", PROMPT, SamplingParams(n=5, temperature=1.0, seed=3, max_tokens=8,
+                                                              ignore_eos=True, logprobs=0))])["a"]
+    ranked = sorted(every.outputs, key=lambda o: -o.cumulative_logprob)[:2]
+    assert _tokens(out) == [o.token_ids for o in ranked]
+
+
+def _oracle_beam_search(m, prompt, k, n, max_tokens, length_penalty, early_stopping, eos):
+    """Beam search over a contiguous KV cache, every candidate recomputed from its tokens."""
+    def logprobs(tokens):
+        attn = ContiguousAttention(m.config.num_layers)
+        attn.begin([0], [len(tokens)])
+        with torch.no_grad():
+            hidden = m(torch.tensor(tokens), torch.arange(len(tokens)), attn)
+            return m.compute_logits(hidden[-1:])[0].log_softmax(-1)
+
+    beams, finished = [(0.0, [])], []
+    while True:
+        props = []
+        for cum, toks in beams:
+            lp = logprobs(prompt + toks)
+            top = lp.topk(2 * k)
+            props.append(dict(zip(top.indices.tolist(), top.values.tolist())))
+        ranked = sorted(((c + lp, b, t) for b, (c, _) in enumerate(beams) for t, lp in props[b].items()),
+                        key=lambda x: (-x[0], x[1], x[2]))
+        new = []
+        for score, b, t in ranked:
+            if len(new) == k:
+                break
+            if t in eos:
+                finished.append(Hypothesis(beams[b][1] + [t], score, t))
+            else:
+                new.append((score, beams[b][1] + [t]))
+        beams = new
+        length = len(beams[0][1]) if beams else 0
+        best_live = max((c for c, _ in beams), default=None)
+        if is_done(finished, best_live, length, k, max_tokens, length_penalty, early_stopping):
+            if length >= max_tokens:
+                finished += [Hypothesis(t, c, None) for c, t in beams]
+            return best(finished, n, length_penalty)
+
+
+@pytest.mark.parametrize("k, n, length_penalty, early_stopping, eos", [
+    (3, 2, 1.0, False, ()),
+    (4, 4, 0.0, True, (13,)),
+    (2, 2, 0.5, "never", (13, 14)),
+    (3, 3, 1.0, False, (152,)),
+], ids=["k3-no-eos", "k4-early-eos", "k2-never-eos", "k3-late-eos"])
+def test_beam_search_equals_contiguous_kv_oracle(model, k, n, length_penalty, early_stopping, eos):
+    model.eos_token_ids = list(eos)
+    try:
+        params = SamplingParams(n=n, best_of=k, use_beam_search=True, temperature=0, max_tokens=8,
+                                length_penalty=length_penalty, early_stopping=early_stopping)
+        out = _run(_engine(model), [("beam", PROMPT, params)])["beam"]
+    finally:
+        model.eos_token_ids = []
+    expected = _oracle_beam_search(model.model, PROMPT, k, n, 8, length_penalty, early_stopping, set(eos))
+    assert _tokens(out) == [h.token_ids for h in expected]
+    for o, h in zip(out.outputs, expected):
+        assert o.cumulative_logprob == pytest.approx(h.cumulative_logprob, rel=FLOAT64["rtol"], abs=FLOAT64["atol"])
+    # the EOS cases really end some hypotheses by EOS (the tokens were picked so they do)
+    assert any(o.finish_reason == "stop" for o in out.outputs) == bool(eos)
+
+
+def test_prefix_caching_on_equals_off(model):
+    system = list(range(20, 33))  # 13 tokens: 3 full blocks and a partial one
+    prompts = [
+        system + [40, 41],  # shares 3 full blocks
+        system + [40, 41],  # the same prompt again: fully cached but for the last block
+        system[:12],  # exactly 3 blocks: the last prompt block is recomputed, never shared
+        system[:5],  # a partial last block
+        [7] + system,  # other first token: no hit at all
+    ]
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    off = _engine(model, enable_prefix_caching=False)
+    on = _engine(model)
+    for i, p in enumerate(prompts):  # one by one, so later prompts can hit earlier ones
+        a = _run(off, [(f"r{i}", p, greedy)])[f"r{i}"]
+        b = _run(on, [(f"r{i}", p, greedy)])[f"r{i}"]
+        assert _tokens(a) == _tokens(b), i
+    assert on.block_manager.hit_rate() > 0
+
+
+def test_prefix_cache_evicted_then_recomputed_gives_same_output(model):
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompt = list(range(50, 63))
+    engine = _engine(model, num_blocks=8)
+    first = _run(engine, [("a", prompt, greedy)])["a"]
+    # fill the pool with other content so the cached blocks are evicted
+    _run(engine, [("flood", list(range(100, 128)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))])
+    again = _run(engine, [("b", prompt, greedy)])["b"]
+    assert again.num_cached_tokens == 0
+    assert _tokens(first) == _tokens(again)
+
+
+def test_mixed_batch_gives_each_request_its_solo_output(model):
+    reqs = [
+        ("greedy", PROMPT, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)),
+        ("sampled", [3, 4, 5], SamplingParams(temperature=0.8, top_k=30, seed=5, max_tokens=7, ignore_eos=True)),
+        ("parallel", [9, 9, 9, 9, 9], SamplingParams(n=3, temperature=1.0, seed=8, max_tokens=6, ignore_eos=True)),
+        ("beam", [11, 12], SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0, max_tokens=6)),
+    ]
+    together = _run(_engine(model, enable_prefix_caching=False), reqs)
+    for rid, prompt, params in reqs:
+        alone = _run(_engine(model, enable_prefix_caching=False), [(rid, prompt, params)])[rid]
+        assert _tokens(together[rid]) == _tokens(alone), rid
+
+
+@pytest.mark.parametrize("params, match", [
+    (dict(n=2, best_of=100), "best_of"),
+    (dict(use_beam_search=True, best_of=2, temperature=0.7), "temperature=0"),
+], ids=["best_of-over-limit", "beam-with-temperature"])
+def test_sharing_engine_rejects_bad_groups(model, params, match):
+    engine = _engine(model)
+    with pytest.raises(ValueError, match=match):
+        engine.add_request("bad", PROMPT, SamplingParams(**params))
+    assert not engine.has_unfinished() and engine.allocator.num_used == 0
