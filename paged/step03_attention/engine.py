@@ -111,6 +111,8 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._finished_seq_ids: list[int] = []
+        self.prompt_tokens_total = 0  # counters for /metrics
+        self.generation_tokens_total = 0
 
     # -- requests -------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -187,6 +189,38 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # -- what the server's /metrics shows ------------------------------------
+    def stats(self) -> dict:
+        """Queue lengths, block usage and the live Figure 2 breakdown of the KV pool.
+
+        ``token_slots_filled`` counts each physical slot holding a token once
+        (shared blocks are counted once); ``internal_fragmentation_slots`` are
+        the empty slots of used blocks; ``free_slots`` those of free blocks.
+        """
+        a, b = self.allocator, self.block_size
+        filled: dict[int, int] = {}
+        for req in self.running:
+            for seq in req.seqs:
+                t = seq.block_table
+                for i, block in enumerate(t.blocks):
+                    filled[block] = max(filled.get(block, 0), min(b, t.num_tokens - i * b))
+        tokens = sum(filled.values())
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "swapped": 0,
+            "blocks_total": a.num_blocks,
+            "blocks_used": a.num_used,
+            "blocks_free": a.num_free,
+            "token_slots_filled": tokens,
+            "internal_fragmentation_slots": a.num_used * b - tokens,
+            "free_slots": a.num_free * b,
+            "prefix_cache_hit_rate": 0.0,
+            "preemptions": {"swap": 0, "recompute": 0},
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+        }
+
     # -- one iteration --------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns the requests that advanced or finished in it."""
@@ -194,6 +228,7 @@ class Engine:
         admitted = self._admit()
         plan = self._plan(admitted)
         results = self.runner.execute(plan)
+        self.generation_tokens_total += len(results)
         touched = {r.request_id: r for r in ended}
         for req in list(self.running):
             if self._process(req, results):
@@ -262,7 +297,9 @@ class Engine:
                 slots = seq.block_table.append(1)
                 self._add(plan, req, seq, [seq.last_token_id], seq.num_tokens - 1, slots)
         for req in admitted:  # prompts: every token at once
+            before = plan.num_tokens
             self._start_prompt(plan, req)
+            self.prompt_tokens_total += plan.num_tokens - before
             self.running.append(req)
         return plan
 

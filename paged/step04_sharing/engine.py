@@ -89,6 +89,11 @@ class SharingEngine(Engine):
         self.block_manager = BlockManager(num_blocks, self.block_size, self.enable_prefix_caching, free_order)
         return self.block_manager.allocator
 
+    def stats(self) -> dict:
+        out = super().stats()
+        out["prefix_cache_hit_rate"] = self.block_manager.hit_rate()
+        return out
+
     # -- requests -------------------------------------------------------------
     def check_request(self, prompt_token_ids, params) -> None:
         if params.best_of > MAX_BEST_OF:
