@@ -224,9 +224,7 @@ class Engine:
     # -- one iteration --------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns the requests that advanced or finished in it."""
-        ended = self._make_room()
-        admitted = self._admit()
-        plan = self._plan(admitted)
+        plan, ended = self._schedule()
         results = self.runner.execute(plan)
         self.generation_tokens_total += len(results)
         touched = {r.request_id: r for r in ended}
@@ -245,6 +243,12 @@ class Engine:
                 self.stops.record(seq, req.outputs[seq.seq_id], results[seq.seq_id], req.params)
                 drew = True
         return drew
+
+    def _schedule(self) -> tuple[StepPlan, list[Request]]:
+        """Decide this iteration: the plan, and the requests ended while making room."""
+        ended = self._make_room()
+        admitted = self._admit()
+        return self._plan(admitted), ended
 
     def _make_room(self) -> list[Request]:
         """Ensure every running sequence can take one more token; end the newest if not."""

@@ -53,22 +53,29 @@ class BlockManager:
         """Full prompt blocks that lie wholly before the block of the last prompt token."""
         return (len(prompt) - 1) // self.block_size
 
-    def blocks_needed_for_prompt(self, prompt: list[int]) -> int:
-        """Free blocks ``allocate_prompt`` would consume (cache hits on parked blocks count)."""
-        total = -(-len(prompt) // self.block_size)
-        if not self.caching:
-            return total
-        hits_in_use, parent, b = 0, None, self.block_size
+    def blocks_needed_for_prompt(self, prompt: list[int], num_new: int | None = None) -> int:
+        """Free blocks ``allocate_prompt(…, num_new)`` would consume (hits on parked blocks count)."""
+        hit_blocks = self._hits(prompt) if self.caching else []
+        cached = len(hit_blocks) * self.block_size
+        upto = len(prompt) if num_new is None else min(len(prompt), cached + num_new)
+        total = -(-upto // self.block_size)
+        return total - sum(self.allocator.ref_count(b) > 0 for b in hit_blocks)
+
+    def _hits(self, prompt: list[int]) -> list[int]:
+        """The cached blocks ``allocate_prompt`` would map, taking no reference."""
+        hits, parent, b = [], None, self.block_size
         for i in range(self._cacheable_blocks(prompt)):
             block = self.allocator.peek(parent, tuple(prompt[i * b:(i + 1) * b]))
             if block is None:
                 break
-            hits_in_use += self.allocator.ref_count(block) > 0  # parked ones still cost a free block
+            hits.append(block)
             parent = self.allocator.hash_of(block)
-        return total - hits_in_use
+        return hits
 
-    def allocate_prompt(self, table: CowBlockTable, prompt: list[int]) -> tuple[int, list[int]]:
-        """Map cached blocks, then slots for the rest; returns (cached tokens, slots of the rest).
+    def allocate_prompt(self, table: CowBlockTable, prompt: list[int],
+                        num_new: int | None = None) -> tuple[int, list[int]]:
+        """Map cached blocks, then slots for the rest (at most ``num_new`` tokens of it, for a
+        prompt computed in chunks); returns (cached tokens, slots of the new tokens).
 
         All or nothing: out of blocks raises ``OutOfBlocksError`` with every
         reference taken here given back.
@@ -86,7 +93,8 @@ class BlockManager:
                 hashes.append(parent)
         cached = table.num_tokens
         try:
-            slots = table.append(len(prompt) - cached)
+            rest = len(prompt) - cached
+            slots = table.append(rest if num_new is None else min(rest, num_new))
         except OutOfBlocksError:
             table.free()
             raise
