@@ -129,11 +129,7 @@ class Engine:
                 f"the prompt has {n} tokens; this model allows at most {self.max_model_len - 1} "
                 f"(max_model_len {self.max_model_len} minus one generated token)"
             )
-        if n > self.max_num_batched_tokens:
-            raise ValueError(
-                f"the prompt has {n} tokens, more than max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) of one iteration"
-            )
+        self._check_prompt_fits_iteration(n)
         need = -(-n // self.block_size)
         if need > self.allocator.num_blocks:
             raise ValueError(
@@ -143,6 +139,14 @@ class Engine:
         if params.n != 1 or params.best_of != 1 or params.use_beam_search:
             raise ValueError("this engine (step03) generates one sequence per request; "
                              "n > 1, best_of and beam search arrive in step04")
+
+    def _check_prompt_fits_iteration(self, n: int) -> None:
+        """Step03 computes a prompt in one iteration, so it must fit the token budget."""
+        if n > self.max_num_batched_tokens:
+            raise ValueError(
+                f"the prompt has {n} tokens, more than max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) of one iteration"
+            )
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, prompt: str | None = None) -> None:

@@ -154,7 +154,11 @@ class SharingEngine(Engine):
         for seq in req.seqs:  # K/V of every token up to num_tokens is now written
             self.block_manager.register_full_blocks(seq.block_table, seq.token_ids)
         if not req.params.use_beam_search:
-            return super()._process(req, results)
+            drew = super()._process(req, results)
+            for seq in req.seqs:  # a finished sample gives its blocks back before its siblings end
+                if seq.is_finished and seq.block_table.blocks:
+                    self.block_manager.free(seq.block_table)
+            return drew
         live = [s for s in req.seqs if s.seq_id in results]
         if not live:
             return False
