@@ -39,3 +39,10 @@ LOGITS_FLOAT64_VS_HF_FLOAT32_RMSNORM = dict(rtol=1e-5, atol=1e-5)
 # values: float32 accumulation (errors ~1e-6), then one round-to-nearest of the
 # output to bfloat16, at most half an ulp = 2^-8 relative. Measured: 0.98 x 2^-8.
 CPU_BFLOAT16 = dict(rtol=2**-8, atol=1e-5)
+
+# Chi-square goodness of fit of the sampler's draws (fixed seeds, so the
+# outcome is deterministic): the significance level a correct sampler would
+# fail at with a fresh seed. 1e-3 keeps a false alarm rare if someone changes
+# the seeds, while a wrong distribution (temperature ignored, top-p mass
+# renormalised wrongly) drives the p-value below 1e-10 at 20 000 draws.
+SAMPLER_CHI2_ALPHA = 1e-3

@@ -60,7 +60,8 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
         sorted_logits, order = logits.sort(dim=1, descending=True)  # [S, V]
         rank = torch.arange(vocab, device=dev).unsqueeze(0)  # [1, V]
         drop = rank >= torch.tensor(top_k, device=dev).unsqueeze(1)
-        probs = sorted_logits.softmax(dim=1)
+        # top-p measures mass within the top k, renormalised (vLLM's and HF's order)
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=1)
         before = probs.cumsum(dim=1) - probs  # mass strictly before each token
         drop |= before >= torch.tensor(top_p, dtype=probs.dtype, device=dev).unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
