@@ -4,6 +4,6 @@
 ladder; ``paged.stepNN_*.LLM`` gives the engine as it stands at step NN.
 """
 
-from paged.step04_sharing import LLM, CompletionOutput, RequestOutput, SamplingParams
+from paged.step05_preemption import LLM, CompletionOutput, RequestOutput, SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]

@@ -1,0 +1,109 @@
+"""Scheduling rules of step05: FCFS across preemption, no starvation, no hang, clear refusals."""
+
+import tempfile
+
+import pytest
+import torch
+
+from paged.models import load_model
+from paged.step05_preemption import PreemptingEngine, SamplingParams
+from tests.hf_models import build_hf_model, save_checkpoint
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(save_checkpoint(build_hf_model("llama"), tempfile.mkdtemp()), dtype=torch.float64)
+
+
+def _engine(model, **kw):
+    return PreemptingEngine(model, block_size=4, **kw)
+
+
+def test_preempted_request_resumes_before_later_arrivals(model):
+    engine = _engine(model, num_blocks=10, preemption_mode="recompute")
+    for i in range(3):
+        engine.add_request(f"early{i}", [1 + i, 2, 3, 4, 5], SamplingParams(max_tokens=20, **GREEDY))
+    preempted = None
+    for _ in range(200):
+        engine.step()
+        if engine.waiting and not preempted:
+            preempted = engine.waiting[0].request_id
+            engine.add_request("late", [9, 9], SamplingParams(max_tokens=3, **GREEDY))
+        if preempted and preempted not in {r.request_id for r in engine.waiting}:
+            break
+    assert preempted is not None, "the pool was not small enough to preempt"
+    running = {r.request_id for r in engine.running}
+    waiting = [r.request_id for r in engine.waiting]
+    assert preempted in running and "late" in waiting  # resumed first; the later arrival still waits
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.allocator.num_used == 0
+
+
+def test_no_request_starves_under_a_stream_of_arrivals(model):
+    """The first request finishes within a bounded number of steps while new ones keep arriving."""
+    engine = _engine(model, num_blocks=12, preemption_mode="auto")
+    engine.add_request("first", list(range(1, 10)), SamplingParams(max_tokens=25, **GREEDY))
+    finished_at = None
+    for step in range(400):
+        if step % 2 == 0 and step < 300:
+            engine.add_request(f"new{step}", [7, 8, step % 50 + 1], SamplingParams(max_tokens=4, **GREEDY))
+        for out in engine.step():
+            if out.request_id == "first" and out.finished:
+                finished_at = step
+        if finished_at is not None:
+            break
+    assert finished_at is not None and finished_at < 150, finished_at
+    for rid in list(engine.requests):
+        engine.abort(rid)
+    assert not engine.has_unfinished() and engine.allocator.num_used == 0
+
+
+def test_prompt_larger_than_the_pool_is_refused_at_admission(model):
+    engine = _engine(model, num_blocks=3)
+    with pytest.raises(ValueError, match="needs 4 KV blocks but the cache has only 3"):
+        engine.add_request("big", list(range(1, 15)), SamplingParams())
+    assert not engine.has_unfinished()
+
+
+def test_sequence_outgrowing_the_whole_pool_ends_instead_of_hanging(model):
+    engine = _engine(model, num_blocks=3)  # 12 slots
+    engine.add_request("grow", [1, 2, 3], SamplingParams(max_tokens=40, **GREEDY))
+    outs = []
+    for _ in range(100):
+        outs += engine.step()
+        if not engine.has_unfinished():
+            break
+    assert not engine.has_unfinished()
+    final = [o for o in outs if o.finished][0].outputs[0]
+    assert final.finish_reason == "length" and len(final.token_ids) == 12 - 3 + 1
+    assert engine.allocator.num_used == 0
+
+
+def test_abort_of_swapped_request_frees_host_blocks(model):
+    engine = _engine(model, num_blocks=8, preemption_mode="swap")
+    for i in range(3):
+        engine.add_request(f"r{i}", [1 + i, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30, **GREEDY))
+    for _ in range(100):
+        engine.step()
+        if engine.swapped:
+            break
+    assert engine.swapped, "nothing was swapped out"
+    victim = engine.swapped[0].request_id
+    assert engine.swap.allocator.num_used > 0
+    engine.abort(victim)
+    assert not engine.swapped or victim not in {r.request_id for r in engine.swapped}
+    for rid in list(engine.requests):
+        engine.abort(rid)
+    assert engine.swap.allocator.num_used == 0 and engine.allocator.num_used == 0
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(preemption_mode="evict"), "preemption_mode"),
+    (dict(swap_space=-1), "swap_space"),
+], ids=["bad-mode", "negative-swap"])
+def test_bad_engine_settings_are_refused(model, kw, match):
+    with pytest.raises(ValueError, match=match):
+        _engine(model, num_blocks=8, **kw)
