@@ -43,9 +43,7 @@ class AttentionMetadata:
     def build(cls, slot_mapping, block_tables, context_lens, query_lens, device) -> "AttentionMetadata":
         """From the plan's lists: slot_mapping [T], block_tables S lists, context_lens [S], query_lens [S]."""
         width = max((len(t) for t in block_tables), default=0) or 1
-        table = torch.zeros((len(block_tables), width), dtype=torch.int32)
-        for row, blocks in enumerate(block_tables):
-            table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
         decode, rows, prompts, start = [], [], [], 0
         for s, (q, c) in enumerate(zip(query_lens, context_lens)):
             if q == 1:
@@ -80,6 +78,7 @@ class PagedAttention:
         self.kv_cache, self.meta, self.backend = kv_cache, meta, backend
         self._decode = native_decode(backend) if backend in ("cpu", "cuda") else None
 
+    # --8<-- [start:paged_attention]
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
         """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]."""
         m = self.meta
@@ -106,3 +105,4 @@ class PagedAttention:
                 q[rows], kc, vc, m.block_tables[m.decode_seqs], m.context_lens[m.decode_seqs], scale
             )
         return out
+    # --8<-- [end:paged_attention]

@@ -44,9 +44,9 @@ class StopChecker:
     """Decides after each sampled token whether a sequence is done.
 
     Args:
-        eos_token_ids: the model's end-of-sequence ids.
+        eos_token_ids (list[int]): the model's end-of-sequence ids.
         max_model_len: the most tokens (prompt + output) a sequence may hold.
-        tokenizer: a ``tokenizers.Tokenizer`` to detokenize with, or None.
+        tokenizer (tokenizers.Tokenizer | None): a ``tokenizers.Tokenizer`` to detokenize with, or None.
     """
 
     def __init__(self, eos_token_ids, max_model_len: int, tokenizer=None) -> None:
@@ -77,12 +77,17 @@ class StopChecker:
             elif token in params.stop_token_ids:
                 reason, stop_reason = "stop", token
         if reason is None and params.stop and self.tokenizer is not None and n_out > params.min_tokens:
-            text = self.decode(seq.output_token_ids)
-            for s in params.stop:
-                at = text.find(s)
-                if at != -1:
-                    reason, stop_reason, out.text = "stop", s, text[:at]
-                    break
+            # Only the newest token can complete a stop string, so look at a tail
+            # long enough to hold the longest one (a character takes at most 4
+            # byte-level tokens); decode everything only on a hit.
+            window = 4 * max(len(s) for s in params.stop) + 4
+            tail = self.decode(seq.output_token_ids[-window:])
+            if any(s in tail for s in params.stop):
+                text = self.decode(seq.output_token_ids)
+                hits = [(text.find(s), s) for s in params.stop if s in text]
+                if hits:  # (a tail cut inside a character can show a match the text does not have)
+                    at, hit = min(hits)
+                    reason, stop_reason, out.text = "stop", hit, text[:at]
         if reason is None and (n_out >= params.max_tokens or seq.num_tokens >= self.max_model_len):
             reason = "length"
         if reason is not None:
