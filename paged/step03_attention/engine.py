@@ -43,7 +43,7 @@ class Engine:
     """Iteration-level batching engine over a paged KV cache.
 
     Args:
-        model: a ``paged.models.LoadedModel``.
+        model (paged.models.LoadedModel): the model, its config and tokenizer.
         block_size: tokens per KV block (B).
         num_blocks: physical blocks; or derive them from ``kv_cache_memory`` (bytes).
         max_num_seqs: most sequences in one iteration.
@@ -51,7 +51,7 @@ class Engine:
         max_model_len: most tokens per sequence; default: the model's context.
         attention_backend: ``reference|blockwise|cpu|cuda``; default: fastest.
         seed: seeds the generators of requests that give no seed.
-        free_order: initial free-list order of the allocator (tests shuffle it).
+        free_order (list[int] | None): initial free-list order of the allocator (tests shuffle it).
     """
 
     runner_class = ModelRunner
@@ -226,6 +226,7 @@ class Engine:
         }
 
     # -- one iteration --------------------------------------------------------
+    # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns the requests that advanced or finished in it."""
         plan, ended = self._schedule()
@@ -238,6 +239,7 @@ class Engine:
             if req.finished:
                 self._retire(req)
         return [r.to_output() for r in touched.values()]
+    # --8<-- [end:step]
 
     def _process(self, req: Request, results: dict) -> bool:
         """Record the tokens ``req``'s sequences drew; True if any did."""
@@ -254,6 +256,7 @@ class Engine:
         admitted = self._admit()
         return self._plan(admitted), ended
 
+    # --8<-- [start:make_room]
     def _make_room(self) -> list[Request]:
         """Ensure every running sequence can take one more token; end the newest if not."""
         ended = []
@@ -268,6 +271,7 @@ class Engine:
             self._retire(victim)
             ended.append(victim)
             logger.warning("KV cache exhausted: ended request %s (step05 adds preemption)", victim.request_id)
+    # --8<-- [end:make_room]
 
     def _new_block_needed(self, seq: Sequence) -> int:
         return seq.block_table.slots_for(1)
@@ -275,6 +279,7 @@ class Engine:
     def _prompt_blocks_needed(self, req: Request) -> int:
         return -(-len(req.prompt_token_ids) // self.block_size)
 
+    # --8<-- [start:admit]
     def _admit(self) -> list[Request]:
         """FCFS: admit waiting requests while their prompts fit in free blocks and the budgets."""
         admitted = []
@@ -294,6 +299,7 @@ class Engine:
             tokens += n
             admitted.append(req)
         return admitted
+    # --8<-- [end:admit]
 
     def _plan(self, admitted: list[Request]) -> StepPlan:
         plan = self._empty_plan()

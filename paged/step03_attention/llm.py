@@ -36,7 +36,7 @@ class LLM:
         dtype: ``"auto"`` (the checkpoint's), ``"float32"``, ``"bfloat16"``,
             ``"float16"`` or ``"float64"``.
         device: ``"cpu"`` or ``"cuda"``.
-        **engine_args: passed to the engine (``block_size``, ``num_blocks``,
+        **engine_args (Any): passed to the engine (``block_size``, ``num_blocks``,
             ``kv_cache_memory``, ``max_num_seqs``, ``max_model_len``, ``seed``, ...).
     """
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from paged.step03_attention.sampling_params import SamplingParams
 
 
+# --8<-- [start:stepplan]
 @dataclass
 class StepPlan:
     """One iteration of the engine.
@@ -44,6 +45,7 @@ class StepPlan:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     finished_seq_ids: list[int] = field(default_factory=list)
+# --8<-- [end:stepplan]
 
     @property
     def num_tokens(self) -> int:

@@ -32,6 +32,7 @@ class ModelRunner:
         self.device = kv_cache.data.device
         self._generators: dict[int, torch.Generator] = {}
 
+    # --8<-- [start:execute]
     def execute(self, plan: StepPlan) -> dict[int, SampleResult]:
         """Run one iteration; returns the token drawn by each sequence that samples."""
         self.execute_memory_ops(plan)
@@ -55,6 +56,7 @@ class ModelRunner:
                 logits, [r[2] for r in rows], [self._generator(r[0], r[3]) for r in rows]
             )
         return {r[0]: res for r, res in zip(rows, results)}
+    # --8<-- [end:execute]
 
     def _sample_rows(self, plan: StepPlan) -> list[tuple[int, int, object, int]]:
         """Which sequence draws from which packed token row: each sampling sequence's last token."""

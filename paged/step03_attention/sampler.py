@@ -48,6 +48,7 @@ def num_top_logprobs(p: SamplingParams) -> int | None:
     return 0 if p.best_of > p.n else None
 
 
+# --8<-- [start:filter]
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, top-k and top-p on rows of [S, V] logits -> probabilities [S, V]."""
     dev = logits.device
@@ -67,6 +68,7 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
     return logits.softmax(dim=1)
+# --8<-- [end:filter]
 
 
 def sample(
@@ -77,6 +79,7 @@ def sample(
     """One token per row. ``generators[i]`` is row i's own generator (CPU)."""
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     tokens = logits.argmax(dim=1)  # greedy rows keep this
+    # --8<-- [start:draw]
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
         rows = torch.tensor(sampled, device=logits.device)
@@ -85,6 +88,7 @@ def sample(
                          for i in sampled]).to(probs.device)  # [S', V]
         race = probs.double() / (-torch.log(u.clamp_min(1e-300)))
         tokens[rows] = race.argmax(dim=1)
+    # --8<-- [end:draw]
     token_list = tokens.tolist()
     want = [i for i, p in enumerate(params) if num_top_logprobs(p) is not None]
     results = [SampleResult(t) for t in token_list]
