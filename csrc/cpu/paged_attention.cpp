@@ -20,8 +20,11 @@
 //       128, ... and the small 16, 32): the K row is held in registers while the
 //       G dot products run; the scores, max, exp (a vectorized polynomial) and
 //       sum run 16 tokens per instruction; V is accumulated in register tiles of
-//       query heads x head dim; the next block's rows are prefetched. Exists
-//       because decode is the engine's hot path on a CPU.
+//       query heads x head dim; the next block's rows are prefetched into L2.
+//       bfloat16 (with AVX512-BF16) takes K . q as exact bfloat16 products
+//       (VDPBF16PS) and widens V by interleaving with zeros. Exists because
+//       decode is the engine's hot path on a CPU: it runs at the cache's or
+//       memory's bandwidth (python -m paged.bench kernel), v1 at a fraction.
 // Work items are spread over torch's thread count with a dynamic OpenMP
 // schedule, so sequences of different lengths balance across threads.
 
@@ -33,6 +36,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -51,8 +55,10 @@ struct AccType<double> {
   using type = double;
 };
 
-// Runs fn(s, kv_head, scratch) for every work item. Each thread owns one
-// Scratch, built once, not per item.
+// Runs fn(s, kv_head, scratch) for every work item (one sequence, one KV head
+// and its G query heads). Each thread owns one Scratch, built once, not per
+// item. (Items of several KV heads, one pass over each block's contiguous
+// rows, measured no faster: the per-head prefetch below already hides DRAM.)
 template <typename Scratch, typename Fn>
 void for_each_item(const DecodeArgs& a, Fn&& fn) {
   const int64_t items = a.num_seqs * a.num_kv_heads;
@@ -181,38 +187,79 @@ inline __mmask16 tail_mask(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1u);
 }
 
+// State of the G query heads of one work item.
 struct ScratchV2 {
   int64_t stride;  // scores per query head: B rounded up to 16
   std::vector<float> q, acc, scores, m, l, alpha;
   explicit ScratchV2(const DecodeArgs& a) {
-    const int64_t G = a.num_heads / a.num_kv_heads;
+    const int64_t heads = a.num_heads / a.num_kv_heads;
     stride = (a.block_size + 15) / 16 * 16;
-    q.resize(G * a.head_dim);
-    acc.resize(G * a.head_dim);
-    scores.resize(G * stride);
-    m.resize(G);
-    l.resize(G);
-    alpha.resize(G);
+    q.resize(heads * a.head_dim);
+    acc.resize(heads * a.head_dim);
+    scores.resize(heads * stride);
+    m.resize(heads);
+    l.resize(heads);
+    alpha.resize(heads);
   }
 };
 
-// Scores of GT query heads against one key row held in NC registers.
-template <int NC, int GT>
-inline void dot_tile(const __m512 (&k)[NC], const float* q, int64_t D, float* scores,
-                     int64_t stride) {
-  for (int g = 0; g < GT; ++g) {
-    const float* qg = q + g * D;
-    // two partial sums halve the dependency chain of the NC multiply-adds
-    __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(qg), k[0]);
-    __m512 s1 = _mm512_setzero_ps();
-    if constexpr (NC > 1) s1 = _mm512_mul_ps(_mm512_loadu_ps(qg + 16), k[1]);
-    for (int c = 2; c < NC; c += 2) {
-      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), k[c], s0);
-      if (c + 1 < NC) s1 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * (c + 1)), k[c + 1], s1);
-    }
-    scores[g * stride] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+// bfloat16 paths: VDPBF16PS multiplies bfloat16 pairs exactly and accumulates in
+// float32 (32 products per instruction, no widening of K); V is widened two
+// halves at a time by interleaving with zeros (one shuffle per 16 values
+// instead of a widen and a shift), which leaves each 32-value chunk of the
+// accumulator in the order of the two unpacks; out_bf16 undoes it once.
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+constexpr bool kFastBF16 = true;
+#else
+constexpr bool kFastBF16 = false;
+#endif
+template <typename T>
+constexpr bool kPairs = kFastBF16 && std::is_same_v<T, c10::BFloat16>;
+
+// A key row held in registers: NC float vectors, or for bfloat16 NC / 2
+// vectors of 32 raw bfloat16 values plus a widened 16-value tail if NC is odd.
+template <typename T, int NC>
+struct KeyRow {
+  __m512 k[NC];
+  void load(const T* row) {
+    for (int c = 0; c < NC; ++c) k[c] = load16(row + 16 * c);
   }
-}
+  // q: the G query heads (float, pre-scaled), D apart
+  float dot(const float* q, int64_t) const {
+    __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(q), k[0]);  // two chains: half the latency
+    __m512 s1 = _mm512_setzero_ps();
+    if constexpr (NC > 1) s1 = _mm512_mul_ps(_mm512_loadu_ps(q + 16), k[1]);
+    for (int c = 2; c < NC; c += 2) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), k[c], s0);
+      if (c + 1 < NC) s1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * (c + 1)), k[c + 1], s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  }
+};
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+template <int NC>
+struct KeyRow<c10::BFloat16, NC> {
+  static constexpr int NP = NC / 2;
+  __m512i k[NP > 0 ? NP : 1];
+  __m512 tail;
+  void load(const c10::BFloat16* row) {
+    for (int c = 0; c < NP; ++c) k[c] = _mm512_loadu_si512(row + 32 * c);
+    if constexpr (NC % 2) tail = load16(row + 32 * NP);
+  }
+  // q: raw bfloat16 query row (the scale is applied to the score)
+  float dot(const c10::BFloat16* q, float scale) const {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (int c = 0; c < NP; ++c) {
+      const __m512bh qc = (__m512bh)_mm512_loadu_si512(q + 32 * c);
+      if (c % 2 == 0) s0 = _mm512_dpbf16_ps(s0, qc, (__m512bh)k[c]);
+      else s1 = _mm512_dpbf16_ps(s1, qc, (__m512bh)k[c]);
+    }
+    if constexpr (NC % 2) s1 = _mm512_fmadd_ps(load16(q + 32 * NP), tail, s1);
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * scale;
+  }
+};
+#endif
 
 // acc[g, :] = acc[g, :] * alpha[g] + sum_t p[g, t] * V[t, :] for GT query heads,
 // the GT x NC accumulator tile kept in registers across the block's tokens.
@@ -228,9 +275,26 @@ inline void accumulate_tile(const T* v_block, int64_t row, int64_t n, const floa
     const T* v = v_block + t * row;
     __m512 pt[GT];
     for (int g = 0; g < GT; ++g) pt[g] = _mm512_set1_ps(p[g * stride + t]);
-    for (int c = 0; c < NC; ++c) {
-      const __m512 vc = load16(v + 16 * c);
-      for (int g = 0; g < GT; ++g) a[g][c] = _mm512_fmadd_ps(pt[g], vc, a[g][c]);
+    if constexpr (kPairs<T>) {
+      constexpr int NP = NC / 2;
+      for (int c = 0; c < NP; ++c) {
+        const __m512i x = _mm512_loadu_si512(v + 32 * c);
+        const __m512 lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), x));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), x));
+        for (int g = 0; g < GT; ++g) {
+          a[g][2 * c] = _mm512_fmadd_ps(pt[g], lo, a[g][2 * c]);
+          a[g][2 * c + 1] = _mm512_fmadd_ps(pt[g], hi, a[g][2 * c + 1]);
+        }
+      }
+      if constexpr (NC % 2) {
+        const __m512 vc = load16(v + 32 * NP);
+        for (int g = 0; g < GT; ++g) a[g][NC - 1] = _mm512_fmadd_ps(pt[g], vc, a[g][NC - 1]);
+      }
+    } else {
+      for (int c = 0; c < NC; ++c) {
+        const __m512 vc = load16(v + 16 * c);
+        for (int g = 0; g < GT; ++g) a[g][c] = _mm512_fmadd_ps(pt[g], vc, a[g][c]);
+      }
     }
   }
   for (int g = 0; g < GT; ++g)
@@ -253,6 +317,16 @@ inline void accumulate_heads(const T* v_block, int64_t row, int64_t n, ScratchV2
                               &w.acc[g * D], D);
 }
 
+// Position in the accumulator of output element d (see kPairs).
+template <typename T, int NC>
+inline int64_t acc_index(int64_t d) {
+  if constexpr (kPairs<T>) {
+    const int64_t c = d / 32, i = d % 32;
+    if (c < NC / 2) return 32 * c + (i % 8 < 4 ? 0 : 16) + (i / 8) * 4 + i % 4;
+  }
+  return d;
+}
+
 template <typename T>
 inline void prefetch_rows(const T* block, int64_t row, int64_t n, int64_t bytes) {
   for (int64_t t = 0; t < n; ++t) {
@@ -265,16 +339,16 @@ template <typename T, int NC>
 void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV2& w) {
   constexpr int D = 16 * NC;
   const int64_t G = a.num_heads / a.num_kv_heads, B = a.block_size, stride = w.stride;
-  const int64_t row = a.num_kv_heads * D;
-  const T* query = static_cast<const T*>(a.query);
-  const T* key_cache = static_cast<const T*>(a.key_cache);
-  const T* value_cache = static_cast<const T*>(a.value_cache);
+  const int64_t row = a.num_kv_heads * D;  // elements between tokens of one head
+  const T* query = static_cast<const T*>(a.query) + s * a.q_stride_s + kvh * G * a.q_stride_h;
+  const T* key_cache = static_cast<const T*>(a.key_cache) + kvh * D;
+  const T* value_cache = static_cast<const T*>(a.value_cache) + kvh * D;
   const int32_t* table = a.block_tables + s * a.max_blocks;
   const int64_t ctx = a.context_lens[s];
   const float scale = static_cast<float>(a.scale);
 
   for (int64_t g = 0; g < G; ++g) {
-    const T* q = query + s * a.q_stride_s + (kvh * G + g) * a.q_stride_h;
+    const T* q = query + g * a.q_stride_h;
     for (int c = 0; c < NC; ++c) {
       _mm512_storeu_ps(&w.q[g * D + 16 * c], _mm512_mul_ps(load16(q + 16 * c), _mm512_set1_ps(scale)));
       _mm512_storeu_ps(&w.acc[g * D + 16 * c], _mm512_setzero_ps());
@@ -286,14 +360,14 @@ void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV2& w) {
   const int64_t num_blocks = (ctx + B - 1) / B;
   for (int64_t j = 0; j < num_blocks; ++j) {
     const int64_t n = std::min(B, ctx - j * B);
-    const int64_t base = (static_cast<int64_t>(table[j]) * B * a.num_kv_heads + kvh) * D;
-    const T* k_block = key_cache + base;
-    const T* v_block = value_cache + base;
-    // The next block is elsewhere and its rows are H_kv * D apart, a new page
-    // each: hardware prefetchers do not follow. Ask for it now, into L2 (into
-    // L1 it would evict the rows in use; measured: 2x on caches beyond L3).
+    const T* k_block = key_cache + static_cast<int64_t>(table[j]) * B * row;  // token t at + t * row
+    const T* v_block = value_cache + static_cast<int64_t>(table[j]) * B * row;
+    // The next block is elsewhere and this head's rows in it are H_kv * D
+    // apart, a new page each: hardware prefetchers do not follow. Ask for them
+    // now, into L2 (into L1 they would evict the rows in use). Measured: 2x on
+    // caches beyond L3.
     if (j + 1 < num_blocks) {
-      const int64_t next = (static_cast<int64_t>(table[j + 1]) * B * a.num_kv_heads + kvh) * D;
+      const int64_t next = static_cast<int64_t>(table[j + 1]) * B * row;
       const int64_t n_next = std::min(B, ctx - (j + 1) * B);
       prefetch_rows(key_cache + next, row, n_next, D * int64_t(sizeof(T)));
       prefetch_rows(value_cache + next, row, n_next, D * int64_t(sizeof(T)));
@@ -301,12 +375,12 @@ void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV2& w) {
 
     // 1. scores[g, t] = q_g . k_t for the whole group, each key row loaded once
     for (int64_t t = 0; t < n; ++t) {
-      const T* kr = k_block + t * row;
-      __m512 k[NC];
-      for (int c = 0; c < NC; ++c) k[c] = load16(kr + 16 * c);
-      int64_t g = 0;
-      for (; g + 4 <= G; g += 4) dot_tile<NC, 4>(k, &w.q[g * D], D, &w.scores[g * stride + t], stride);
-      for (; g < G; ++g) dot_tile<NC, 1>(k, &w.q[g * D], D, &w.scores[g * stride + t], stride);
+      KeyRow<T, NC> k;
+      k.load(k_block + t * row);
+      for (int64_t g = 0; g < G; ++g) {
+        if constexpr (kPairs<T>) w.scores[g * stride + t] = k.dot(query + g * a.q_stride_h, scale);
+        else w.scores[g * stride + t] = k.dot(&w.q[g * D], 0);
+      }
     }
 
     // 2. online softmax, 16 tokens per instruction: block max, new running max,
@@ -336,11 +410,11 @@ void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV2& w) {
     accumulate_heads<T, NC, kHeadTile<NC>>(v_block, row, n, w, G, D);
   }
 
-  T* out = static_cast<T*>(a.out);
+  T* out = static_cast<T*>(a.out) + s * a.out_stride_s + kvh * G * a.out_stride_h;
   for (int64_t g = 0; g < G; ++g) {
-    T* o = out + s * a.out_stride_s + (kvh * G + g) * a.out_stride_h;
+    T* o = out + g * a.out_stride_h;
     const float inv = 1.0f / w.l[g];
-    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(w.acc[g * D + d] * inv);
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(w.acc[g * D + acc_index<T, NC>(d)] * inv);
   }
 }
 
