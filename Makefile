@@ -1,10 +1,10 @@
-# Two commands a newcomer needs: `make waste` (the main job for now) and `make test`.
+# Two commands a newcomer needs: `make serve` (the main job) and `make test`.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test pytest docs notebooks waste clean
+.PHONY: install test pytest docs notebooks waste clean gpu-check
 
 install: $(STAMP)
 
@@ -31,6 +31,27 @@ notebooks: install
 
 waste: install
 	$(PY) -m paged.bench waste
+
+.PHONY: serve
+serve: install
+	$(PY) -m paged.serve
+
+# On a machine with a CUDA GPU: build csrc/cuda, run the cuda-marked tests and the
+# kernel benchmark, and keep each one's output in $(OUT) (issue 5). Uses the venv
+# if there is one, else creates it; PY=/path/to/python picks another interpreter
+# (it needs a CUDA build of torch). Fails if any of the three steps fails.
+gpu-check:
+	@test -n "$(OUT)" || { echo "usage: make gpu-check OUT=<folder> [PY=python]" >&2; exit 2; }
+	@test -x "$(PY)" || $(MAKE) install
+	@mkdir -p "$(OUT)"; status=0; \
+	{ date -u; nvidia-smi || true; } >"$(OUT)/gpu.txt" 2>&1; \
+	$(PY) -c 'import paged.kernels.cuda as c; c.load(verbose=True); print("paged_cuda built:", c.available())' \
+		>"$(OUT)/build.txt" 2>&1 || status=1; tail -n 5 "$(OUT)/build.txt"; \
+	$(PY) -m pytest -p no:cacheprovider -m cuda -ra >"$(OUT)/pytest-cuda.txt" 2>&1 || status=1; \
+		tail -n 15 "$(OUT)/pytest-cuda.txt"; \
+	$(PY) -m paged.bench kernel --device cuda --json >"$(OUT)/bench-kernel.txt" 2>&1 || status=1; \
+		cat "$(OUT)/bench-kernel.txt"; \
+	echo "gpu-check outputs in $(OUT) (exit $$status)"; exit $$status
 
 clean:
 	rm -rf site build .pytest_cache .hypothesis

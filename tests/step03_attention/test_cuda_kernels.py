@@ -1,0 +1,239 @@
+"""The CUDA kernels of ``csrc/cuda`` against the oracle and plain indexing (issue 5).
+
+Every test here needs a CUDA GPU (marked ``cuda``, skipped without one). The same
+semantics are tested without a GPU on the reference, block-wise and C++ paths;
+``tests/test_cuda_compile.py`` compiles these kernels on every run.
+
+* Attention, v1 and v2: toleranced against ``tests/oracle.py::contiguous_attention``
+  in float64 over the same rounded inputs (``CUDA_FLOAT32`` / ``CUDA_FLOAT16`` /
+  ``CUDA_BFLOAT16``: float32 accumulation in another order plus one rounding of
+  the output). Unused slots of the cache hold NaN and unused block-table entries
+  hold -1, so a kernel that reads past ``#filled`` or past the sequence's blocks
+  fails.
+* ``write_kv`` and ``copy_blocks``: bitwise (``torch.equal``) against
+  ``index_copy_`` / advanced indexing, because both are pure copies.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests import tolerances
+from tests.oracle import contiguous_attention
+from tests.strategies import gqa_heads, head_dims, seq_lens, shuffled_free_list
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TOLERANCE = {
+    torch.float32: tolerances.CUDA_FLOAT32,
+    torch.float16: tolerances.CUDA_FLOAT16,
+    torch.bfloat16: tolerances.CUDA_BFLOAT16,
+}
+CUDA_BLOCK_SIZES = [8, 16, 32]
+DEVICE = "cuda"
+
+
+@pytest.fixture(scope="module")
+def cuda_kernels():
+    from paged.kernels import cuda
+
+    cuda.load()  # a broken build fails here, with the compiler's output
+    return cuda
+
+
+@st.composite
+def decode_batches(draw):
+    """A decode batch: shapes, context lengths (1, k*B +- 1, ...) and a shuffled layout."""
+    block_size = draw(st.sampled_from(CUDA_BLOCK_SIZES))
+    head_dim = draw(st.sampled_from([64, 128]))
+    heads, kv_heads = draw(gqa_heads())
+    lens = draw(st.lists(seq_lens(block_size, max_blocks=6, min_len=1), min_size=1, max_size=4))
+    needed = sum(-(-n // block_size) for n in lens)
+    free = draw(shuffled_free_list(needed + draw(st.integers(0, 3))))
+    return dict(block_size=block_size, head_dim=head_dim, heads=heads, kv_heads=kv_heads,
+                lens=lens, free=free, seed=draw(st.integers(0, 2**31 - 1)))  # fmt: skip
+
+
+def _build(batch, dtype):
+    """The paged cache (NaN where unused), block tables (-1 padded) and the per-sequence K/V."""
+    b, d, h, h_kv = batch["block_size"], batch["head_dim"], batch["heads"], batch["kv_heads"]
+    gen = torch.Generator().manual_seed(batch["seed"])
+    free = list(batch["free"])
+    num_blocks = len(free)
+    key_cache = torch.full((num_blocks, b, h_kv, d), float("nan"), dtype=dtype)
+    value_cache = torch.full_like(key_cache, float("nan"))
+    width = max(-(-n // b) for n in batch["lens"]) + 1  # one spare column of -1
+    tables = torch.full((len(batch["lens"]), width), -1, dtype=torch.int32)
+    seqs = []
+    for s, n in enumerate(batch["lens"]):
+        blocks = [free.pop() for _ in range(-(-n // b))]
+        tables[s, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        k = torch.randn(n, h_kv, d, generator=gen).to(dtype)
+        v = torch.randn(n, h_kv, d, generator=gen).to(dtype)
+        slots = torch.tensor([blocks[i // b] * b + i % b for i in range(n)])
+        key_cache.view(-1, h_kv, d)[slots] = k
+        value_cache.view(-1, h_kv, d)[slots] = v
+        seqs.append((k, v))
+    query = torch.randn(len(batch["lens"]), h, d, generator=gen).to(dtype)
+    context_lens = torch.tensor(batch["lens"], dtype=torch.int32)
+    return [t.to(DEVICE) for t in (query, key_cache, value_cache, tables, context_lens)], seqs
+
+
+def _expected(query, seqs, scale):
+    """The oracle per sequence, float64 on the CPU over the same rounded values."""
+    q = query.cpu().double()
+    return torch.cat([
+        contiguous_attention(q[s : s + 1], k.double(), v.double(), scale) for s, (k, v) in enumerate(seqs)
+    ])  # fmt: skip
+
+
+def _check_attention(kernels, batch, dtype, version, partition_size=512):
+    (query, key_cache, value_cache, tables, context_lens), seqs = _build(batch, dtype)
+    scale = batch["head_dim"] ** -0.5
+    if version == "v1":
+        out = kernels.paged_attention_v1(query, key_cache, value_cache, tables, context_lens, scale)
+    else:
+        out = kernels.paged_attention_v2(
+            query, key_cache, value_cache, tables, context_lens, scale, partition_size=partition_size
+        )
+    assert out.shape == query.shape and out.dtype == dtype
+    torch.testing.assert_close(out.cpu().double(), _expected(query, seqs, scale), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@given(batch=decode_batches())
+def test_cuda_paged_attention_v1_matches_oracle_toleranced(cuda_kernels, dtype, batch):
+    """v1 = contiguous attention, up to float32 reordering and one output rounding."""
+    _check_attention(cuda_kernels, batch, dtype, "v1")
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@given(batch=decode_batches(), blocks_per_partition=st.sampled_from([1, 2, 3, 512]))
+def test_cuda_paged_attention_v2_matches_oracle_toleranced(cuda_kernels, dtype, batch, blocks_per_partition):
+    """v2 = contiguous attention for partitions of 1, 2, 3 blocks (many partitions,
+    a ragged last one) and of 512 blocks (one partition)."""
+    _check_attention(cuda_kernels, batch, dtype, "v2", partition_size=blocks_per_partition * batch["block_size"])
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_cuda_paged_attention_long_context_toleranced(cuda_kernels, dtype, version):
+    """Contexts of thousands of tokens (several v2 partitions of 512), GQA 4:1, D = 128
+    and the other head dims the kernels are compiled for."""
+    for head_dim in (32, 80, 96, 128):
+        batch = dict(block_size=16, head_dim=head_dim, heads=8, kv_heads=2, lens=[1, 1023, 4097, 2560],
+                     free=torch.randperm(600, generator=torch.Generator().manual_seed(0)).tolist(), seed=head_dim)  # fmt: skip
+        _check_attention(cuda_kernels, batch, dtype, version)
+
+
+def test_cuda_paged_attention_writes_into_out(cuda_kernels):
+    """``out=`` is filled in place and returned; v1 and v2 agree on it."""
+    batch = dict(block_size=16, head_dim=64, heads=4, kv_heads=4, lens=[5, 40], free=list(range(8))[::-1], seed=1)
+    (query, key_cache, value_cache, tables, context_lens), seqs = _build(batch, torch.float32)
+    for fn in (cuda_kernels.paged_attention_v1, cuda_kernels.paged_attention_v2):
+        out = torch.full_like(query, float("nan"))
+        result = fn(query, key_cache, value_cache, tables, context_lens, 0.125, out=out)
+        assert result.data_ptr() == out.data_ptr()
+        torch.testing.assert_close(out.cpu().double(), _expected(query, seqs, 0.125), **tolerances.CUDA_FLOAT32)
+
+
+def test_cuda_paged_attention_rejects_bad_input(cuda_kernels):
+    """Unsupported shapes and dtypes raise specific errors that name the limit."""
+    dev = DEVICE
+    q = torch.zeros(1, 2, 64, device=dev)
+    cache = torch.zeros(4, 16, 2, 64, device=dev)
+    tables = torch.zeros(1, 2, dtype=torch.int32, device=dev)
+    lens = torch.ones(1, dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="block size 4 is not compiled; supported: 8, 16, 32"):
+        cuda_kernels.paged_attention_v1(q, cache[:, :4].contiguous(), cache[:, :4].contiguous(), tables, lens, 1.0)
+    with pytest.raises(ValueError, match="head dim 48 is not compiled"):
+        c48 = torch.zeros(4, 16, 2, 48, device=dev)
+        cuda_kernels.paged_attention_v1(q[..., :48].contiguous(), c48, c48, tables, lens, 1.0)
+    with pytest.raises(TypeError, match="int32"):
+        cuda_kernels.paged_attention_v1(q, cache, cache, tables.long(), lens, 1.0)
+    with pytest.raises(TypeError, match="share a dtype"):
+        cuda_kernels.paged_attention_v1(q.half(), cache, cache, tables, lens, 1.0)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        cuda_kernels.paged_attention_v1(torch.zeros(1, 3, 64, device=dev), cache, cache, tables, lens, 1.0)
+    with pytest.raises(ValueError, match="partition_size must be a positive multiple of the block size 16"):
+        cuda_kernels.paged_attention_v2(q, cache, cache, tables, lens, 1.0, partition_size=24)
+
+
+@st.composite
+def kv_writes(draw):
+    """A cache shape (any head dim: the copy is dtype- and size-agnostic) and a
+    batch of tokens with distinct slots, some of them -1 (padding)."""
+    num_blocks, block_size = draw(st.integers(1, 6)), draw(st.sampled_from([1, 8, 16, 32]))
+    heads, kv_heads = draw(gqa_heads())
+    head_dim = draw(head_dims)
+    slots = draw(st.lists(st.integers(0, num_blocks * block_size - 1), unique=True, max_size=40))
+    padding = draw(st.lists(st.booleans(), min_size=len(slots), max_size=len(slots)))
+    padded = [-1 if pad else s for s, pad in zip(slots, padding)]
+    return dict(num_blocks=num_blocks, block_size=block_size, heads=heads, kv_heads=kv_heads,
+                head_dim=head_dim, slots=padded, seed=draw(st.integers(0, 2**31 - 1)))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@given(case=kv_writes())
+def test_cuda_write_kv_bitwise_equals_index_copy(cuda_kernels, dtype, case):
+    """write_kv = index_copy_ of the non-negative slots, bit for bit; k and v are
+    strided views of one fused QKV projection, as the model produces them."""
+    n, b, h, h_kv, d = (case[k] for k in ("num_blocks", "block_size", "heads", "kv_heads", "head_dim"))
+    gen = torch.Generator().manual_seed(case["seed"])
+    t = len(case["slots"])
+    qkv = torch.randn(t, (h + 2 * h_kv) * d, generator=gen).to(dtype).to(DEVICE)
+    k = qkv[:, h * d : (h + h_kv) * d].view(t, h_kv, d)  # strided over tokens
+    v = qkv[:, (h + h_kv) * d :].view(t, h_kv, d)
+    key_cache = torch.randn(n, b, h_kv, d, generator=gen).to(dtype).to(DEVICE)
+    value_cache = torch.randn(n, b, h_kv, d, generator=gen).to(dtype).to(DEVICE)
+    slots = torch.tensor(case["slots"], dtype=torch.int64).to(DEVICE)
+    keep = slots >= 0
+    want_k, want_v = key_cache.clone(), value_cache.clone()
+    want_k.view(-1, h_kv, d).index_copy_(0, slots[keep], k[keep])
+    want_v.view(-1, h_kv, d).index_copy_(0, slots[keep], v[keep])
+    cuda_kernels.write_kv(key_cache, value_cache, k, v, slots)
+    assert torch.equal(key_cache, want_k) and torch.equal(value_cache, want_v)
+
+
+@st.composite
+def block_copies(draw):
+    """A whole cache [L, 2, N, B, H_kv, D] and (src, dst) pairs with distinct
+    destinations that are never sources (what copy-on-write produces)."""
+    num_blocks = draw(st.integers(2, 12))
+    order = draw(shuffled_free_list(num_blocks))
+    num_pairs = draw(st.integers(0, num_blocks // 2))
+    dst = order[:num_pairs]
+    src = [draw(st.sampled_from(order[num_pairs:])) for _ in range(num_pairs)]  # may repeat
+    shape = (draw(st.integers(1, 3)), 2, num_blocks, draw(st.sampled_from([1, 8, 16])),
+             draw(st.integers(1, 3)), draw(head_dims))  # fmt: skip
+    return dict(shape=shape, pairs=list(zip(src, dst)), on_gpu=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@given(case=block_copies())
+def test_cuda_copy_blocks_bitwise_equals_indexing(cuda_kernels, dtype, case):
+    """copy_blocks = kv[:, :, dst] = kv[:, :, src] in every layer, keys and values, bit for bit."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    kv = torch.randn(case["shape"], generator=gen).to(dtype).to(DEVICE)
+    pairs = torch.tensor(case["pairs"], dtype=torch.int64).reshape(-1, 2)
+    want = kv.clone()
+    want[:, :, pairs[:, 1].to(DEVICE)] = want[:, :, pairs[:, 0].to(DEVICE)]
+    cuda_kernels.copy_blocks(kv, pairs.to(DEVICE) if case["on_gpu"] else pairs)
+    assert torch.equal(kv, want)
+
+
+def test_cuda_copy_blocks_rejects_out_of_range_pairs(cuda_kernels):
+    """CPU pairs are range-checked before the launch: a ValueError, the cache untouched."""
+    kv = torch.randn(2, 2, 4, 8, 1, 64, device=DEVICE)
+    before = kv.clone()
+    with pytest.raises(ValueError, match=r"must lie in \[0, 4\)"):
+        cuda_kernels.copy_blocks(kv, torch.tensor([[0, 4]]))
+    assert torch.equal(kv, before)
+
