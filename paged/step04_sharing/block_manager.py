@@ -31,7 +31,7 @@ class BlockManager:
         num_blocks: physical blocks in the pool.
         block_size: tokens per block.
         enable_prefix_caching: find and reuse full blocks by content.
-        free_order: initial free-list order (tests shuffle it).
+        free_order (Iterable[int] | None): initial free-list order (tests shuffle it).
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,

@@ -76,7 +76,7 @@ class SharingEngine(Engine):
 
     Args:
         enable_prefix_caching: reuse cached full prompt blocks (default on).
-        **kwargs: as ``paged.step03_attention.Engine``.
+        **kwargs (object): as ``paged.step03_attention.Engine``.
     """
 
     runner_class = SharingModelRunner
@@ -128,6 +128,7 @@ class SharingEngine(Engine):
     def _empty_plan(self):
         return SharingStepPlan()
 
+    # --8<-- [start:start_prompt]
     def _start_prompt(self, plan, req) -> None:
         """Map cached blocks, compute the rest once, and fork the parallel samples."""
         seq = req.seqs[0]
@@ -139,6 +140,7 @@ class SharingEngine(Engine):
             for i in range(1, req.params.best_of):
                 child = self._fork(req, seq, index=i)
                 plan.fanout.append((seq.seq_id, child.seq_id, sample_seed(req.seed, i)))
+    # --8<-- [end:start_prompt]
 
     def _fork(self, req, parent: Sequence, index: int) -> Sequence:
         child = self._new_seq(req, parent.prompt_token_ids, index, self.block_manager.fork(parent.block_table))
@@ -175,6 +177,7 @@ class SharingEngine(Engine):
         for h in done:
             h.text = self.stops.decode(h.token_ids)
         req.finished_beams += done
+        # --8<-- [start:beam_update]
         # the next beams: the first pick of a parent extends it, later picks fork it first
         by_parent: dict[int, list[tuple[int, float]]] = {}
         for b, tok, score in chosen:
@@ -193,6 +196,7 @@ class SharingEngine(Engine):
         for seq in live:
             if seq not in next_seqs:
                 self._drop(req, seq)
+        # --8<-- [end:beam_update]
         length = len(next_seqs[0].output_token_ids) if next_seqs else 0
         best_live = max((outs[s.seq_id].cumulative_logprob for s in next_seqs), default=None)
         max_len = min(p.max_tokens, self.max_model_len - len(req.prompt_token_ids))

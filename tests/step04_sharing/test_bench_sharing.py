@@ -5,6 +5,7 @@
   lengths: the bench's parallel numbers are the engine's.
 * Sharing never costs blocks (savings in [0, 1)); parallel savings do not
   fall as ``n`` grows (the shared prompt is divided among more samples).
+* The committed Figures 8-10 are what `diagram.py` draws from real tables today.
 * Prefix caching computes fewer prompt tokens and the greedy outputs are
   identical with and without it (the bench says so; the engine tests prove
   it in float64).
@@ -85,3 +86,16 @@ def test_bench_prefix_json_shape_and_caching_truths(capsys):
 def test_bench_refuses_bad_counts(bench, capsys):
     assert main([bench, "--block-size", "0"]) == 2
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_committed_figures_8_9_10_are_what_the_diagram_draws_today(model):
+    from pathlib import Path
+
+    from paged.step04_sharing.diagram import figure8, figure9, figure10, render_text
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "figures"
+    for name, snaps in [("figure8", figure8()), ("figure9", figure9(model)), ("figure10", figure10())]:
+        assert (root / f"step04_{name}.txt").read_text() == "\n".join(render_text(s) for s in snaps), name
+    before, after = figure8()
+    assert before.ref_counts == {7: 2, 1: 2} and after.copies == [(1, 3)]
+    assert after.ref_counts == {7: 2, 1: 1, 3: 1}  # the paper's Figure 8

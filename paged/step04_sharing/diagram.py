@@ -1,0 +1,208 @@
+"""Figures 8, 9 and 10 of the paper, drawn from real block tables (paper §4.4).
+
+* **Figure 8** (parallel sampling): two samples fork from one 7-token prompt
+  (``B = 4``); both map physical blocks 7 and 1, reference count 2. Sample A1
+  writes *fathers* into the shared, partly filled block 1: copy-on-write gives
+  it block 3 (a ``(1, 3)`` copy); A2 then writes *mothers* into block 1 in
+  place, its count being 1 again. Run through a ``BlockManager`` whose free
+  list hands out 7, 1, 3 as in the paper.
+* **Figure 9** (beam search): a real ``SharingEngine`` runs beam search
+  (``k = 4``, ``B = 4``) on a tiny random model; the tables of the live
+  candidates are read inside the engine at the first iteration where a beam
+  update drops a candidate, and at the iteration before it.
+* **Figure 10** (shared prefix): two translation requests with the same
+  few-shot prefix; the second request's prompt finds the prefix's full blocks
+  in the prefix cache and maps them (reference count 2); only its own task is
+  computed. When both finish, the prefix blocks stay cached on the free list.
+
+What a block holds is read from the tables that map it (the tokens of that
+logical block); the stateful tests prove it is what the KV cache holds.
+
+Regenerate the docs figures with::
+
+    python -m paged.step04_sharing.diagram docs/figures
+
+Extends: nothing; it reads ``CowBlockTable.blocks`` / ``num_tokens``, the
+allocator's reference counts and the plan's ``blocks_to_copy``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paged.step04_sharing.block_manager import BlockManager
+from paged.step04_sharing.cow_table import CowBlockTable
+
+
+@dataclass
+class Snapshot:
+    """Block tables and the pool at one moment."""
+
+    title: str
+    block_size: int
+    tables: list[tuple[str, list[int], int, list[str]]]  # name, blocks, tokens with a slot, words
+    ref_counts: dict[int, int]  # used block -> reference count
+    free: list[int]  # free blocks, allocation order
+    cached_free: list[int] = field(default_factory=list)  # free but still findable (LRU, oldest first)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) this iteration
+    note: str = ""
+
+
+def snapshot(title: str, named: list[tuple[str, CowBlockTable, list[str]]], allocator, block_size: int,
+             copies=(), note: str = "") -> Snapshot:
+    """Read ``(name, table, words)`` and the allocator's counts into a ``Snapshot``."""
+    used = [b for b in range(allocator.num_blocks) if allocator.ref_count(b) > 0]
+    free = allocator.free_blocks()
+    lru = list(getattr(allocator, "_lru", ()))
+    return Snapshot(title, block_size, [(n, list(t.blocks), t.num_tokens, list(w)) for n, t, w in named],
+                    {b: allocator.ref_count(b) for b in used}, [b for b in free if b not in lru], lru,
+                    list(copies), note)
+
+
+# --8<-- [start:render]
+def render_text(snap: Snapshot) -> str:
+    """Each table (logical -> physical, #filled), then every used block with its count and mappers."""
+    b = snap.block_size
+    lines = [snap.title, ""]
+    mapped: dict[int, list[tuple[str, int, list[str]]]] = {}
+    for name, blocks, n, words in snap.tables:
+        filled = [min(b, n - i * b) for i in range(len(blocks))]
+        lines.append(f"{name:<14} blocks {str(blocks):<22} #filled {filled}")
+        for i, block in enumerate(blocks):
+            mapped.setdefault(block, []).append((name, i, words[i * b: i * b + filled[i]]))
+    width = max((len(w) for _, _, _, words in snap.tables for w in words), default=1)
+    if snap.ref_counts:
+        lines += ["", f"physical block │ {'tokens':<{(width + 3) * b - 3}} │ ref │ mapped by (logical block)"]
+    for block in sorted(snap.ref_counts):  # used blocks only
+        cells = mapped[block][0][2] if block in mapped else []
+        row = " │ ".join(f"{c:<{width}}" for c in cells + ["·"] * (b - len(cells)))
+        who = ", ".join(f"{name} ({i})" for name, i, _ in mapped.get(block, []))
+        lines.append(f"      block {block:>2} │ {row} │ {snap.ref_counts[block]:>3} │ {who}")
+    free = snap.free if len(snap.free) <= 12 else f"{len(snap.free)} blocks"
+    lines.append(f"free blocks: {free}")
+    if snap.cached_free:
+        lines.append(f"free but cached (evicted least recently used first): {snap.cached_free}")
+    if snap.copies:
+        lines.append("copy-on-write this iteration (src -> dst): "
+                     + ", ".join(f"{s} -> {d}" for s, d in snap.copies))
+    if snap.note:
+        lines.append(snap.note)
+    return "\n".join(lines) + "\n"
+# --8<-- [end:render]
+
+
+def _vocab(words: list[str]) -> tuple[list[int], list[str]]:
+    table = {w: i for i, w in enumerate(dict.fromkeys(words))}
+    return [table[w] for w in words], list(table)
+
+
+# --8<-- [start:figure8]
+FIG8_PROMPT = "Four score and seven years ago our".split()
+
+
+def figure8() -> list[Snapshot]:
+    """Parallel sampling: fork after the prompt, then copy-on-write of the shared last block."""
+    bm = BlockManager(8, 4, enable_prefix_caching=False, free_order=[7, 1, 3, 0, 2, 4, 5, 6])
+    a1 = bm.new_table()
+    bm.allocate_prompt(a1, list(range(len(FIG8_PROMPT))))  # the prompt's K/V, computed once
+    a2 = bm.fork(a1)  # sample A2: a copy of the table, every block's count + 1
+    words = list(FIG8_PROMPT)
+    before = snapshot("Figure 8 · after the prompt: A2 = fork(A1)", [("Sample A1", a1, words),
+                                                                    ("Sample A2", a2, words)], bm.allocator, 4)
+    a1.append(1)  # A1's next token goes into block 1, shared and not full: copy-on-write
+    a2.append(1)  # block 1 is now A2's alone: written in place
+    copies = a1.take_copies() + a2.take_copies()  # the plan's blocks_to_copy, run before the forward pass
+    after = snapshot("Figure 8 · A1 writes 'fathers', A2 writes 'mothers'",
+                     [("Sample A1", a1, words + ["fathers"]), ("Sample A2", a2, words + ["mothers"])],
+                     bm.allocator, 4, copies)
+    return [before, after]
+# --8<-- [end:figure8]
+
+
+# --8<-- [start:figure10]
+FIG10_PREFIX = "Translate English to French : sea otter => loutre de mer ;".split()  # 12 words: 3 blocks
+FIG10_TASKS = {"Request A": "cheese =>".split(), "Request B": "I love you =>".split()}
+
+
+def figure10() -> list[Snapshot]:
+    """Two requests with one few-shot prefix: the second maps the cached prefix blocks."""
+    prompts = {name: FIG10_PREFIX + task for name, task in FIG10_TASKS.items()}
+    ids, _ = _vocab([w for p in prompts.values() for w in p])
+    bm = BlockManager(12, 4, enable_prefix_caching=True, free_order=[3, 8, 5, 1, 10, 0, 6, 2, 4, 7, 9, 11])
+    tables, notes, start = {}, [], 0
+    for name, words in prompts.items():
+        prompt = ids[start:start + len(words)]
+        start += len(words)
+        table = tables[name] = bm.new_table()
+        cached, _ = bm.allocate_prompt(table, prompt)
+        bm.register_full_blocks(table, prompt)  # after its forward pass: full blocks become findable
+        notes.append(f"{name}: {len(prompt)} prompt tokens, {cached} found in the cache, "
+                     f"{len(prompt) - cached} computed")
+    named = [(n, tables[n], prompts[n]) for n in prompts]
+    both = snapshot("Figure 10 · two requests sharing a cached prefix", named, bm.allocator, 4,
+                    note="\n".join(notes))
+    for t in tables.values():
+        bm.free(t)
+    done = snapshot("Figure 10 · both requests finished", [], bm.allocator, 4,
+                    note="the prefix blocks wait on the free list, findable, until the pool needs them")
+    return [both, done]
+# --8<-- [end:figure10]
+
+
+# --8<-- [start:figure9]
+def figure9(model, k: int = 4, prompt_len: int = 6, max_tokens: int = 16) -> list[Snapshot]:
+    """Beam search in a real ``SharingEngine``: the tables before and after a beam update that drops one.
+
+    The first such update is chosen where the candidates already form a tree
+    (some block is shared by more than one candidate but not by all).
+    """
+    from paged.step04_sharing import SamplingParams, SharingEngine
+
+    engine = SharingEngine(model, block_size=4, num_blocks=32, enable_prefix_caching=False,
+                           attention_backend="reference", free_order=list(range(32)))
+    prompt = [3 + 7 * i % (model.config.vocab_size - 3) for i in range(prompt_len)]
+    engine.add_request("beam", prompt, SamplingParams(use_beam_search=True, n=k, temperature=0.0,
+                                                      max_tokens=max_tokens, ignore_eos=True))
+    seen, execute, iteration = [], engine.runner.execute, [0]
+
+    def hooked(plan):
+        req = engine.running[0]
+        named = [(f"candidate {s.seq_id}", s.block_table, [f"t{t}" for t in s.token_ids]) for s in req.seqs]
+        iteration[0] += 1
+        seen.append((set(s.seq_id for s in req.seqs), snapshot(
+            f"Figure 9 · beam search (k = {k}), iteration {iteration[0]}", named, engine.allocator, 4,
+            plan.blocks_to_copy)))
+        return execute(plan)
+
+    engine.runner.execute = hooked
+    while engine.has_unfinished():
+        engine.step()
+    for (ids_before, before), (ids_after, after) in zip(seen, seen[1:]):
+        tree = any(1 < c < k for c in before.ref_counts.values())  # a block shared by some candidates
+        if tree and len(ids_before) == k and ids_before - ids_after and ids_after - ids_before:
+            dropped = sorted(ids_before - ids_after)
+            after.note = (f"dropped since the last iteration: {', '.join(f'candidate {i}' for i in dropped)} "
+                          f"(their blocks' counts went down; blocks at 0 are free again); new candidates "
+                          f"{', '.join(str(i) for i in sorted(ids_after - ids_before))} are forks")
+            return [before, after]
+    raise RuntimeError("no beam update dropped a candidate of a branching tree; use more max_tokens")
+# --8<-- [end:figure9]
+
+
+def main(out_dir: str = "docs/figures") -> int:
+    """Write ``step04_figure8/9/10.txt`` into ``out_dir`` (Figure 9 builds a tiny random model)."""
+    from paged.bench.sharing import load_tiny_llama
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = load_tiny_llama(max_len=64)
+    for name, snaps in [("figure8", figure8()), ("figure9", figure9(model)), ("figure10", figure10())]:
+        (out / f"step04_{name}.txt").write_text("\n".join(render_text(s) for s in snaps))
+        print(f"wrote {out / f'step04_{name}.txt'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
