@@ -1,0 +1,184 @@
+"""The FastAPI application: routes, the request guard (API key, body size) and the engine's lifetime.
+
+``build_app(llm, ...)`` wires an ``LLM`` (model + engine) to HTTP:
+
+=====================  =====================================================
+``GET /health``        200 while the engine runs, 503 after it failed
+``GET /v1/models``     the one served model
+``POST /v1/completions``        see ``completions.py``
+``POST /v1/chat/completions``   see ``completions.py``
+``GET /metrics``       Prometheus text (see ``metrics.py``)
+=====================  =====================================================
+
+Bodies are parsed here rather than by FastAPI so that every failure — bytes
+that are not UTF-8, malformed JSON, a JSON array instead of an object, wrong
+field types — gets its own message in OpenAI's error shape with status 400.
+The guard is plain ASGI (no ``BaseHTTPMiddleware``), so streaming responses
+and disconnect detection pass through untouched.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+
+from paged.serve.async_engine import AsyncEngine
+from paged.serve.completions import OpenAIServing
+from paged.serve.errors import APIError, from_validation_error, install_handlers
+from paged.serve.metrics import ServerMetrics
+from paged.serve.protocol import EXPECTED, ChatCompletionRequest, CompletionRequest
+
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+
+
+class Guard:
+    """ASGI middleware: Bearer API key on ``/v1/*`` (constant-time compare) and a body size limit.
+
+    Args:
+        app: the ASGI app behind the guard.
+        api_key: the key clients must send, or None for no check.
+        max_body_bytes: larger bodies get 413 without being read further.
+    """
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.api_key is not None and scope["path"].startswith("/v1"):
+            auth = headers.get(b"authorization", b"")
+            given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(given, self.api_key):
+                why = "wrong API key" if given else "missing API key"
+                err = APIError(f"{why}: send the header 'Authorization: Bearer <key>' with the key the "
+                               "server was started with (--api-key or PAGED_API_KEY)", 401, code="invalid_api_key")
+                return await err.response(headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        limit = self.max_body_bytes
+        declared = headers.get(b"content-length")
+        too_big = APIError(f"request body is larger than the limit of {limit} bytes (--max-request-bytes)",
+                           413, code="request_too_large")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await too_big.response()(scope, receive, send)
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                return await too_big.response()(scope, receive, send)
+            if not message.get("more_body"):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+
+async def parse_body(raw: Request, model_cls):
+    """The body as ``model_cls``, or an ``APIError`` that says exactly what is wrong with it."""
+    body = await raw.body()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(f"request body is not valid UTF-8: byte 0x{body[e.start]:02x} at offset {e.start}",
+                       code="invalid_encoding") from None
+    if not text.strip():
+        raise APIError("request body is empty: send a JSON object", code="invalid_json")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise APIError(f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(f"request body must be a JSON object, got a JSON {type(data).__name__}", code="invalid_json")
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError("request body holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), "
+                       "which is not valid Unicode text", code="invalid_encoding") from None
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as e:
+        raise from_validation_error(e, EXPECTED) from None
+
+
+def build_app(llm, served_model_name: str, api_key: str | None = None,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Guard:
+    """The ASGI app serving ``llm`` (an ``LLM``: ``.engine``, ``.tokenizer``, ``.model``)."""
+    engine = AsyncEngine(llm.engine)
+    device = llm.engine.kv_cache.data.device.type if hasattr(llm.engine, "kv_cache") else "cpu"
+    metrics = ServerMetrics(lambda: engine.stats, device)
+    serving = OpenAIServing(engine, llm.tokenizer, llm.model.path, served_model_name,
+                            llm.engine.max_model_len, metrics)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        engine.start()
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="paged", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+    install_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        if engine.dead is not None:
+            raise APIError(f"the engine failed: {engine.dead!r}", 503)
+        return {"status": "ok"}
+
+    def model_card() -> dict:
+        return {"id": served_model_name, "object": "model", "created": created, "owned_by": "paged",
+                "root": str(llm.model.path), "max_model_len": llm.engine.max_model_len}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        serving._check_model(model)
+        return model_card()
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request):
+        return await serving.completions(await parse_body(raw, CompletionRequest), raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request):
+        return await serving.chat_completions(await parse_body(raw, ChatCompletionRequest), raw)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/")
+    async def root():
+        return JSONResponse({"name": "paged", "model": served_model_name,
+                             "endpoints": ["/v1/models", "/v1/completions", "/v1/chat/completions",
+                                           "/health", "/metrics"]})
+
+    guarded = Guard(app, api_key, max_body_bytes)
+    guarded.fastapi = app
+    return guarded

@@ -1,0 +1,250 @@
+"""Serving ``/v1/completions`` and ``/v1/chat/completions``: validate, submit, stream or collect.
+
+A request becomes one engine request per prompt (a completions request may
+carry several prompts; each has ``n`` choices, numbered ``prompt * n + j`` as
+OpenAI does). Everything that can be refused is refused before the engine
+sees it — model name (404), prompt and ``max_tokens`` against the context,
+sampling bounds, streaming with ranked outputs (400) — and the engine's own
+check runs atomically for all prompts of the request.
+
+Streaming sends each step's new text as it is safe to send (whole UTF-8
+characters, no possible stop-string prefix; see ``detokenize.py``). A client
+that goes away — the stream's task is cancelled, or the disconnect watcher
+fires for a non-streamed request — aborts its engine requests, which frees
+their blocks before the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from paged.serve.async_engine import EngineDeadError
+from paged.serve.chat import ChatRenderer
+from paged.serve.detokenize import TextStream
+from paged.serve.errors import APIError, from_value_error
+from paged.serve.protocol import ChatCompletionRequest, CompletionRequest
+from paged.serve.responses import SSE_DONE, Formatter
+
+
+class _Timing:
+    """Per-request latency observations for /metrics."""
+
+    def __init__(self, metrics) -> None:
+        self.metrics, self.t0 = metrics, time.monotonic()
+        self.last: dict[str, float] = {}
+        self.tokens: dict[str, int] = {}
+
+    def observe(self, out) -> None:
+        rid, now = out.request_id, time.monotonic()
+        n = sum(len(c.token_ids) for c in out.outputs)
+        if n > self.tokens.get(rid, 0):
+            hist = self.metrics.tpot if rid in self.last else self.metrics.ttft
+            hist.observe(now - self.last.get(rid, self.t0))
+            self.last[rid], self.tokens[rid] = now, n
+        if out.finished:
+            self.metrics.e2e.observe(now - self.t0)
+            for c in out.outputs:
+                self.metrics.finished.labels(c.finish_reason or "unknown").inc()
+
+
+async def _wait_for_disconnect(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+class OpenAIServing:
+    """The two generation endpoints over one ``AsyncEngine``.
+
+    Args:
+        engine: the ``AsyncEngine``.
+        tokenizer: the model's ``tokenizers.Tokenizer`` or None.
+        model_path: the checkpoint folder (chat template).
+        served_model_name: the name clients must send as ``model``.
+        max_model_len: the engine's context length.
+        metrics: the ``ServerMetrics``.
+    """
+
+    def __init__(self, engine, tokenizer, model_path, served_model_name: str, max_model_len: int, metrics) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.chat = ChatRenderer(tokenizer, model_path) if tokenizer is not None else None
+        self.model_name = served_model_name
+        self.max_model_len = max_model_len
+        self.metrics = metrics
+
+    # -- endpoints ------------------------------------------------------------------
+    async def completions(self, req: CompletionRequest, raw: Request) -> Response:
+        self._check_model(req.model)
+        prompts, ids = [], []
+        for p in req.prompts():
+            if isinstance(p, str):
+                if self.tokenizer is None:
+                    raise APIError("this model has no tokenizer.json: send prompt as token ids", param="prompt")
+                prompts.append(p)
+                ids.append(self.tokenizer.encode(p).ids)
+            else:
+                prompts.append(None)
+                ids.append(p)
+        if req.echo and req.logprobs is not None:
+            raise APIError("echo with logprobs would need prompt logprobs, which this engine does not "
+                           "compute; drop one of them", param="echo", code="unsupported_parameter")
+        params = self._params(req, ids, req.max_tokens, req.logprobs, "prompt", {})
+        fmt = Formatter("completion", f"cmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.logprobs)
+        echo = [self._prompt_text(p, i) for p, i in zip(prompts, ids)] if req.echo else None
+        return await self._serve(req, raw, fmt, ids, prompts, params, "prompt", echo)
+
+    async def chat_completions(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        self._check_model(req.model)
+        if self.chat is None:
+            raise APIError("this model has no tokenizer.json, so chat messages cannot be rendered; "
+                           "use /v1/completions with token ids", param="messages")
+        try:
+            text, ids = self.chat.encode([{"role": m.role, "content": m.text()} for m in req.messages])
+        except ValueError as e:
+            raise APIError(str(e), param="messages") from None
+        max_tokens = req.requested_max_tokens
+        if max_tokens is None:  # OpenAI's default for chat: whatever context is left
+            max_tokens = max(1, self.max_model_len - len(ids))
+        name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        params = self._params(req, [ids], max_tokens, req.num_logprobs, "messages",
+                              {"logprobs": "top_logprobs", "max_tokens": name}, max_tokens_name=name)
+        fmt = Formatter("chat", f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.num_logprobs)
+        return await self._serve(req, raw, fmt, [ids], [text], params, "messages", None)
+
+    # -- checks -----------------------------------------------------------------------
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(f"model {model!r} does not exist; this server serves {self.model_name!r} "
+                           "(GET /v1/models)", 404, param="model", code="model_not_found")
+
+    def _params(self, req, ids, max_tokens, logprobs, prompt_param, rename, max_tokens_name="max_tokens"):
+        longest = max(len(i) for i in ids)
+        if longest >= self.max_model_len:
+            raise APIError(f"the prompt has {longest} tokens; this model's context is {self.max_model_len} "
+                           f"tokens (max_model_len), so a prompt may have at most {self.max_model_len - 1}",
+                           param=prompt_param, code="context_length_exceeded")
+        if isinstance(max_tokens, int) and max_tokens > self.max_model_len - longest:
+            raise APIError(f"{max_tokens_name} must be <= {self.max_model_len - longest} for this prompt "
+                           f"({longest} prompt tokens + {max_tokens} > max_model_len {self.max_model_len}), "
+                           f"got {max_tokens}", param=max_tokens_name, code="context_length_exceeded")
+        try:
+            params = req.sampling_params(max_tokens, logprobs)
+        except ValueError as e:
+            raise from_value_error(e, None, rename) from None
+        if req.stream and (params.use_beam_search or params.best_of > params.n):
+            raise APIError("stream cannot be used with use_beam_search or best_of > n: the returned "
+                           "sequences are only known when all have finished", param="stream")
+        return params
+
+    def _prompt_text(self, prompt: str | None, ids: list[int]) -> str:
+        if prompt is not None:
+            return prompt
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else ""
+
+    # -- run ------------------------------------------------------------------------
+    async def _serve(self, req, raw, fmt, ids, prompts, params, prompt_param, echo) -> Response:
+        rids = [f"{fmt.id}-{i}" for i in range(len(ids))]
+        try:
+            stream = await self.engine.add(list(zip(rids, ids, [params] * len(ids), prompts)))
+        except ValueError as e:
+            raise from_value_error(e, prompt_param) from None
+        except EngineDeadError as e:
+            raise APIError(str(e), 503) from None
+        timing = _Timing(self.metrics)
+        if req.stream:
+            gen = self._stream(stream, rids, ids, params, fmt, timing, echo, req.include_usage)
+            return StreamingResponse(gen, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        finals = await self._collect(stream, rids, raw, timing)
+        if finals is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        choices, completion_tokens = [], 0
+        for i, rid in enumerate(rids):
+            for c in finals[rid].outputs:
+                text = (echo[i] if echo else "") + c.text
+                choices.append(fmt.choice(i * params.n + c.index, text, c))
+                completion_tokens += len(c.token_ids)
+        return JSONResponse(fmt.response(choices, sum(map(len, ids)), completion_tokens))
+
+    async def _collect(self, stream, rids, raw, timing):
+        """Wait for every request's final output; None if the client disconnected (requests aborted)."""
+        finals: dict = {}
+        watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
+        try:
+            while len(finals) < len(rids):
+                get = asyncio.ensure_future(stream.get())
+                done, _ = await asyncio.wait({get, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    return None
+                out = get.result()
+                if isinstance(out, BaseException):
+                    raise APIError(f"the engine failed: {out}", 503)
+                timing.observe(out)
+                if out.finished:
+                    finals[out.request_id] = out
+            return finals
+        finally:
+            watcher.cancel()
+            self._abort_unfinished(rids, finals)
+
+    def _abort_unfinished(self, rids, finals) -> None:
+        gone = [r for r in rids if r not in finals]
+        if gone:
+            self.engine.abort(gone)
+            self.metrics.finished.labels("abort").inc(len(gone))
+
+    async def _stream(self, stream, rids, ids, params, fmt, timing, echo, include_usage):
+        n, finals = params.n, {}
+        texts: dict[int, TextStream] = {}
+        sent_tokens: dict[int, int] = {}
+        offsets: dict[int, int] = {}
+        ended: set[int] = set()  # choices whose last chunk is sent
+        try:
+            for i in range(len(rids)):
+                for j in range(n):
+                    index = i * n + j
+                    texts[index], sent_tokens[index] = TextStream(self.tokenizer, params.stop), 0
+                    offsets[index] = len(echo[i]) if echo else 0
+                    if fmt.kind == "chat":
+                        yield fmt.chunk(index, None, role=True)
+                    elif echo:
+                        yield fmt.chunk(index, echo[i])
+            pos = {rid: i for i, rid in enumerate(rids)}
+            while len(finals) < len(rids):
+                out = await stream.get()
+                if isinstance(out, BaseException):
+                    yield fmt.error_chunk(f"the engine failed: {out}")
+                    break
+                timing.observe(out)
+                for c in out.outputs:
+                    index = pos[out.request_id] * n + c.index
+                    if index in ended:
+                        continue
+                    if c.finish_reason is None:
+                        text = texts[index].feed(c.token_ids)
+                    else:  # the final text, stop string cut: send its unsent rest (not the new tokens' text)
+                        text = texts[index].finish(c.text)
+                        ended.add(index)
+                    new = c.token_ids[sent_tokens[index]:]
+                    if not (text or new or c.finish_reason):
+                        continue
+                    entries = c.logprobs[sent_tokens[index]:] if c.logprobs is not None else None
+                    lp = fmt.logprobs(new, entries, offsets[index])
+                    sent_tokens[index] = len(c.token_ids)
+                    offsets[index] += sum(len(t) for t in lp["tokens"]) if lp and "tokens" in lp else 0
+                    if text or lp or c.finish_reason:
+                        yield fmt.chunk(index, text, lp, c.finish_reason)
+                if out.finished:
+                    finals[out.request_id] = out
+            if include_usage and len(finals) == len(rids):
+                done = sum(len(c.token_ids) for o in finals.values() for c in o.outputs)
+                yield fmt.usage_chunk(sum(map(len, ids)), done)
+            yield SSE_DONE
+        finally:  # also on cancellation: the client went away mid-stream
+            self._abort_unfinished(rids, finals)

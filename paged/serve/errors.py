@@ -1,0 +1,130 @@
+"""Errors as the OpenAI API shapes them: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every failure of a request ends here, with a 4xx status when the client can fix
+it (the message says what was wrong and what the bound is) and 5xx only when
+the server itself failed. Nothing about a bad request reaches the engine: it is
+refused before ``add_request``, so an error never leaves blocks or queue
+entries behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("paged.serve")
+
+_TYPE_OF_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """A request that cannot be served; becomes the OpenAI error JSON with ``status``."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None,
+                 code: str | None = None, type: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.type = type or _TYPE_OF_STATUS.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self, headers: dict | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def _field_path(error: dict) -> list[str]:
+    """``loc`` without the union-member tags pydantic inserts (``str``, ``list[int]``, ``function-after[...]``)."""
+    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+    return [p for p in loc if p.isdigit() or re.fullmatch(r"[a-z_][a-z0-9_]*", p)
+            and p not in {"str", "int", "float", "bool", "list", "dict", "none"}]
+
+
+def from_validation_error(err: ValidationError | RequestValidationError, expected: dict | None = None) -> APIError:
+    """The first pydantic error as a 400 naming the field (``messages.0.role``) and the problem.
+
+    ``expected`` maps a field name to what it accepts, used when the field is a
+    union (pydantic then reports one error per member type).
+    """
+    errors = err.errors()
+    first = errors[0]
+    path = _field_path(first)
+    field = ".".join(path) or None
+    msg = first.get("msg", "invalid value")
+    union = [e for e in errors if _field_path(e)[:len(path)] == path and e is not first]
+    if union and path and (expected or {}).get(path[-1] if not path[-1].isdigit() else path[-2]):
+        key = path[-1] if not path[-1].isdigit() else path[-2]
+        msg = f"expected {expected[key]}"
+        errors = [e for e in errors if e not in union]
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown field; see docs/serving.md for the accepted fields"
+    elif "input" in first and first.get("type") not in ("missing",):
+        shown = repr(first["input"])
+        msg += f" (got {shown[:80]}{'...' if len(shown) > 80 else ''})"
+    more = f" ({len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return APIError(f"{field or 'request'}: {msg}{more}", 400, param=field, code="invalid_value")
+
+
+def from_value_error(err: ValueError, default_param: str | None, rename: dict[str, str] | None = None) -> APIError:
+    """An engine or ``SamplingParams`` ``ValueError`` as a 400; the field it names becomes ``param``.
+
+    ``SamplingParams`` messages start ``SamplingParams.<field> must be ...``; the
+    prefix is dropped and the field renamed to the API's name (``rename``).
+    """
+    msg = str(err)
+    param = default_param
+    m = re.match(r"SamplingParams\.(\w+) ", msg)
+    if m:
+        name = (rename or {}).get(m.group(1), m.group(1))
+        param, msg = name, name + msg[m.end(1):]
+    elif re.match(r"(best_of|n)\b", msg):
+        param = "best_of" if msg.startswith("best_of") else "n"
+    elif msg.startswith("beam search"):
+        param = "temperature"
+    return APIError(msg, 400, param=param, code="invalid_value")
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Route every exception a request can raise to an OpenAI-shaped JSON response."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        return from_validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            msg = f"no route {request.method} {request.url.path}; see GET /v1/models, POST /v1/completions, " \
+                  "POST /v1/chat/completions, GET /health, GET /metrics"
+        elif exc.status_code == 405:
+            msg = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            msg = str(exc.detail)
+        return APIError(msg, exc.status_code, code="not_found" if exc.status_code == 404 else None).response(
+            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        logger.exception("internal error serving %s %s", request.method, request.url.path)
+        return APIError(f"internal server error: {type(exc).__name__}: {exc}", 500,
+                        type="server_error").response()

@@ -1,0 +1,161 @@
+"""The request bodies the server accepts, as pydantic models (OpenAI's fields, plus vLLM's extras).
+
+Types are strict (``"5"`` is not an integer, ``true`` is not a number) and
+unknown fields are refused, so a misspelt ``max_token`` is an error, not a
+silently ignored wish. Bounds on sampling fields are checked once, by
+``SamplingParams`` (its messages name the field and the bound); what only the
+server knows — the context left for ``max_tokens``, streaming with ranked
+outputs — is checked in ``completions.py``. OpenAI fields this engine does not
+implement are accepted only at their neutral value (``presence_penalty: 0``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+
+from paged import SamplingParams
+from paged.serve.errors import APIError
+
+Number = StrictFloat  # accepts 1 and 1.5, refuses "1" and true
+# what a field takes, for the error message when it takes several types (pydantic reports each member)
+EXPECTED = {
+    "prompt": "a string, a list of strings, a list of token ids, or a list of token-id lists",
+    "stop": "a string or a list of strings",
+    "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: StrictBool = False
+
+
+class _Sampling(BaseModel):
+    """Fields both endpoints share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = None
+    temperature: Number | None = None  # None: 1.0, or 0 for beam search
+    top_p: Number = 1.0
+    top_k: StrictInt = -1
+    min_tokens: StrictInt = 0
+    n: StrictInt = 1
+    best_of: StrictInt | None = None
+    use_beam_search: StrictBool = False
+    length_penalty: Number = 1.0
+    stop: StrictStr | list[StrictStr] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    seed: StrictInt | None = None
+    ignore_eos: StrictBool = False
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: StrictStr | None = None
+    # OpenAI fields this engine does not implement: accepted at their neutral value only
+    presence_penalty: Number = 0.0
+    frequency_penalty: Number = 0.0
+    logit_bias: dict[str, Number] | None = None
+
+    @model_validator(mode="after")
+    def _neutral_only(self):
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) != 0:
+                raise APIError(f"{name} is not supported by this engine; omit it or send 0", param=name,
+                               code="unsupported_parameter")
+        if self.logit_bias:
+            raise APIError("logit_bias is not supported by this engine; omit it", param="logit_bias",
+                           code="unsupported_parameter")
+        if self.stream_options is not None and not self.stream:
+            raise APIError("stream_options is only allowed with stream: true", param="stream_options")
+        return self
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """The engine's ``SamplingParams``; raises ``ValueError`` naming a field and its bound."""
+        temperature = self.temperature if self.temperature is not None else (0.0 if self.use_beam_search else 1.0)
+        return SamplingParams(
+            n=self.n, best_of=self.best_of, temperature=temperature, top_p=self.top_p, top_k=self.top_k,
+            max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
+            stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos, seed=self.seed,
+            logprobs=logprobs, use_beam_search=self.use_beam_search, length_penalty=self.length_penalty,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``: a prompt as text, texts, token ids, or lists of token ids."""
+
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = 16
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
+    suffix: None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of this request, each a string or a token-id list."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise APIError("prompt is an empty list: give a string, a list of strings or token ids",
+                           param="prompt", code="invalid_value")
+        if isinstance(p[0], int):
+            return [list(p)]
+        for i, one in enumerate(p):
+            if isinstance(one, list) and not one:
+                raise APIError(f"prompt[{i}] is an empty token list", param="prompt", code="invalid_value")
+        return list(p)
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr | list[TextPart]
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat.py``)."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    response_format: dict | None = None
+    tools: list | None = None
+    tool_choice: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _chat_rules(self):
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise APIError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.response_format not in (None, {"type": "text"}):
+            raise APIError("response_format: only {\"type\": \"text\"} is supported", param="response_format",
+                           code="unsupported_parameter")
+        if self.tools or self.tool_choice not in (None, "none"):
+            raise APIError("tools are not supported by this engine", param="tools", code="unsupported_parameter")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

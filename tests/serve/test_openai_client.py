@@ -1,0 +1,169 @@
+"""The server through the official ``openai`` client: every endpoint and sampling feature, and
+outputs equal to offline ``LLM.generate`` (token-identical, greedy, same model and dtype)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from paged import LLM, SamplingParams
+from tests.serve.conftest import BLOCK_SIZE, NUM_BLOCKS
+
+MODEL = "test-model"
+PROMPTS = ["def add(a, b):", "for i in range(10):", "print('héllo €')"]
+
+
+@pytest.fixture(scope="module")
+def offline(model_path):
+    return LLM(model_path, dtype="float32", device="cpu", block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS)
+
+
+def test_models_lists_the_served_name(client):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [MODEL]
+
+
+def test_health_and_root(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_completions_equal_offline_generate_greedy(client, offline):
+    """Bitwise-equal tokens: the same engine code, model, dtype and batch (all prompts in one request)."""
+    r = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=12, temperature=0)
+    want = offline.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [o.outputs[0].text for o in want]
+    assert [c.finish_reason for c in r.choices] == [o.outputs[0].finish_reason for o in want]
+    assert r.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in want)
+    assert r.usage.completion_tokens == sum(len(o.outputs[0].token_ids) for o in want)
+
+
+def test_chat_equals_offline_generate_on_the_rendered_prompt(client, offline, model_path):
+    msgs = [{"role": "system", "content": "be terse"}, {"role": "user", "content": "add two numbers"}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=10, temperature=0)
+    from paged.serve.chat import ChatRenderer, load_chat_template
+
+    if load_chat_template(model_path)[0] is None:
+        prompt = offline.encode("system: be terse\nuser: add two numbers\nassistant:")  # the documented default
+    else:  # the model's own template
+        prompt = ChatRenderer(offline.tokenizer, model_path).encode(msgs)[1]
+    want = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0]
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want.outputs[0].text
+    assert r.usage.prompt_tokens == len(want.prompt_token_ids)
+
+
+def test_token_id_prompt_equals_text_prompt(client, offline):
+    ids = offline.encode(PROMPTS[0])
+    a = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    b = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=0)
+    assert a.choices[0].text == b.choices[0].text
+    assert a.usage.prompt_tokens == len(ids)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_stream_concatenates_to_the_non_streamed_text(client, kind):
+    """Seeded sampling at temperature 1: the random model emits partial UTF-8 characters, so the stream must
+    hold them back; the concatenation equals the non-streamed text and no chunk but the last ends in U+FFFD."""
+    kw = dict(model=MODEL, max_tokens=24, temperature=1.0, seed=7, extra_body={"ignore_eos": True})
+    if kind == "completion":
+        full = client.completions.create(prompt=PROMPTS[2], **kw).choices[0].text
+        chunks = list(client.completions.create(prompt=PROMPTS[2], stream=True, **kw))
+        pieces = [c.choices[0].text for c in chunks]
+        finishes = [c.choices[0].finish_reason for c in chunks]
+    else:
+        msgs = [{"role": "user", "content": PROMPTS[2]}]
+        full = client.chat.completions.create(messages=msgs, **kw).choices[0].message.content
+        chunks = list(client.chat.completions.create(messages=msgs, stream=True, **kw))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        pieces = [c.choices[0].delta.content or "" for c in chunks]
+        finishes = [c.choices[0].finish_reason for c in chunks]
+    assert "".join(pieces) == full
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    # a chunk never ends inside a character (once sent, a U+FFFD could not be taken back, and the
+    # concatenation above would differ); U+FFFD inside the text is the model's own invalid bytes
+    assert all(not p.endswith("\ufffd") for p in pieces[:-1])
+
+
+def test_stream_usage_with_include_usage(client):
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=5, temperature=0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_n3_gives_three_distinct_seeded_samples(client):
+    kw = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=1.0, n=3, seed=3,
+              extra_body={"ignore_eos": True})
+    r = client.completions.create(**kw)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert len({c.text for c in r.choices}) == 3
+    assert r.usage.completion_tokens == 24
+    again = client.completions.create(**kw)
+    assert [c.text for c in again.choices] == [c.text for c in r.choices]
+    streamed = {}
+    for chunk in client.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert [streamed[i] for i in range(3)] == [c.text for c in r.choices]
+
+
+def test_beam_search_equals_offline_beam_search(client, offline):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=6, temperature=0, n=2,
+                                  extra_body={"use_beam_search": True, "best_of": 3})
+    want = offline.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=6, n=2, best_of=3,
+                                                         use_beam_search=True), use_tqdm=False)[0]
+    assert [c.text for c in r.choices] == [o.text for o in want.outputs]
+    assert len(r.choices) == 2
+
+
+def test_logprobs_completion_and_chat(client):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    for tok_lp, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert tok_lp <= 0 and 1 <= len(top) <= 3
+        assert max(top.values()) == pytest.approx(tok_lp)  # greedy: the chosen token is the most likely
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       temperature=0, logprobs=True, top_logprobs=2,
+                                       extra_body={"ignore_eos": True})
+    content = c.choices[0].logprobs.content
+    assert len(content) == 4
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob == pytest.approx(t.logprob) for t in content)
+    assert b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace").startswith(
+        c.choices[0].message.content[:1])
+
+
+def test_stop_strings_are_honoured_and_not_returned(client, offline):
+    base = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=20, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    assert len(base) >= 6
+    stop = base[3:6]  # a string inside the greedy continuation; it may span tokens
+    kw = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=20, temperature=0, stop=[stop],
+              extra_body={"ignore_eos": True})
+    r = client.completions.create(**kw)
+    assert r.choices[0].text == base[:base.find(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+    assert streamed == r.choices[0].text
+    want = offline.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=20, stop=[stop],
+                                                         ignore_eos=True), use_tqdm=False)[0]
+    assert r.choices[0].text == want.outputs[0].text
+
+
+def test_seed_makes_sampling_deterministic(client):
+    kw = dict(model=MODEL, prompt=PROMPTS[1], max_tokens=10, temperature=1.0, extra_body={"ignore_eos": True})
+    a = client.completions.create(seed=11, **kw).choices[0].text
+    b = client.completions.create(seed=11, **kw).choices[0].text
+    c = client.completions.create(seed=12, **kw).choices[0].text
+    assert a == b
+    assert a != c
+
+
+def test_echo_prepends_the_prompt(client):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0, echo=True)
+    plain = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0)
+    assert r.choices[0].text == PROMPTS[0] + plain.choices[0].text
