@@ -51,7 +51,7 @@ class PreemptingEngine(SharingEngine):
     Args:
         preemption_mode: ``"swap"``, ``"recompute"`` or ``"auto"`` (see ``policy.py``).
         swap_space: bytes of host memory for swapped-out blocks (0 disables swapping).
-        **kwargs: as ``SharingEngine``; ``max_num_batched_tokens`` defaults to 2048
+        **kwargs (object): as ``SharingEngine``; ``max_num_batched_tokens`` defaults to 2048
             and may be smaller than a prompt (chunked prefill).
     """
 
@@ -92,6 +92,7 @@ class PreemptingEngine(SharingEngine):
         return out
 
     # -- one iteration ---------------------------------------------------------
+    # --8<-- [start:schedule]
     def _schedule(self):
         plan = self._empty_plan()
         plan.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
@@ -123,6 +124,7 @@ class PreemptingEngine(SharingEngine):
             if not self.swapped:
                 self._admit_waiting(plan, budget)
         return plan, ended
+    # --8<-- [end:schedule]
 
     def _work(self, req, budget, plan) -> list | None:
         """``[(seq, tokens to compute)]`` for this iteration, or None if the budgets say not now."""
@@ -175,6 +177,7 @@ class PreemptingEngine(SharingEngine):
         return p.best_of > 1 and not p.use_beam_search and len(req.seqs) == 1 and not req.seqs[0].output_token_ids
 
     # -- preemption ------------------------------------------------------------
+    # --8<-- [start:preempt]
     def _preempt(self, req, plan) -> None:
         """Evict a whole group: to host memory or for recomputation (``policy.choose``)."""
         live = [s for s in req.seqs if not s.is_finished]
@@ -197,7 +200,9 @@ class PreemptingEngine(SharingEngine):
                 s.status = SequenceStatus.WAITING
             self._insert(self.waiting, req)
         logger.debug("preempted %s by %s", req.request_id, mode)
+    # --8<-- [end:preempt]
 
+    # --8<-- [start:resume]
     def _resume_swapped(self, plan, budget) -> None:
         while self.swapped:
             req = self.swapped[0]
@@ -223,6 +228,7 @@ class PreemptingEngine(SharingEngine):
             self.waiting.popleft()
             self._insert(self.running, req)
             self._run(plan, req, work, budget)
+    # --8<-- [end:resume]
 
     def _end_too_long(self, req) -> None:
         """A group that outgrew the whole pool on its own: end it (it can never continue)."""
@@ -233,11 +239,13 @@ class PreemptingEngine(SharingEngine):
                 self.stops.finish(s, req.outputs[s.seq_id], "length")
         self._retire(req)
 
+    # --8<-- [start:insert]
     @staticmethod
     def _insert(queue, req) -> None:
         """Put ``req`` into ``queue`` in arrival order (FCFS across preemptions)."""
         i = bisect.bisect([r.arrival for r in queue], req.arrival)
         queue.insert(i, req)
+    # --8<-- [end:insert]
 
     def _retire(self, req) -> None:
         super()._retire(req)

@@ -31,6 +31,7 @@ RATES = {
 }
 
 
+# --8<-- [start:choose]
 def choose(mode: str, num_live_seqs: int, tokens: int, blocks: int, host_free: int,
            num_params: int, bytes_per_block: int, device_type: str) -> str:
     """``"swap"`` or ``"recompute"`` for one victim group (see the module rules)."""
@@ -43,3 +44,4 @@ def choose(mode: str, num_live_seqs: int, tokens: int, blocks: int, host_free: i
     recompute_s = tokens * 2 * num_params / flops
     swap_s = 2 * blocks * bytes_per_block / bandwidth
     return "recompute" if recompute_s < swap_s else "swap"
+# --8<-- [end:choose]

@@ -19,6 +19,7 @@ class PreemptingModelRunner(SharingModelRunner):
 
     swap_cache = None  # the host KVCache, set by the engine
 
+    # --8<-- [start:memory_ops]
     def execute_memory_ops(self, plan: StepPlan) -> None:
         if plan.blocks_to_swap_out:
             copy_between(self.kv_cache, self.swap_cache, plan.blocks_to_swap_out)
@@ -26,3 +27,4 @@ class PreemptingModelRunner(SharingModelRunner):
             copy_between(self.swap_cache, self.kv_cache, plan.blocks_to_swap_in)
         if plan.blocks_to_copy:
             copy_blocks(self.kv_cache, plan.blocks_to_copy)
+    # --8<-- [end:memory_ops]

@@ -70,8 +70,10 @@ class SwapSpace:
     # --8<-- [end:move]
 
 
+# --8<-- [start:copy_between]
 def copy_between(src: KVCache, dst: KVCache, pairs: list[tuple[int, int]]) -> None:
     """Copy block ``s`` of ``src`` to block ``d`` of ``dst`` for every pair, all layers at once."""
     s = torch.tensor([a for a, _ in pairs], dtype=torch.int64, device=src.device)
     d = torch.tensor([b for _, b in pairs], dtype=torch.int64, device=dst.device)
     dst.data[:, :, d] = src.data[:, :, s].to(dst.device)  # [L, 2, P, B, H_kv, D]
+# --8<-- [end:copy_between]
