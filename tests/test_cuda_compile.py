@@ -3,9 +3,10 @@
 Every ``csrc/cuda/*.cu`` is compiled with ``nvcc`` for ``sm_80`` (A100) and
 ``sm_90`` (H100/H200) with ``-Werror all-warnings`` plus the host compiler's
 ``-Wall -Wextra -Werror``: any warning or error fails, and the message carries
-nvcc's output. ``binding.cpp`` (the torch side) is syntax-checked by the host
-compiler against torch's headers, our code with ``-Wall -Wextra -Werror`` (torch
-and CUDA headers are system headers, so their own warnings do not count).
+nvcc's output. ``binding.cpp`` (the torch side) is compiled by the host compiler
+against torch's headers, our code with ``-Wall -Wextra -Werror`` (torch and CUDA
+headers are system headers, so their own warnings do not count), and every
+launcher it calls must be defined by the kernel objects (checked with ``nm``).
 
 The compiles run in parallel, one per core, started once for the module; the
 tests read their results. The compile tests are skipped, with the reason, where
@@ -17,6 +18,7 @@ The numerical behaviour is tested on a GPU by
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -60,11 +62,12 @@ def _nvcc_command(source: Path, arch: str, out_dir: Path) -> list[str]:
     return [NVCC, *NVCC_FLAGS, *COMMON_NVCC_FLAGS, f"-gencode=arch=compute_{code},code={arch}", "-o", str(obj), str(source)]
 
 
-def _binding_command() -> list[str]:
+def _binding_command(out_dir: Path) -> list[str]:
     cxx = os.environ.get("CXX", "g++")
     system = [*include_paths(), sysconfig.get_paths()["include"], str(_cuda_include())]
     return [
-        cxx, "-fsyntax-only", "-std=c++20", "-Wall", "-Wextra", "-Werror",  # c++20: as torch builds it
+        cxx, "-c", "-O0", "-fPIC", "-o", str(out_dir / "binding.o"),
+        "-std=c++20", "-Wall", "-Wextra", "-Werror",  # c++20: as torch builds it
         *[f"-isystem{p}" for p in system],
         # A CPU build of torch ships c10/cuda headers without their generated
         # cuda_cmake_macros.h (it only sets an export macro); skip it here.
@@ -83,16 +86,17 @@ def _run(cmd: list[str]) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory) -> dict[str, tuple[list[str], int, str]]:
-    """Every compile of this module, run once, in parallel: id -> (command, rc, output)."""
+def compiled(tmp_path_factory) -> dict:
+    """Every compile of this module, run once, in parallel: id -> (command, rc, output),
+    and "out_dir" -> the folder holding the objects."""
     out_dir = tmp_path_factory.mktemp("cuda_objects")
     jobs = {f"{src.name}-{arch}": _nvcc_command(src, arch, out_dir) for src in KERNELS for arch in ARCHS}
-    jobs["binding.cpp"] = _binding_command()
+    jobs["binding.cpp"] = _binding_command(out_dir)
     # Longest first (the binding parses all of torch), one process per core.
     order = ["binding.cpp", *sorted((k for k in jobs if k != "binding.cpp"), key=lambda k: "cache" in k)]
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         results = dict(zip(order, pool.map(lambda k: _run(jobs[k]), order)))
-    return {k: (jobs[k], *results[k]) for k in jobs}
+    return {k: (jobs[k], *results[k]) for k in jobs} | {"out_dir": out_dir}
 
 
 @needs_nvcc
@@ -113,9 +117,31 @@ def test_cuda_compile_kernel_without_warnings(compiled, source, arch):
 
 @needs_nvcc
 def test_cuda_compile_binding_against_torch_headers(compiled):
-    """binding.cpp parses against torch's headers with -Wall -Wextra -Werror."""
+    """binding.cpp compiles against torch's headers with -Wall -Wextra -Werror."""
     cmd, rc, output = compiled["binding.cpp"]
     assert rc == 0 and not output.strip(), f"{' '.join(cmd)}\nexit {rc}\n{output}"
+
+
+def _symbols(obj: Path, flag: str) -> set[str]:
+    """Demangled paged_cuda:: symbols of an object file (nm --defined-only / --undefined-only)."""
+    out = subprocess.run(["nm", "-C", flag, str(obj)], capture_output=True, text=True, check=True).stdout
+    found = (re.match(r"^\s*(?:[0-9a-fA-F]+\s+)?[A-Za-z]\s+(.*)$", line) for line in out.splitlines())
+    return {m.group(1).strip() for m in found if m and "paged_cuda::" in m.group(1)}
+
+
+@needs_nvcc
+@pytest.mark.skipif(shutil.which("nm") is None, reason="nm (binutils) is not on PATH")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_compile_binding_symbols_are_defined_by_kernels(compiled, arch):
+    """Every launcher binding.cpp calls (ops.h) is defined, with the same signature,
+    by the kernel objects: a declaration and a definition that drifted apart would
+    otherwise compile and only fail when the extension is loaded on a GPU."""
+    out_dir = compiled["out_dir"]
+    assert compiled["binding.cpp"][1] == 0, "binding.cpp did not compile (see the test above)"
+    needed = _symbols(out_dir / "binding.o", "--undefined-only")
+    defined = set().union(*(_symbols(out_dir / f"{p.stem}.{arch}.o", "--defined-only") for p in KERNELS))
+    assert needed, "binding.o calls no paged_cuda launcher"
+    assert needed <= defined, f"undefined: {sorted(needed - defined)}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")

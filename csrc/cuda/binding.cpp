@@ -36,6 +36,14 @@ void check_aligned(const at::Tensor& t, const char* name) {
                     " clone() it");
 }
 
+// The kernels read the query in 16-byte words from a contiguous [S, H, D] tensor.
+// A strided query (the model's view of a fused QKV projection) or a misaligned
+// one is packed once into a fresh tensor; S * H * D elements, cheap for decode.
+at::Tensor packed(const at::Tensor& t) {
+  if (t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
+  return t.clone(at::MemoryFormat::Contiguous);
+}
+
 DType attention_dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::kFloat32;
@@ -131,8 +139,9 @@ at::Tensor paged_attention_v1(const at::Tensor& query, const at::Tensor& key_cac
                               const at::Tensor& context_lens, double scale,
                               std::optional<at::Tensor> out) {
   at::Tensor result = out.value_or(at::Tensor());
+  const at::Tensor q = packed(query);  // named: it must outlive the launch
   const auto args =
-      attention_args(query, key_cache, value_cache, block_tables, context_lens, scale, result);
+      attention_args(q, key_cache, value_cache, block_tables, context_lens, scale, result);
   const c10::cuda::CUDAGuard guard(key_cache.device());
   check_cuda_error(paged_cuda::paged_attention_v1(args, c10::cuda::getCurrentCUDAStream()),
                    "paged_attention_v1");
@@ -144,8 +153,9 @@ at::Tensor paged_attention_v2(const at::Tensor& query, const at::Tensor& key_cac
                               const at::Tensor& context_lens, double scale,
                               std::optional<at::Tensor> out, int64_t partition_size) {
   at::Tensor result = out.value_or(at::Tensor());
+  const at::Tensor q = packed(query);  // named: it must outlive the launch
   const auto args =
-      attention_args(query, key_cache, value_cache, block_tables, context_lens, scale, result);
+      attention_args(q, key_cache, value_cache, block_tables, context_lens, scale, result);
   TORCH_CHECK_VALUE(partition_size > 0 && partition_size % args.block_size == 0,
                     "partition_size must be a positive multiple of the block size ",
                     args.block_size, ", got ", partition_size);

@@ -14,6 +14,8 @@
 //                layer's keys or values; no host loop over layers or pairs.
 // Both copy in the widest word (16, 8, 4, 2 or 1 bytes) that the sizes and the
 // addresses allow, chosen once on the host.
+#include <initializer_list>
+
 #include "common.cuh"
 
 namespace paged_cuda {

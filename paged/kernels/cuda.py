@@ -125,7 +125,7 @@ def _require_cuda(**tensors: torch.Tensor) -> None:
 
 # --8<-- [start:api]
 def paged_attention_v1(
-    query: torch.Tensor,  # [S, H, D] one query token per sequence (decode)
+    query: torch.Tensor,  # [S, H, D] one query token per sequence (decode), any strides
     key_cache: torch.Tensor,  # [N, B, H_kv, D] kv[l, 0]
     value_cache: torch.Tensor,  # [N, B, H_kv, D] kv[l, 1]
     block_tables: torch.Tensor,  # [S, M] int32 physical block of each logical block
@@ -136,7 +136,8 @@ def paged_attention_v1(
     """Decode attention, one thread block per (sequence, query head).
 
     Query head ``h`` reads KV head ``h // (H // H_kv)`` (grouped-query attention).
-    A sequence with ``context_lens[s] == 0`` gets zeros.
+    A sequence with ``context_lens[s] == 0`` gets zeros. A strided query (a view
+    of a fused QKV projection) is packed into a contiguous copy first.
 
     Raises:
         ValueError: a tensor is on the CPU, or a shape, layout or block size /

@@ -144,6 +144,21 @@ def test_cuda_paged_attention_writes_into_out(cuda_kernels):
         torch.testing.assert_close(out.cpu().double(), _expected(query, seqs, 0.125), **tolerances.CUDA_FLOAT32)
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_cuda_paged_attention_accepts_strided_query(cuda_kernels, version):
+    """A query that is a strided view of a fused QKV output (as the models pass it)
+    gives the same result as its contiguous copy, bit for bit (same kernel, same data)."""
+    batch = dict(block_size=16, head_dim=128, heads=8, kv_heads=2, lens=[17, 300], free=list(range(24)), seed=3)
+    (query, key_cache, value_cache, tables, context_lens), _ = _build(batch, torch.float16)
+    fused = torch.cat([query.flatten(1), torch.zeros(2, 4 * 128, dtype=torch.float16, device=DEVICE)], dim=1)
+    strided = fused[:, : 8 * 128].view(2, 8, 128)
+    assert not strided.is_contiguous()
+    fn = getattr(cuda_kernels, f"paged_attention_{version}")
+    got = fn(strided, key_cache, value_cache, tables, context_lens, 128**-0.5)
+    want = fn(query.contiguous(), key_cache, value_cache, tables, context_lens, 128**-0.5)
+    assert torch.equal(got, want)
+
+
 def test_cuda_paged_attention_rejects_bad_input(cuda_kernels):
     """Unsupported shapes and dtypes raise specific errors that name the limit."""
     dev = DEVICE
