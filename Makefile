@@ -39,10 +39,10 @@ serve: install
 # On a machine with a CUDA GPU: build csrc/cuda, run the cuda-marked tests and the
 # kernel benchmark, and keep each one's output in $(OUT) (issue 5). Uses the venv
 # if there is one, else creates it; PY=/path/to/python picks another interpreter
-# (it needs a CUDA build of torch). Fails if any of the three steps fails.
+# or a name on PATH (it needs a CUDA build of torch). Fails if any step fails.
 gpu-check:
 	@test -n "$(OUT)" || { echo "usage: make gpu-check OUT=<folder> [PY=python]" >&2; exit 2; }
-	@test -x "$(PY)" || $(MAKE) install
+	@command -v "$(PY)" >/dev/null 2>&1 || $(MAKE) install
 	@mkdir -p "$(OUT)"; status=0; \
 	{ date -u; nvidia-smi || true; } >"$(OUT)/gpu.txt" 2>&1; \
 	$(PY) -c 'import paged.kernels.cuda as c; c.load(verbose=True); print("paged_cuda built:", c.available())' \
