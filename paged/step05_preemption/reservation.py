@@ -1,0 +1,166 @@
+"""Contiguous reservation inside the engine: the paper's Orca baselines (§6.1), everything else equal.
+
+The paper compares vLLM with Orca, which stores each sequence's KV cache in one
+contiguous chunk reserved when the request is admitted and held until it ends.
+Its three sizings are step01's reservation policies (``paged.step01_allocator.orca``):
+
+* ``orca-max`` — the engine's ``max_model_len``;
+* ``orca-pow2`` — the next power of two of the request's true total length
+  (prompt + ``max_tokens``), capped at ``max_model_len``;
+* ``orca-oracle`` — exactly prompt + ``max_tokens``. It is the *true* total only
+  when the request cannot stop early: the throughput bench sets ``max_tokens``
+  to the trace's output length with ``ignore_eos=True``.
+
+Here the reservation lives inside this repository's own engine, so that the
+kernels, the runner, the scheduler (FCFS, budgets, chunked prefill) and the
+block pool are the same as ``memory="paged"``; only the admission rule
+differs. A reservation is a ledger over the block pool: one chunk of
+``ceil(slots / B)`` blocks per sequence of the request (``best_of`` of them:
+parallel samples and beams each get their own, as Orca has no sharing), placed
+by a buddy allocator over the pool's block indices (``BuddyAllocator``, exact
+chunks) so that external fragmentation is real. A waiting request is admitted
+only when all its chunks can be placed; the chunks are freed when it ends.
+The K/V itself is written into the request's blocks by the same paged runner.
+
+Invariants (``tests/test_bench_e2e.py``):
+
+* blocks held by a request's tables <= its reserved blocks, so the physical
+  free blocks always cover every reservation's unused part: a reserved
+  request never waits for memory and is never preempted;
+* the arena holds exactly the chunks of live reserved requests (empty when idle);
+* ``memory="paged"`` is ``PreemptingEngine`` unchanged.
+
+Extends: any ``PreemptingEngine`` (``with_reservation(cls)``; the step's ``LLM``
+applies it when given ``memory=...``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from paged.step01_allocator import BlockAllocatorError
+from paged.step01_allocator.buddy import BuddyAllocator
+from paged.step01_allocator.orca import POLICIES
+from paged.step01_allocator.waste import TraceRequest
+from paged.step05_preemption.engine import PreemptingEngine
+
+MEMORY_MODES = ("paged", "orca-max", "orca-pow2", "orca-oracle")
+
+
+class ReservationMixin:
+    """Adds ``memory=`` to a ``PreemptingEngine`` (see the module docstring).
+
+    Args:
+        memory: ``"paged"`` (default: blocks on demand), ``"orca-max"``,
+            ``"orca-pow2"`` or ``"orca-oracle"``. The Orca modes turn prefix
+            caching off (a contiguous chunk cannot map another request's blocks).
+        **kwargs: as the engine it extends.
+    """
+
+    def __init__(self, model, *, memory: str = "paged", **kwargs) -> None:
+        if memory not in MEMORY_MODES:
+            raise ValueError(f"memory must be one of {MEMORY_MODES}, got {memory!r}")
+        if memory != "paged":
+            if kwargs.get("enable_prefix_caching"):
+                raise ValueError(f"memory={memory!r} reserves contiguous chunks, which cannot share "
+                                 "cached prefix blocks: leave enable_prefix_caching off")
+            kwargs["enable_prefix_caching"] = False
+        self.memory = memory
+        super().__init__(model, **kwargs)
+        self.arena = BuddyAllocator(self.allocator.num_blocks, exact=True)  # offsets in blocks
+        self.reservations: dict[str, list[int]] = {}  # request id -> chunk offsets
+
+    @property
+    def reserving(self) -> bool:
+        return self.memory != "paged"
+
+    # --8<-- [start:reservation]
+    def reservation(self, prompt_len: int, params) -> tuple[int, int]:
+        """``(chunks, blocks per chunk)`` this mode reserves for a request; ``(0, 0)`` if paged."""
+        if not self.reserving:
+            return 0, 0
+        policy = POLICIES[self.memory.removeprefix("orca-")]
+        total = min(prompt_len + params.max_tokens, self.max_model_len)
+        slots = policy(TraceRequest(prompt_len, total - prompt_len), self.max_model_len)
+        return params.best_of, -(-slots // self.block_size)
+    # --8<-- [end:reservation]
+
+    def reserved_blocks(self, request_id: str) -> int:
+        """Blocks held in the arena for ``request_id`` (0 if none)."""
+        return sum(self.arena.size_of(o) for o in self.reservations.get(request_id, []))
+
+    def check_request(self, prompt_token_ids, params) -> None:
+        super().check_request(prompt_token_ids, params)
+        chunks, size = self.reservation(len(prompt_token_ids), params)
+        if chunks and not _place(BuddyAllocator(self.arena.capacity, exact=True), chunks, size):
+            raise ValueError(
+                f"{self.memory} reserves {chunks} contiguous chunk(s) of {size} blocks for this request; "
+                f"a KV cache of {self.arena.capacity} blocks can never hold them at once: "
+                "raise num_blocks or lower max_tokens / max_model_len"
+            )
+
+    def stats(self) -> dict:
+        out = super().stats()
+        out["memory"] = self.memory
+        out["blocks_reserved"] = self.arena.num_allocated
+        return out
+
+    # --8<-- [start:admit]
+    def _admit_waiting(self, plan, budget) -> None:
+        """FCFS admission, but only of the queue's head whose reservations fit, in order."""
+        if not self.reserving:
+            return super()._admit_waiting(plan, budget)
+        placed, new = 0, []
+        for req in self.waiting:
+            if req.request_id not in self.reservations:
+                chunks, size = self.reservation(len(req.prompt_token_ids), req.params)
+                offsets = _place(self.arena, chunks, size)
+                if offsets is None:
+                    break  # the head does not fit: nobody behind it goes first
+                self.reservations[req.request_id] = offsets
+                new.append(req)
+            placed += 1
+        behind = [self.waiting.pop() for _ in range(len(self.waiting) - placed)][::-1]
+        try:
+            super()._admit_waiting(plan, budget)  # the token / sequence budgets still apply
+        finally:
+            for req in new:  # reserved, but the budgets said not this iteration
+                if req in self.waiting:
+                    self._release(req)
+            self.waiting.extend(behind)
+    # --8<-- [end:admit]
+
+    def _retire(self, req) -> None:
+        super()._retire(req)
+        self._release(req)
+
+    def _release(self, req) -> None:
+        for offset in self.reservations.pop(req.request_id, []):
+            self.arena.free(offset)
+
+
+def _place(arena: BuddyAllocator, chunks: int, size: int) -> list[int] | None:
+    """Allocate ``chunks`` chunks of ``size`` blocks, all or nothing; their offsets or None."""
+    offsets = []
+    try:
+        for _ in range(chunks):
+            offsets.append(arena.allocate(size))
+    except BlockAllocatorError:  # no room now, or a chunk larger than any root
+        for o in offsets:
+            arena.free(o)
+        return None
+    return offsets
+
+
+@functools.cache
+def with_reservation(engine_class: type) -> type:
+    """``engine_class`` (a ``PreemptingEngine``) with the ``memory=`` setting."""
+    if issubclass(engine_class, ReservationMixin):
+        return engine_class
+    if not issubclass(engine_class, PreemptingEngine):
+        raise TypeError(f"memory= needs a PreemptingEngine, got {engine_class.__name__}")
+    return type(f"Reserving{engine_class.__name__}", (ReservationMixin, engine_class),
+                {"__module__": __name__, "__doc__": ReservationMixin.__doc__})
+
+
+ReservingEngine = with_reservation(PreemptingEngine)
