@@ -207,7 +207,8 @@ struct ScratchV2 {
 // float32 (32 products per instruction, no widening of K); V is widened two
 // halves at a time by interleaving with zeros (one shuffle per 16 values
 // instead of a widen and a shift), which leaves each 32-value chunk of the
-// accumulator in the order of the two unpacks; out_bf16 undoes it once.
+// accumulator in the order of the two unpacks; acc_index undoes it once, at
+// the output.
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 constexpr bool kFastBF16 = true;
 #else

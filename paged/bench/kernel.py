@@ -89,6 +89,10 @@ def median_ms(systems: dict, repeats: int, warmup: int, sync) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
 def geomean(values) -> float:
     values = list(values)
     return math.exp(sum(math.log(x) for x in values) / len(values))
@@ -182,7 +186,7 @@ def plot(result: dict, path: str, kernel: str) -> None:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.suptitle(f"Paged decode attention vs contiguous SDPA (H={result['heads']}, H_kv={result['kv_heads']}, "
-                 f"D={result['head_dim']}, B={result['block_size']}, {result['threads']} threads, {result['device']})",
+                 f"D={result['head_dim']}, B={result['block_size']}, {_threads(result['threads'])}, {result['device']})",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -225,7 +229,7 @@ def run(args) -> int:
         result["geomean_cuda_v2_over_contiguous"] = geomean(r["cuda_v2_ms"] / r["contiguous_ms"] for r in cases)
     print(f"\ngeomean {kernel} / contiguous = {result[f'geomean_{kernel}_over_contiguous']:.3f}, "
           f"reference / contiguous = {result['geomean_reference_over_contiguous']:.3f} "
-          f"({result['threads']} threads)")
+          f"({_threads(result['threads'])})")
     if args.plot:
         plot(result, args.plot, kernel)
         print(f"wrote {args.plot}")

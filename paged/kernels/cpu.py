@@ -3,8 +3,8 @@
 The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 (``-O3 -march=native -fopenmp``: it is built on the machine that runs it) into
 ``$PAGED_EXTENSIONS_DIR`` (default ``~/.cache/paged/torch_extensions``), in a
-folder named after the torch version and the CPU's vector capability, so a cache
-shared between machines never hands one CPU code built for another. Later
+folder named after the torch version and the CPU's features, so a cache shared
+between machines never hands one CPU code built for another. Later
 imports reuse the build; ninja rebuilds only when a source changed, and
 cpp_extension's lock file keeps concurrent processes (pytest workers) from
 building at once.
@@ -20,7 +20,9 @@ it never writes the cache. Layout: the cache of DESIGN §3, unchanged.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
 import threading
 import warnings
 from pathlib import Path
@@ -42,11 +44,23 @@ def _source_dir() -> Path:
     raise FileNotFoundError(f"csrc/cpu sources not found near {here}")
 
 
+def _cpu_key() -> str:
+    """Vector capability plus a hash of the CPU's feature flags: ``-march=native``
+    code built for one CPU (say with AVX512-BF16) must not be loaded on another."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags = platform.processor()
+    digest = hashlib.sha1(flags.encode()).hexdigest()[:8]
+    return f"{torch.backends.cpu.get_cpu_capability().lower()}-{digest}"
+
+
 def _build_dir() -> Path:
     base = os.environ.get("PAGED_EXTENSIONS_DIR") or Path.home() / ".cache" / "paged" / "torch_extensions"
-    capability = torch.backends.cpu.get_cpu_capability().lower()
     version = torch.__version__.replace("+", "_")
-    path = Path(base) / f"paged_cpu-torch{version}-{capability}"
+    path = Path(base) / f"paged_cpu-torch{version}-{_cpu_key()}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
