@@ -194,6 +194,8 @@ def plot(result: dict, path: str, kernel: str) -> None:
 
 
 def run(args) -> int:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda needs a CUDA GPU; none is visible to torch here")
     if args.threads:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(args.seed)

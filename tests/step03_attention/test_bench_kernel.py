@@ -6,6 +6,9 @@ line is, and the kernel's output is checked against contiguous SDPA on every cas
 
 import json
 
+import pytest
+import torch
+
 from paged.bench.__main__ import main
 
 
@@ -28,3 +31,10 @@ def test_bench_kernel_json_last_line(capsys, tmp_path):
     for key in ("geomean_cpu_kernel_over_contiguous", "geomean_reference_over_contiguous"):
         assert isinstance(result[key], float) and result[key] > 0
     assert (tmp_path / "k.png").stat().st_size > 0
+
+
+def test_bench_kernel_cuda_without_gpu_says_so(monkeypatch):
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        main(["kernel", "--device", "cuda"])

@@ -137,19 +137,20 @@ def test_cpu_kernel_dispatch_equals_contiguous_toleranced(ext, dtype, case):
     check(out, expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", V2_DTYPES, ids=str)
 @pytest.mark.parametrize("version", [1, 2], ids=["v1", "v2"])
-def test_cpu_kernel_strided_query_from_fused_qkv(ext, version):
+def test_cpu_kernel_strided_query_from_fused_qkv(ext, version, dtype):
     """A query sliced out of a fused QKV projection (row stride != H * D) is read in place."""
     if version == 2 and not ext.v2_compiled():
         pytest.skip("v2 not compiled on this CPU")
     case = (16, 8, 2, 64, [1, 15, 16, 17, 40], list(range(9))[::-1], 1.0, 3)
-    args, expected = make_batch(case, torch.float32)
+    args, expected = make_batch(case, dtype)
     query = args[0]
-    fused = torch.zeros(query.shape[0], query.shape[1] + 4, query.shape[2])  # [S, H + 2 H_kv, D]
+    fused = torch.zeros(query.shape[0], query.shape[1] + 4, query.shape[2], dtype=dtype)  # [S, H + 2 H_kv, D]
     fused[:, : query.shape[1]] = query
     strided = fused[:, : query.shape[1]]
     assert not strided.is_contiguous()
-    check(ext.decode(strided, *args[1:], None, version), expected, torch.float32)
+    check(ext.decode(strided, *args[1:], None, version), expected, dtype)
 
 
 def _errors_case():
