@@ -7,7 +7,8 @@
 //
 // Versions: decode(version=0) picks v2 (AVX-512) when it applies and v1
 // otherwise; version=1 / 2 force one, for the tests that check each against
-// the oracle. write_kv has one version (a row copy per token).
+// the oracle; partition_blocks forces v2's split-context partitioning (tests)
+// or leaves it to the kernel (-1). write_kv has one version (a row copy per token).
 
 // Narrow includes instead of <torch/extension.h>: they halve the first build.
 #include <ATen/Parallel.h>
@@ -59,7 +60,8 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
                   const at::Tensor& value_cache,
                   const at::Tensor& block_tables_in,  // [S, M] int32
                   const at::Tensor& context_lens_in,  // [S] int32
-                  double scale, c10::optional<at::Tensor> out_in, int64_t version) {
+                  double scale, c10::optional<at::Tensor> out_in, int64_t version,
+                  int64_t partition_blocks) {
   check_cpu(query_in, "query");
   const paged::DType dtype = kernel_dtype(query_in, "query");
   TORCH_CHECK_VALUE(query_in.dim() == 3, "query must be [S, H, D] (one token per sequence), got shape ",
@@ -121,6 +123,8 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
     out = at::empty_like(query, at::MemoryFormat::Contiguous);
   }
   TORCH_CHECK_VALUE(version >= 0 && version <= 2, "version must be 0 (auto), 1 or 2, got ", version);
+  TORCH_CHECK_VALUE(partition_blocks >= -1, "partition_blocks must be -1 (auto), 0 (none) or a block count, got ",
+                    partition_blocks);
   if (S == 0 || H == 0) return out;
 
   paged::DecodeArgs args;
@@ -143,6 +147,7 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
   args.scale = scale;
   args.dtype = dtype;
   args.num_threads = at::get_num_threads();
+  args.partition_blocks = partition_blocks;
 
   if (version == 1) {
     paged::paged_attention_decode_v1(args);
@@ -213,7 +218,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "Paged attention decode, one query per sequence",
         py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("context_lens"), py::arg("scale"), py::arg("out") = py::none(),
-        py::arg("version") = 0, py::call_guard<py::gil_scoped_release>());
+        py::arg("version") = 0, py::arg("partition_blocks") = -1,
+        py::call_guard<py::gil_scoped_release>());
   m.def("write_kv", &write_kv, "Write new K/V rows into the cache by slot mapping",
         py::arg("key_cache"), py::arg("value_cache"), py::arg("k"), py::arg("v"),
         py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());

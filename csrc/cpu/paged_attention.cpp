@@ -22,11 +22,16 @@
 //       sum run 16 tokens per instruction; V is accumulated in register tiles of
 //       query heads x head dim; the next block's rows are prefetched into L2.
 //       bfloat16 (with AVX512-BF16) takes K . q as exact bfloat16 products
-//       (VDPBF16PS) and widens V by interleaving with zeros. Exists because
-//       decode is the engine's hot path on a CPU: it runs at the cache's or
-//       memory's bandwidth (python -m paged.bench kernel), v1 at a fraction.
+//       (VDPBF16PS) and widens V by interleaving with zeros. When sequences x
+//       KV heads are too few for the threads (one long request, MQA), each
+//       sequence is split into partitions whose (max, sum, accumulator) are
+//       merged at the end (vLLM's v2 idea). Exists because decode is the
+//       engine's hot path on a CPU: it runs at the cache's or memory's
+//       bandwidth (python -m paged.bench kernel), v1 at a fraction (3-8x).
 // Work items are spread over torch's thread count with a dynamic OpenMP
-// schedule, so sequences of different lengths balance across threads.
+// schedule, so sequences of different lengths balance across threads. Work
+// items of several KV heads (one pass over a block's contiguous rows) measured
+// no faster than one head per item with the per-head prefetch of v2.
 
 #include "paged_attention.h"
 
@@ -55,19 +60,17 @@ struct AccType<double> {
   using type = double;
 };
 
-// Runs fn(s, kv_head, scratch) for every work item (one sequence, one KV head
-// and its G query heads). Each thread owns one Scratch, built once, not per
-// item. (Items of several KV heads, one pass over each block's contiguous
-// rows, measured no faster: the per-head prefetch below already hides DRAM.)
+// Runs fn(i, scratch) for i in [0, items) over torch's threads, dynamically
+// scheduled so sequences of different lengths balance. Each thread owns one
+// Scratch, built once, not per item.
 template <typename Scratch, typename Fn>
-void for_each_item(const DecodeArgs& a, Fn&& fn) {
-  const int64_t items = a.num_seqs * a.num_kv_heads;
+void for_each_item(const DecodeArgs& a, int64_t items, Fn&& fn) {
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.num_threads, items)));
 #pragma omp parallel num_threads(threads)
   {
     Scratch scratch(a);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < items; ++i) fn(i / a.num_kv_heads, i % a.num_kv_heads, scratch);
+    for (int64_t i = 0; i < items; ++i) fn(i, scratch);
   }
 }
 
@@ -150,8 +153,10 @@ void decode_item_v1(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV1<T>& w
 
 template <typename T>
 void run_v1(const DecodeArgs& a) {
-  for_each_item<ScratchV1<T>>(
-      a, [&](int64_t s, int64_t kvh, ScratchV1<T>& w) { decode_item_v1<T>(a, s, kvh, w); });
+  // one item per (sequence, KV head) and its G query heads
+  for_each_item<ScratchV1<T>>(a, a.num_seqs * a.num_kv_heads, [&](int64_t i, ScratchV1<T>& w) {
+    decode_item_v1<T>(a, i / a.num_kv_heads, i % a.num_kv_heads, w);
+  });
 }
 
 // ---------------------------------------------------------------- v2 AVX-512
@@ -336,8 +341,10 @@ inline void prefetch_rows(const T* block, int64_t row, int64_t n, int64_t bytes)
   }
 }
 
+// Attends the G query heads of (sequence s, KV head kvh) over the sequence's
+// logical blocks [j0, j1); leaves the running max, sum and accumulator in w.
 template <typename T, int NC>
-void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV2& w) {
+void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, int64_t j0, int64_t j1, ScratchV2& w) {
   constexpr int D = 16 * NC;
   const int64_t G = a.num_heads / a.num_kv_heads, B = a.block_size, stride = w.stride;
   const int64_t row = a.num_kv_heads * D;  // elements between tokens of one head
@@ -358,8 +365,7 @@ void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV2& w) {
     w.l[g] = 0.0f;
   }
 
-  const int64_t num_blocks = (ctx + B - 1) / B;
-  for (int64_t j = 0; j < num_blocks; ++j) {
+  for (int64_t j = j0; j < j1; ++j) {
     const int64_t n = std::min(B, ctx - j * B);
     const T* k_block = key_cache + static_cast<int64_t>(table[j]) * B * row;  // token t at + t * row
     const T* v_block = value_cache + static_cast<int64_t>(table[j]) * B * row;
@@ -367,7 +373,7 @@ void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV2& w) {
     // apart, a new page each: hardware prefetchers do not follow. Ask for them
     // now, into L2 (into L1 they would evict the rows in use). Measured: 2x on
     // caches beyond L3.
-    if (j + 1 < num_blocks) {
+    if (j + 1 < j1) {
       const int64_t next = static_cast<int64_t>(table[j + 1]) * B * row;
       const int64_t n_next = std::min(B, ctx - (j + 1) * B);
       prefetch_rows(key_cache + next, row, n_next, D * int64_t(sizeof(T)));
@@ -411,18 +417,88 @@ void decode_item_v2(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV2& w) {
     accumulate_heads<T, NC, kHeadTile<NC>>(v_block, row, n, w, G, D);
   }
 
+}
+
+// out = acc / l for the G query heads of (s, kvh).
+template <typename T, int NC>
+void write_out(const DecodeArgs& a, int64_t s, int64_t kvh, const ScratchV2& w) {
+  const int64_t G = a.num_heads / a.num_kv_heads;
   T* out = static_cast<T*>(a.out) + s * a.out_stride_s + kvh * G * a.out_stride_h;
   for (int64_t g = 0; g < G; ++g) {
     T* o = out + g * a.out_stride_h;
     const float inv = 1.0f / w.l[g];
-    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(w.acc[g * D + acc_index<T, NC>(d)] * inv);
+    for (int64_t d = 0; d < 16 * NC; ++d) o[d] = static_cast<T>(w.acc[g * 16 * NC + acc_index<T, NC>(d)] * inv);
   }
+}
+
+// Blocks per partition of a sequence: 0 (none) when sequences x KV heads
+// already give every thread a couple of items; else enough partitions of at
+// least 256 tokens to occupy the threads (few long sequences, many cores).
+inline int64_t partition_blocks(const DecodeArgs& a) {
+  if (a.partition_blocks >= 0) return a.partition_blocks;
+  const int64_t items = a.num_seqs * a.num_kv_heads, want = 2 * int64_t(a.num_threads);
+  if (items >= want) return 0;
+  int64_t max_blocks = 0;
+  for (int64_t s = 0; s < a.num_seqs; ++s)
+    max_blocks = std::max<int64_t>(max_blocks, (a.context_lens[s] + a.block_size - 1) / a.block_size);
+  const int64_t parts = (want + items - 1) / items;
+  const int64_t blocks = std::max((max_blocks + parts - 1) / parts, (256 + a.block_size - 1) / a.block_size);
+  return blocks >= max_blocks ? 0 : blocks;
 }
 
 template <typename T, int NC>
 void run_v2(const DecodeArgs& a) {
-  for_each_item<ScratchV2>(
-      a, [&](int64_t s, int64_t kvh, ScratchV2& w) { decode_item_v2<T, NC>(a, s, kvh, w); });
+  constexpr int D = 16 * NC;
+  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv, B = a.block_size;
+  auto blocks_of = [&](int64_t s) { return (a.context_lens[s] + B - 1) / B; };
+  const int64_t pb = partition_blocks(a);
+  if (pb == 0) {  // one item per (sequence, KV head): the whole sequence
+    for_each_item<ScratchV2>(a, a.num_seqs * H_kv, [&](int64_t i, ScratchV2& w) {
+      const int64_t s = i / H_kv, kvh = i % H_kv;
+      decode_item_v2<T, NC>(a, s, kvh, 0, blocks_of(s), w);
+      write_out<T, NC>(a, s, kvh, w);
+    });
+    return;
+  }
+  // Split-context (vLLM's v2 idea): partition p of a sequence covers blocks
+  // [p * pb, (p + 1) * pb); each keeps its own max m_p, sum l_p and
+  // accumulator; then out = sum_p exp(m_p - m) acc_p / sum_p exp(m_p - m) l_p.
+  int64_t parts = 1;
+  for (int64_t s = 0; s < a.num_seqs; ++s) parts = std::max(parts, (blocks_of(s) + pb - 1) / pb);
+  const int64_t heads = a.num_seqs * a.num_heads;  // partial state index: (s * H + h) * parts + p
+  std::vector<float> m(heads * parts), l(heads * parts), acc(heads * parts * D);
+  for_each_item<ScratchV2>(a, a.num_seqs * H_kv * parts, [&](int64_t i, ScratchV2& w) {
+    const int64_t p = i % parts, kvh = (i / parts) % H_kv, s = i / (parts * H_kv);
+    const int64_t j0 = p * pb, j1 = std::min(blocks_of(s), j0 + pb);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t at = (s * a.num_heads + kvh * G + g) * parts + p;
+      m[at] = -std::numeric_limits<float>::infinity();
+      l[at] = 0.0f;  // an empty partition weighs nothing
+    }
+    if (j0 >= j1) return;
+    decode_item_v2<T, NC>(a, s, kvh, j0, j1, w);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t at = (s * a.num_heads + kvh * G + g) * parts + p;
+      m[at] = w.m[g];
+      l[at] = w.l[g];
+      std::copy(&w.acc[g * D], &w.acc[g * D] + D, &acc[at * D]);
+    }
+  });
+  for_each_item<ScratchV2>(a, heads, [&](int64_t i, ScratchV2& w) {
+    const int64_t s = i / a.num_heads, h = i % a.num_heads;
+    float m_all = -std::numeric_limits<float>::infinity(), l_all = 0.0f;
+    for (int64_t p = 0; p < parts; ++p) m_all = std::max(m_all, m[i * parts + p]);
+    float* total = &w.acc[0];  // D floats of this thread's scratch
+    std::fill(total, total + D, 0.0f);
+    for (int64_t p = 0; p < parts; ++p) {
+      if (l[i * parts + p] == 0.0f) continue;
+      const float weight = std::exp(m[i * parts + p] - m_all);
+      l_all += weight * l[i * parts + p];
+      for (int64_t d = 0; d < D; ++d) total[d] += weight * acc[(i * parts + p) * D + d];
+    }
+    T* o = static_cast<T*>(a.out) + s * a.out_stride_s + h * a.out_stride_h;
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(total[acc_index<T, NC>(d)] / l_all);
+  });
 }
 
 template <typename T>

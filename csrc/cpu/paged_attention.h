@@ -30,6 +30,9 @@ struct DecodeArgs {
   double scale;
   DType dtype;
   int num_threads;
+  // v2: blocks per partition of a sequence (split-context, for few sequences
+  // on many threads); 0: none, -1: chosen from the sizes and thread count.
+  int64_t partition_blocks = -1;
 };
 
 // v1: scalar, readable, any dtype and any head dim.

@@ -16,8 +16,9 @@ block with an online softmax) and, for v2, uses a polynomial exp:
   bfloat16 values — float32 accumulation, then one rounding of the output.
 * ``write_kv``: bitwise (``torch.equal``) against advanced indexing: a pure copy.
 
-Versions: v1 (scalar) and v2 (AVX-512) are each checked, and so is the
-dispatcher users call. The extension is built once per session; a build
+Versions: v1 (scalar) and v2 (AVX-512) are each checked, v2 also with every
+sequence split into partitions (split-context), and so is the dispatcher users
+call. The extension is built once per session; a build
 failure fails these tests (``load(strict=True)``), it never skips them.
 """
 
@@ -131,6 +132,15 @@ def test_cpu_kernel_v2_equals_contiguous_toleranced(ext, dtype, case):
     """v2 (AVX-512) vs the oracle: reordered sums and a polynomial exp, toleranced."""
     args, expected = make_batch(case, dtype)
     check(ext.decode(*args, None, 2), expected, dtype)
+
+
+@needs_v2
+@pytest.mark.parametrize("dtype", V2_DTYPES, ids=str)
+@given(case=decode_cases(dims=v2_dims), partition_blocks=st.integers(1, 3))
+def test_cpu_kernel_v2_split_context_equals_contiguous_toleranced(ext, dtype, case, partition_blocks):
+    """v2 with each sequence split into partitions of 1-3 blocks, merged by their maxima and sums."""
+    args, expected = make_batch(case, dtype)
+    check(ext.decode(*args, None, 2, partition_blocks), expected, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
