@@ -62,9 +62,12 @@ def hf_config(kind: str) -> transformers.PretrainedConfig:
     raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
 
 
-def build_hf_model(kind: str, seed: int = 0) -> transformers.PreTrainedModel:
-    """A float64 ``transformers`` causal LM of ``kind`` with random weights (sdpa attention, eval mode)."""
+def build_hf_model(kind: str, seed: int = 0, **overrides) -> transformers.PreTrainedModel:
+    """A float64 ``transformers`` causal LM of ``kind`` with random weights (sdpa attention, eval mode);
+    ``overrides`` change config fields (e.g. ``vocab_size=157``)."""
     config = hf_config(kind)
+    for key, value in overrides.items():
+        setattr(config, key, value)
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()

@@ -9,7 +9,10 @@ from the safetensors headers. A folder that fails a check raises
 ``ModelLoadError`` naming the file and the problem; nothing half-loads.
 The model is built on the meta device, materialised once in the target dtype
 and device, and each checkpoint tensor is copied into its place (fused
-projections part by part).
+projections part by part). With ``shard`` (tensor parallelism, step06) the
+meta model is first cut down to one rank's modules and each parameter reads
+only its slice of the checkpoint tensors (safetensors ``get_slice``), so a
+rank never holds the whole model.
 """
 
 from __future__ import annotations
@@ -164,7 +167,8 @@ def _tokenizer(path: Path):
 
 
 def load_model(
-    path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    shard=None,
 ) -> LoadedModel:
     """Load a Hugging Face checkpoint folder.
 
@@ -174,6 +178,11 @@ def load_model(
         dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` / ``float64`` or its name; ``"auto"`` takes
             the checkpoint's ``torch_dtype`` (float32 when it names none).
         device: where the weights go.
+        shard (Callable | None): optional ``shard(model, layout) -> reads``, called once the checkpoint is checked, with
+            the model still on the meta device and ``checkpoint_layout()``: it replaces the modules of
+            one tensor-parallel rank and returns, per parameter, ``(checkpoint name, first row, row
+            count, index)`` entries, ``index`` being the slice of the checkpoint tensor to read (None:
+            all of it). Rows no entry fills (vocabulary padding) are zeros.
 
     Returns:
         a ``LoadedModel``.
@@ -198,20 +207,27 @@ def load_model(
     tokenizer = _tokenizer(path)
     eos = _eos_ids(path, config)
 
+    reads = {p: [(ck, row, rows, None) for ck, row, rows in parts] for p, parts in layout.items()}
+    if shard is not None:
+        reads = shard(model, layout)
     model = model.to(dtype).to_empty(device=device)
     model.tie_weights()
     params = dict(model.named_parameters())
-    by_file: dict[Path, list[tuple[str, str, int, int]]] = {}
-    for pname, parts in layout.items():
-        for ck_name, row, rows in parts:
+    by_file: dict[Path, list[tuple[str, str, int, int, tuple | None]]] = {}
+    for pname, parts in reads.items():
+        for ck_name, row, rows, index in parts:
             file, _, stored = found[ck_name]
-            by_file.setdefault(file, []).append((stored, pname, row, rows))
+            by_file.setdefault(file, []).append((stored, pname, row, rows, index))
     with torch.no_grad():
+        if shard is not None:
+            for p in params.values():
+                p.zero_()
         for file, entries in by_file.items():
             try:
                 with safe_open(file, framework="pt") as st:
-                    for stored, pname, row, rows in entries:
-                        params[pname][row : row + rows].copy_(st.get_tensor(stored))
+                    for stored, pname, row, rows, index in entries:
+                        src = st.get_tensor(stored) if index is None else st.get_slice(stored)[index]
+                        params[pname][row : row + rows].copy_(src)
             except Exception as err:  # a truncated or corrupt file: the half-filled model is dropped
                 raise ModelLoadError(f"{file}: reading the tensors failed ({err})") from None
     model.reset_buffers()

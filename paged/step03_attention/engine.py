@@ -83,7 +83,8 @@ class Engine:
         self.max_num_batched_tokens = max_num_batched_tokens or max(self.max_model_len, 2048)
         dtype = next(model.model.parameters()).dtype
         device = next(model.model.parameters()).device
-        shape = (cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+        h_kv = self._num_kv_heads(cfg)
+        shape = (cfg.num_layers, block_size, h_kv, cfg.head_dim, dtype)
         if num_blocks is None:
             budget = kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
             num_blocks = KVCache.num_blocks_for(budget, *shape)
@@ -94,7 +95,7 @@ class Engine:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.allocator = self._make_allocator(num_blocks, free_order)
         self.kv_cache = KVCache(
-            cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
+            cfg.num_layers, num_blocks, block_size, h_kv, cfg.head_dim, dtype, device
         )
         self.backend = resolve_backend(device, attention_backend)
         self.runner = self.runner_class(model.model, self.kv_cache, self.backend)
@@ -113,6 +114,10 @@ class Engine:
         self._finished_seq_ids: list[int] = []
         self.prompt_tokens_total = 0  # counters for /metrics
         self.generation_tokens_total = 0
+
+    def _num_kv_heads(self, cfg) -> int:
+        """KV heads this process caches: all of them (step06's driver caches only its shard's)."""
+        return cfg.num_kv_heads
 
     # -- requests -------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:

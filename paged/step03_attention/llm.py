@@ -44,13 +44,17 @@ class LLM:
 
     def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
                  device: str = "cpu", **engine_args) -> None:
-        from paged.models import load_model
-
         self.model_path = model or default_model_path()
-        self.model = load_model(self.model_path, dtype=dtype, device=device)
+        self.model = self._load_model(dtype, device)
         self.tokenizer = self.model.tokenizer
         self.engine = self.engine_class(self.model, **engine_args)
         self._ids = itertools.count()
+
+    def _load_model(self, dtype, device):
+        """The ``LoadedModel`` the engine runs (step06 loads one shard per process instead)."""
+        from paged.models import load_model
+
+        return load_model(self.model_path, dtype=dtype, device=device)
 
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:

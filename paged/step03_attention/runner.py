@@ -52,11 +52,14 @@ class ModelRunner:
                 return {}
             idx = torch.tensor([r[1] for r in rows], device=self.device)
             logits = self.model.compute_logits(hidden[idx])  # [S', V]
-            results = sample(
-                logits, [r[2] for r in rows], [self._generator(r[0], r[3]) for r in rows]
-            )
-        return {r[0]: res for r, res in zip(rows, results)}
+            return self._draw(logits, rows)
     # --8<-- [end:execute]
+
+    def _draw(self, logits: torch.Tensor, rows: list) -> dict[int, SampleResult]:
+        """One vectorised sampling call over the rows' logits ``[S', V]`` (under tensor parallelism,
+        only rank 0 draws)."""
+        results = sample(logits, [r[2] for r in rows], [self._generator(r[0], r[3]) for r in rows])
+        return {r[0]: res for r, res in zip(rows, results)}
 
     def _sample_rows(self, plan: StepPlan) -> list[tuple[int, int, object, int]]:
         """Which sequence draws from which packed token row: each sampling sequence's last token."""

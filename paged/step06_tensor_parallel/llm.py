@@ -1,0 +1,54 @@
+"""``LLM`` at step06: the API over the tensor-parallel engine (``tensor_parallel_size``).
+
+    >>> from paged import LLM, SamplingParams
+    >>> with LLM(model="path/to/checkpoint", tensor_parallel_size=2) as llm:
+    ...     out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))
+
+With ``tensor_parallel_size=1`` (the default) no worker process starts and
+everything is as at step05.
+"""
+
+from __future__ import annotations
+
+from paged.step05_preemption import LLM as Step05LLM
+from paged.step06_tensor_parallel.engine import TensorParallelEngine
+from paged.step06_tensor_parallel.start import load_sharded
+
+
+class LLM(Step05LLM):
+    """As ``paged.step05_preemption.LLM``; adds ``tensor_parallel_size`` and ``close()``.
+
+    Args:
+        tensor_parallel_size: W shards of the model, each in its own process (rank 0 is this one).
+        launcher: ``"spawn"`` (start the W-1 workers here) or ``"torchrun"`` (they were started by
+            torchrun, maybe on other machines; see ``python -m paged.step06_tensor_parallel.launch``).
+        **engine_args (Any): as ``paged.step05_preemption.LLM``.
+    """
+
+    engine_class = TensorParallelEngine
+
+    def __init__(self, model: str | None = None, dtype="auto", device: str = "cpu",
+                 tensor_parallel_size: int = 1, launcher: str = "spawn", **engine_args) -> None:
+        self.tensor_parallel_size, self.launcher = tensor_parallel_size, launcher
+        try:
+            super().__init__(model, dtype, device, tensor_parallel_size=tensor_parallel_size, **engine_args)
+        except BaseException:  # e.g. an unknown engine argument: do not leave workers behind
+            workers = getattr(getattr(self, "model", None), "workers", None)
+            if workers is not None:
+                workers.stop("LLM could not start", graceful=False)
+            raise
+
+    def _load_model(self, dtype, device):
+        if self.tensor_parallel_size == 1:
+            return super()._load_model(dtype, device)
+        return load_sharded(self.model_path, dtype, device, self.tensor_parallel_size, launcher=self.launcher)
+
+    def close(self) -> None:
+        """Stop the worker processes (when ``tensor_parallel_size > 1``)."""
+        self.engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,169 @@
+"""A tensor-parallel worker: ranks 1..W-1, the "GPU workers" of the paper's Figure 4 (§4.6).
+
+A worker holds one shard of the weights and a ``KVCache`` with as many blocks
+as the driver's but only its own KV heads, and it obeys: it waits for the
+driver's next message on the broadcast, runs it, and waits again. It decides
+nothing; the scheduler and the block manager exist only in the driver.
+
+Messages, broadcast by rank 0 (the same to every rank):
+
+    StepPlan                         swaps, copies, the forward pass (no sampling)
+    ("init", N, B, N_host, backend)  allocate the KV cache and the host swap pool
+    ("kv",)                          debug: send this rank's KV cache and swap pool back
+    ("fault", rank, text)            debug: rank ``rank`` raises ``RuntimeError(text)`` at its next plan
+    ("stop",)                        return
+
+Two ways to start one: spawned by the driver (``worker_main``; a pipe carries
+error reports and debug replies back) or by ``torchrun`` on another machine
+(``torchrun_worker``; error reports go through the rendezvous store). Either
+way an exception is reported with the rank, and the process exits at once, so
+its sockets close and every peer blocked in a collective stops waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from paged.step02_block_table import KVCache
+from paged.step03_attention import StepPlan
+from paged.step03_attention.backends import native_decode
+from paged.step05_preemption import SwapSpace
+from paged.step06_tensor_parallel.group import IDLE_TIMEOUT, TPGroup, connect, is_communication_error
+from paged.step06_tensor_parallel.runner import ShardRunner
+from paged.step06_tensor_parallel.sharding import load_shard
+
+ERROR_KEY = "paged/error/{rank}"  # where a torchrun worker leaves its error report in the store
+
+
+def error_report(rank: int, exc: BaseException) -> tuple:
+    """``("error", rank, "Type: message", traceback, time, from_a_collective)``."""
+    return ("error", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.time(),
+            is_communication_error(exc))
+
+
+def make_runner(loaded, group: TPGroup, num_blocks: int, block_size: int, swap_blocks: int,
+                backend: str) -> ShardRunner:
+    """This rank's runner: a KV cache of ``N`` blocks with ``H_kv / W`` heads and its host swap pool."""
+    cfg = loaded.config
+    weight = next(loaded.model.parameters())
+    kv = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads // group.world_size,
+                 cfg.head_dim, weight.dtype, weight.device)
+    runner = ShardRunner(loaded.model, kv, backend)
+    runner.swap_cache = SwapSpace(swap_blocks, kv).cache
+    if backend in ("cpu", "cuda"):
+        native_decode(backend)  # load (or build) the kernel now, not while the others wait in a collective
+    return runner
+
+
+# --8<-- [start:serve]
+def serve(group: TPGroup, loaded, reply) -> None:
+    """Obey the driver until it says stop. ``reply(message)`` sends to the driver (debug answers)."""
+    runner, fault = None, None
+    while True:
+        msg = group.broadcast_object(timeout=IDLE_TIMEOUT)  # the next plan, however long the driver idles
+        if isinstance(msg, StepPlan):
+            if fault is not None:
+                raise RuntimeError(fault)
+            runner.execute(msg)  # memory ops, forward pass, LM head gather; rank 0 samples
+        elif msg[0] == "init":
+            runner = make_runner(loaded, group, *msg[1:])
+            group.barrier()
+        elif msg[0] == "kv":
+            swap = runner.swap_cache.data if runner.swap_cache is not None else None
+            reply(("kv", group.rank, pickle.dumps((runner.kv_cache.data.cpu(), swap))))
+        elif msg[0] == "fault":
+            fault = msg[2] if msg[1] == group.rank else fault
+        elif msg[0] == "stop":
+            return
+        else:
+            raise ValueError(f"unknown message {msg[0]!r} from the driver")
+# --8<-- [end:serve]
+
+
+def share_cpu_cores(ranks_here: int) -> int:
+    """Give this rank ``cores // ranks_here`` intra-op threads (at least 1); returns the old count.
+
+    W ranks on one machine's CPU are W processes: left at the default (every
+    core each), their OpenMP threads spin against one another and a forward
+    pass runs several times slower than with one thread each.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ranks_here))
+    return before
+
+
+def run(rank: int, world_size: int, store, path, dtype, device: torch.device, reply,
+        timeout: timedelta, init_timeout: timedelta, ranks_here: int) -> None:
+    """Join the group, load this rank's shard, wait for the others, then serve."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        share_cpu_cores(ranks_here)
+    group = connect(rank, world_size, store, device.type, timeout)
+    loaded = load_shard(path, dtype, device, group)
+    group.barrier(init_timeout)  # every rank holds its shard
+    serve(group, loaded, reply)
+
+
+def _exit_with_parent() -> None:
+    """A spawned worker ends when its driver process ends, even if the driver was killed."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
+
+
+def worker_main(rank, world_size, port, path, dtype, device_type, conn, timeout_s, init_timeout_s) -> None:
+    """Entry point of a worker spawned by the driver (``torch.multiprocessing``, spawn)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle: it stops us
+    _exit_with_parent()
+    code = 0
+    try:
+        conn.send(("started", rank))
+        init = timedelta(seconds=init_timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=init)
+        device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+        run(rank, world_size, store, path, dtype, device, conn.send, timedelta(seconds=timeout_s), init,
+            ranks_here=world_size)
+    except BaseException as exc:  # report, then exit at once so the peers' sockets close
+        code = 1
+        try:
+            conn.send(error_report(rank, exc))
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def torchrun_worker(path, dtype, device_type: str, timeout: timedelta, init_timeout: timedelta) -> int:
+    """Entry point of a worker started by ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+    Returns the exit code: 0 after the driver's stop, 1 after an error (reported to the store).
+    """
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=init_timeout))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+
+    def reply(msg):
+        raise RuntimeError("debug replies need a spawned worker (a pipe to the driver)")
+
+    try:
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        run(rank, world_size, store, path, dtype, device, reply, timeout, init_timeout, ranks_here)
+        return 0
+    except BaseException as exc:
+        traceback.print_exc()
+        try:
+            store.set(ERROR_KEY.format(rank=rank), pickle.dumps(error_report(rank, exc)))
+        except Exception:
+            pass
+        return 1
