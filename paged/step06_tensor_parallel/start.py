@@ -17,8 +17,10 @@ stops).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -41,6 +43,30 @@ class ShardedModel(LoadedModel):
     workers: WorkerGroup | None = None
 
 
+@contextlib.contextmanager
+def _main_module_hidden():
+    """While workers start, hide the driver's ``__main__`` from ``multiprocessing``'s spawn.
+
+    Spawn re-runs the parent's main module in every child so that functions
+    defined there can be unpickled. A worker needs nothing from it (its entry
+    point is ``worker.worker_main``), and re-running a script or a
+    ``python -m`` entry point that is not guarded by
+    ``if __name__ == "__main__":`` would start a second server, or a second
+    engine, in each worker. Spawn reads ``__spec__`` and ``__file__`` once, in
+    ``Process.start()``; both are restored right after.
+    """
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            del main.__spec__
+
+
 def _spawn(path, dtype, device_type: str, world_size: int, timeout: timedelta, init_timeout: timedelta):
     store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=init_timeout, wait_for_workers=False)
     ctx = torch.multiprocessing.get_context("spawn")
@@ -50,7 +76,8 @@ def _spawn(path, dtype, device_type: str, world_size: int, timeout: timedelta, i
         p = ctx.Process(target=worker_main, name=f"paged-tp-rank{rank}", daemon=True,
                         args=(rank, world_size, store.port, str(path), dtype, device_type, theirs,
                               timeout.total_seconds(), init_timeout.total_seconds()))
-        p.start()
+        with _main_module_hidden():
+            p.start()
         theirs.close()
         workers.append(_Worker(rank, p, ours))
     return WorkerGroup(workers, store), store

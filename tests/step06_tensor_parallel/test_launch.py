@@ -79,3 +79,27 @@ def test_torchrun_two_nodes_on_loopback_equal_tp1(tmp_path):
     lines = [json.loads(line) for line in text[0][0].splitlines() if line.startswith("{")]
     assert [line["prompt"] for line in lines] == PROMPTS
     assert [line["token_ids"] for line in lines] == _tp1(path)
+
+
+UNGUARDED = """
+import torch
+from paged import LLM, SamplingParams
+print("main module ran", flush=True)
+with LLM(model={path!r}, dtype="float64", tensor_parallel_size=2, num_blocks=32, swap_space=0,
+         attention_backend="reference") as llm:
+    out = llm.generate([[5, 9, 14]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    print("tokens", out[0].outputs[0].token_ids, flush=True)
+"""
+
+
+def test_unguarded_main_module_runs_once_with_spawned_workers(tmp_path):
+    """``python -m module`` whose entry code has no ``if __name__ == "__main__":`` guard (like a server's
+    ``__main__.py``): spawned workers must not run it again (it would start a second engine in each)."""
+    path = save_checkpoint(build_hf_model("llama"), tmp_path / "ckpt")
+    (tmp_path / "unguarded_entry.py").write_text(UNGUARDED.format(path=str(path)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    done = subprocess.run([sys.executable, "-m", "unguarded_entry"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("main module ran") == 1, done.stdout
+    assert "tokens [" in done.stdout
