@@ -1,5 +1,6 @@
 // Python binding of the CPU kernels: argument checks, then plain pointers to
-// paged_attention.cpp (decode attention) and the KV write by slot mapping.
+// paged_attention.cpp / paged_attention_v1.cpp (decode attention), and the KV
+// write by slot mapping.
 //
 // Every check raises an exception a user can act on: TypeError for a wrong
 // dtype, ValueError for a wrong shape, layout or value, naming the argument,

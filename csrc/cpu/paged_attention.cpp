@@ -12,7 +12,8 @@
 // KV head h; rows of one head inside a block are H_kv * D elements apart.
 //
 // Versions (both tested against the contiguous oracle, tests/step03_attention/
-// test_cpu_kernel.py; the dispatcher in bindings.cpp picks v2 when it applies):
+// test_cpu_kernel.py; bindings.cpp picks v2 when it applies). v2 is this file,
+// v1 is paged_attention_v1.cpp:
 //   v1  scalar and readable: the equation line by line, any dtype (float64 for
 //       tight tests, float32, bfloat16 with float32 accumulation), any head dim.
 //       It is the specification of v2 and the path for float64 and odd head dims.
@@ -33,10 +34,7 @@
 // items of several KV heads (one pass over a block's contiguous rows) measured
 // no faster than one head per item with the per-head prefetch of v2.
 
-#include "paged_attention.h"
-
 #include <c10/util/BFloat16.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,118 +46,13 @@
 #include <immintrin.h>
 #endif
 
+#include "paged_attention.h"
+
 namespace paged {
 namespace {
 
-template <typename T>
-struct AccType {
-  using type = float;  // float32 and bfloat16 accumulate in float32
-};
-template <>
-struct AccType<double> {
-  using type = double;
-};
+using detail::for_each_item;
 
-// Runs fn(i, scratch) for i in [0, items) over torch's threads, dynamically
-// scheduled so sequences of different lengths balance. Each thread owns one
-// Scratch, built once, not per item.
-template <typename Scratch, typename Fn>
-void for_each_item(const DecodeArgs& a, int64_t items, Fn&& fn) {
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.num_threads, items)));
-#pragma omp parallel num_threads(threads)
-  {
-    Scratch scratch(a);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < items; ++i) fn(i, scratch);
-  }
-}
-
-// ---------------------------------------------------------------- v1 scalar
-
-template <typename T>
-struct ScratchV1 {
-  using Acc = typename AccType<T>::type;
-  std::vector<Acc> q, acc, scores, m, l;
-  explicit ScratchV1(const DecodeArgs& a) {
-    const int64_t G = a.num_heads / a.num_kv_heads;
-    q.resize(G * a.head_dim);
-    acc.resize(G * a.head_dim);
-    scores.resize(a.block_size);
-    m.resize(G);
-    l.resize(G);
-  }
-};
-
-template <typename T>
-void decode_item_v1(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV1<T>& w) {
-  using Acc = typename AccType<T>::type;
-  const int64_t G = a.num_heads / a.num_kv_heads, D = a.head_dim, B = a.block_size;
-  const int64_t row = a.num_kv_heads * D;  // elements between tokens of one head
-  const T* query = static_cast<const T*>(a.query);
-  const T* key_cache = static_cast<const T*>(a.key_cache);
-  const T* value_cache = static_cast<const T*>(a.value_cache);
-  const int32_t* table = a.block_tables + s * a.max_blocks;
-  const int64_t ctx = a.context_lens[s];
-
-  for (int64_t g = 0; g < G; ++g) {
-    const T* q = query + s * a.q_stride_s + (kvh * G + g) * a.q_stride_h;
-    for (int64_t d = 0; d < D; ++d) {
-      w.q[g * D + d] = static_cast<Acc>(q[d]) * static_cast<Acc>(a.scale);
-      w.acc[g * D + d] = 0;
-    }
-    w.m[g] = -std::numeric_limits<Acc>::infinity();
-    w.l[g] = 0;
-  }
-
-  for (int64_t j = 0; j * B < ctx; ++j) {
-    const int64_t n = std::min(B, ctx - j * B);  // filled slots of this block
-    const int64_t base = (static_cast<int64_t>(table[j]) * B * a.num_kv_heads + kvh) * D;
-    const T* k_block = key_cache + base;    // row t at k_block + t * row
-    const T* v_block = value_cache + base;
-    for (int64_t g = 0; g < G; ++g) {
-      const Acc* q = &w.q[g * D];
-      Acc* acc = &w.acc[g * D];
-      // scores of this block and their maximum
-      Acc block_max = -std::numeric_limits<Acc>::infinity();
-      for (int64_t t = 0; t < n; ++t) {
-        const T* k = k_block + t * row;
-        Acc dot = 0;
-        for (int64_t d = 0; d < D; ++d) dot += q[d] * static_cast<Acc>(k[d]);
-        w.scores[t] = dot;
-        block_max = std::max(block_max, dot);
-      }
-      // online softmax: rescale what was accumulated under the old maximum
-      const Acc m_new = std::max(w.m[g], block_max);
-      const Acc alpha = std::exp(w.m[g] - m_new);  // exp(-inf) = 0 on the first block
-      w.l[g] *= alpha;
-      for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
-      for (int64_t t = 0; t < n; ++t) {
-        const Acc p = std::exp(w.scores[t] - m_new);
-        w.l[g] += p;
-        const T* v = v_block + t * row;
-        for (int64_t d = 0; d < D; ++d) acc[d] += p * static_cast<Acc>(v[d]);
-      }
-      w.m[g] = m_new;
-    }
-  }
-
-  T* out = static_cast<T*>(a.out);
-  for (int64_t g = 0; g < G; ++g) {
-    T* o = out + s * a.out_stride_s + (kvh * G + g) * a.out_stride_h;
-    const Acc inv = Acc(1) / w.l[g];
-    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(w.acc[g * D + d] * inv);
-  }
-}
-
-template <typename T>
-void run_v1(const DecodeArgs& a) {
-  // one item per (sequence, KV head) and its G query heads
-  for_each_item<ScratchV1<T>>(a, a.num_seqs * a.num_kv_heads, [&](int64_t i, ScratchV1<T>& w) {
-    decode_item_v1<T>(a, i / a.num_kv_heads, i % a.num_kv_heads, w);
-  });
-}
-
-// ---------------------------------------------------------------- v2 AVX-512
 
 #if defined(__AVX512F__)
 
@@ -522,14 +415,6 @@ bool dispatch_head_dim(const DecodeArgs& a) {
 #endif  // __AVX512F__
 
 }  // namespace
-
-void paged_attention_decode_v1(const DecodeArgs& a) {
-  switch (a.dtype) {
-    case DType::kFloat32: run_v1<float>(a); break;
-    case DType::kBFloat16: run_v1<c10::BFloat16>(a); break;
-    case DType::kFloat64: run_v1<double>(a); break;
-  }
-}
 
 bool paged_attention_decode_v2(const DecodeArgs& a) {
 #if defined(__AVX512F__)

@@ -1,8 +1,13 @@
 // Interface between the PyTorch binding (bindings.cpp) and the decode kernels
-// (paged_attention.cpp). Plain pointers and sizes only, so the kernel file does
-// not include the heavy torch headers and compiles in parallel with the binding.
+// (paged_attention.cpp: v2, and the header describing both versions;
+// paged_attention_v1.cpp). Plain pointers and sizes only, so the kernel files
+// do not include the heavy torch headers and compile in parallel with the
+// binding.
 #pragma once
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdint>
 
 namespace paged {
@@ -44,5 +49,21 @@ bool paged_attention_decode_v2(const DecodeArgs& args);
 
 // Whether v2 was compiled in (the compiler targeted AVX-512F).
 bool v2_compiled();
+
+namespace detail {
+// Runs fn(i, scratch) for i in [0, items) over torch's threads, dynamically
+// scheduled so sequences of different lengths balance. Each thread owns one
+// Scratch, built once, not per item.
+template <typename Scratch, typename Fn>
+void for_each_item(const DecodeArgs& a, int64_t items, Fn&& fn) {
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.num_threads, items)));
+#pragma omp parallel num_threads(threads)
+  {
+    Scratch scratch(a);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < items; ++i) fn(i, scratch);
+  }
+}
+}  // namespace detail
 
 }  // namespace paged

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = ("bindings.cpp", "paged_attention.cpp")
+_SOURCES = ("bindings.cpp", "paged_attention.cpp", "paged_attention_v1.cpp")
 _lock = threading.Lock()
 _module = None
 _error: Exception | None = None  # the build's failure, kept so we warn once
