@@ -86,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def load_llm(args):
-    """``paged.LLM`` with the options the user gave; exits with a clear message if the engine refuses one."""
+    """``paged.LLM`` with the options the user gave; exits with the engine's message if it refuses one."""
     import torch
 
     from paged import LLM
@@ -95,13 +95,6 @@ def load_llm(args):
     engine_args = {k: getattr(args, k) for k in ENGINE_OPTIONS if getattr(args, k) is not None}
     try:
         return LLM(model=args.model, dtype=args.dtype, device=device, **engine_args)
-    except TypeError as e:
-        m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
-        if m and m.group(1) in ENGINE_OPTIONS:
-            sys.exit(f"error: {ENGINE_OPTIONS[m.group(1)]} is not supported by the engine paged.LLM uses now "
-                     f"({LLM.engine_class.__name__}); it arrives with a later step of the ladder "
-                     "(swap space and preemption mode: step05, tensor parallelism: step06)")
-        raise
     except ValueError as e:
         sys.exit(f"error: {e}")
 
