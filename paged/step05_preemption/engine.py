@@ -158,7 +158,8 @@ class PreemptingEngine(SharingEngine):
             else:
                 start, slots = t.num_tokens, t.append(n)
             seq.status = SequenceStatus.RUNNING
-            tokens = seq.token_ids[start:t.num_tokens]
+            # a decode step feeds just the newest token; avoid building the whole token list
+            tokens = [seq.last_token_id] if start == seq.num_tokens - 1 else seq.token_ids[start:t.num_tokens]
             self.prompt_tokens_total += max(0, min(t.num_tokens, seq.num_prompt_tokens) - start)
             sample = t.num_tokens == seq.num_tokens
             plan.add(seq.seq_id, tokens, start, slots, t.num_tokens, t.blocks, sample, req.params, req.seed)
