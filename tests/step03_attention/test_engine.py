@@ -15,6 +15,7 @@ import torch
 
 from paged.models import load_model
 from paged.step03_attention import Engine, LLM, SamplingParams
+from tests.engine_loop import drain
 from tests.hf_models import build_hf_model, float64_rmsnorm, save_checkpoint
 from tests.tolerances import FLOAT64
 
@@ -55,27 +56,16 @@ def _engine(path, **kw):
     return Engine(load_model(path, dtype=torch.float64), free_order=list(range(kw["num_blocks"]))[::-1], **kw)
 
 
-def _run(engine, requests):
-    for rid, prompt, params in requests:
-        engine.add_request(rid, prompt, params)
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return done
-
-
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
     SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=1234, max_tokens=12, ignore_eos=True),
 ], ids=["greedy", "seeded"])
 def test_engine_request_output_same_alone_or_batched(checkpoint, params):
     _, _, path = checkpoint
-    alone = _run(_engine(path), [("a", PROMPTS[0], params)])["a"]
+    alone = drain(_engine(path), [("a", PROMPTS[0], params)])["a"]
     others = [(f"o{i}", p, SamplingParams(temperature=1.0, seed=i, max_tokens=5 + i, ignore_eos=True))
               for i, p in enumerate(PROMPTS[1:])]
-    batched = _run(_engine(path), others + [("a", PROMPTS[0], params)])["a"]
+    batched = drain(_engine(path), others + [("a", PROMPTS[0], params)])["a"]
     assert batched.outputs[0].token_ids == alone.outputs[0].token_ids
 
 
@@ -83,7 +73,7 @@ def test_engine_kv_exhaustion_ends_newest_request_and_frees_every_block(checkpoi
     _, _, path = checkpoint
     engine = _engine(path, num_blocks=6)  # 24 token slots for three growing requests
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    done = _run(engine, [("first", [1, 2, 3], params), ("second", [4, 5, 6], params), ("third", [7, 8], params)])
+    done = drain(engine, [("first", [1, 2, 3], params), ("second", [4, 5, 6], params), ("third", [7, 8], params)])
     reasons = {rid: out.outputs[0].finish_reason for rid, out in done.items()}
     assert reasons["third"] == "kv_cache_exhausted"
     assert reasons["second"] == "kv_cache_exhausted"
@@ -128,14 +118,14 @@ def test_engine_stop_token_ids_and_max_tokens(checkpoint):
     expected = _hf_greedy(hf, PROMPTS[0])
     stop_at = expected[5]
     first = expected.index(stop_at)
-    done = _run(_engine(path), [("s", PROMPTS[0], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop_at], ignore_eos=True))])
+    done = drain(_engine(path), [("s", PROMPTS[0], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop_at], ignore_eos=True))])
     out = done["s"].outputs[0]
     assert out.token_ids == expected[: first + 1] and out.finish_reason == "stop" and out.stop_reason == stop_at
 
 
 def test_engine_logprobs_are_the_model_distribution(checkpoint):
     _, hf, path = checkpoint
-    done = _run(_engine(path), [("l", PROMPTS[0], SamplingParams(temperature=0, max_tokens=3, logprobs=3, ignore_eos=True))])
+    done = drain(_engine(path), [("l", PROMPTS[0], SamplingParams(temperature=0, max_tokens=3, logprobs=3, ignore_eos=True))])
     out = done["l"].outputs[0]
     with float64_rmsnorm(), torch.no_grad():
         logits = hf(torch.tensor([PROMPTS[0]])).logits[0, -1]

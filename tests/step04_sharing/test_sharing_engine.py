@@ -21,6 +21,7 @@ import torch
 from paged.models import ContiguousAttention, load_model
 from paged.step04_sharing import SamplingParams, SharingEngine, sample_seed
 from paged.step04_sharing.beam import Hypothesis, best, is_done
+from tests.engine_loop import drain
 from tests.hf_models import build_hf_model, save_checkpoint
 from tests.tolerances import FLOAT64
 
@@ -41,29 +42,17 @@ def _engine(model, **kw):
     return SharingEngine(model, block_size=4, free_order=list(range(kw["num_blocks"]))[::-1], **kw)
 
 
-def _run(engine, requests):
-    for rid, prompt, params in requests:
-        engine.add_request(rid, prompt, params)
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    assert engine.allocator.num_used == 0, "blocks leaked"
-    return done
-
-
 def _tokens(out):
     return [o.token_ids for o in out.outputs]
 
 
 def test_parallel_sample_i_equals_independent_seeded_run(model):
     params = SamplingParams(n=4, temperature=1.0, top_p=0.95, seed=99, max_tokens=12, ignore_eos=True)
-    group = _run(_engine(model), [("g", PROMPT, params)])["g"]
+    group = drain(_engine(model), [("g", PROMPT, params)])["g"]
     assert len(group.outputs) == 4
     for i, out in enumerate(group.outputs):
         single = SamplingParams(temperature=1.0, top_p=0.95, seed=sample_seed(99, i), max_tokens=12, ignore_eos=True)
-        alone = _run(_engine(model, enable_prefix_caching=False), [("s", PROMPT, single)])["s"]
+        alone = drain(_engine(model, enable_prefix_caching=False), [("s", PROMPT, single)])["s"]
         assert out.token_ids == alone.outputs[0].token_ids, i
 
 
@@ -90,8 +79,8 @@ def test_parallel_samples_share_prompt_blocks_then_copy_on_write(model):
 
 def test_best_of_keeps_the_n_most_likely(model):
     params = SamplingParams(n=2, best_of=5, temperature=1.0, seed=3, max_tokens=8, ignore_eos=True)
-    out = _run(_engine(model), [("b", PROMPT, params)])["b"]
-    every = _run(_engine(model), [("a", PROMPT, SamplingParams(n=5, temperature=1.0, seed=3, max_tokens=8,
+    out = drain(_engine(model), [("b", PROMPT, params)])["b"]
+    every = drain(_engine(model), [("a", PROMPT, SamplingParams(n=5, temperature=1.0, seed=3, max_tokens=8,
                                                               ignore_eos=True, logprobs=0))])["a"]
     ranked = sorted(every.outputs, key=lambda o: -o.cumulative_logprob)[:2]
     assert _tokens(out) == [o.token_ids for o in ranked]
@@ -143,7 +132,7 @@ def test_beam_search_equals_contiguous_kv_oracle(model, k, n, length_penalty, ea
     try:
         params = SamplingParams(n=n, best_of=k, use_beam_search=True, temperature=0, max_tokens=8,
                                 length_penalty=length_penalty, early_stopping=early_stopping)
-        out = _run(_engine(model), [("beam", PROMPT, params)])["beam"]
+        out = drain(_engine(model), [("beam", PROMPT, params)])["beam"]
     finally:
         model.eos_token_ids = []
     expected = _oracle_beam_search(model.model, PROMPT, k, n, 8, length_penalty, early_stopping, set(eos))
@@ -167,8 +156,8 @@ def test_prefix_caching_on_equals_off(model):
     off = _engine(model, enable_prefix_caching=False)
     on = _engine(model)
     for i, p in enumerate(prompts):  # one by one, so later prompts can hit earlier ones
-        a = _run(off, [(f"r{i}", p, greedy)])[f"r{i}"]
-        b = _run(on, [(f"r{i}", p, greedy)])[f"r{i}"]
+        a = drain(off, [(f"r{i}", p, greedy)])[f"r{i}"]
+        b = drain(on, [(f"r{i}", p, greedy)])[f"r{i}"]
         assert _tokens(a) == _tokens(b), i
     assert on.block_manager.hit_rate() > 0
 
@@ -177,10 +166,10 @@ def test_prefix_cache_evicted_then_recomputed_gives_same_output(model):
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompt = list(range(50, 63))
     engine = _engine(model, num_blocks=8)
-    first = _run(engine, [("a", prompt, greedy)])["a"]
+    first = drain(engine, [("a", prompt, greedy)])["a"]
     # fill the pool with other content so the cached blocks are evicted
-    _run(engine, [("flood", list(range(100, 128)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))])
-    again = _run(engine, [("b", prompt, greedy)])["b"]
+    drain(engine, [("flood", list(range(100, 128)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))])
+    again = drain(engine, [("b", prompt, greedy)])["b"]
     assert again.num_cached_tokens == 0
     assert _tokens(first) == _tokens(again)
 
@@ -192,9 +181,9 @@ def test_mixed_batch_gives_each_request_its_solo_output(model):
         ("parallel", [9, 9, 9, 9, 9], SamplingParams(n=3, temperature=1.0, seed=8, max_tokens=6, ignore_eos=True)),
         ("beam", [11, 12], SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0, max_tokens=6)),
     ]
-    together = _run(_engine(model, enable_prefix_caching=False), reqs)
+    together = drain(_engine(model, enable_prefix_caching=False), reqs)
     for rid, prompt, params in reqs:
-        alone = _run(_engine(model, enable_prefix_caching=False), [(rid, prompt, params)])[rid]
+        alone = drain(_engine(model, enable_prefix_caching=False), [(rid, prompt, params)])[rid]
         assert _tokens(together[rid]) == _tokens(alone), rid
 
 
