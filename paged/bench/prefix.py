@@ -39,6 +39,7 @@ import time
 
 import torch
 
+from paged.bench._threads import torch_threads
 from paged.bench.sharing import load_tiny_llama, measure_engine
 from paged.step04_sharing import SamplingParams, SharingEngine
 
@@ -160,12 +161,8 @@ def run(args: argparse.Namespace) -> int:
     if min(args.requests, args.suffix_len, args.max_tokens, args.repeats, args.block_size, args.threads) < 1:
         print("python -m paged.bench prefix: error: every count must be >= 1", file=sys.stderr)
         return 2
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _run(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(args: argparse.Namespace) -> int:

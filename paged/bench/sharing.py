@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from paged.bench._threads import torch_threads
 from paged.bench.traces import SYNTHETIC, synthetic_trace
 from paged.step01_allocator.waste import TraceRequest
 from paged.step04_sharing import BlockManager, SamplingParams, SharingEngine
@@ -234,12 +235,8 @@ def run(args: argparse.Namespace) -> int:
         print("python -m paged.bench sharing: error: --requests, --beam-requests, --block-size and "
               "--threads must be >= 1", file=sys.stderr)
         return 2
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _run(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(args: argparse.Namespace) -> int:
