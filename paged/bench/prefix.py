@@ -37,7 +37,6 @@ import statistics
 import sys
 import time
 
-
 from paged.bench._threads import torch_threads
 from paged.bench.sharing import load_tiny_llama, measure_engine
 from paged.step04_sharing import SamplingParams, SharingEngine
