@@ -7,7 +7,6 @@ used, reference count = number of table entries pointing at the block, and
 each table's shape (``ceil(len / B)`` blocks, ``#filled``, slots).
 """
 
-from collections import Counter
 
 import pytest
 from hypothesis import given
@@ -16,6 +15,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from paged.step01_allocator import BlockAllocator, DoubleFreeError, OutOfBlocksError
 from paged.step02_block_table import BlockTable
+from tests.invariants import check_allocator
 from tests.strategies import block_sizes, seq_lens, shuffled_free_list
 
 
@@ -39,17 +39,6 @@ def check_shape(table: BlockTable) -> None:
     assert sum(filled) == table.num_tokens
     for p in range(table.num_tokens):
         assert table.slot(p) == table.blocks[p // b] * b + p % b
-
-
-def check_allocator(allocator: BlockAllocator, tables) -> None:
-    """DESIGN §5 allocator invariants, with the tables as the only owners."""
-    free = allocator.free_blocks()
-    entries = Counter(b for t in tables for b in t.blocks)
-    assert len(free) == len(set(free)), "a block is on the free list twice"
-    assert allocator.num_free + allocator.num_used == allocator.num_blocks
-    assert not set(free) & set(entries), "a block is both free and in a table"
-    for block in range(allocator.num_blocks):
-        assert allocator.ref_count(block) == entries.get(block, 0)
 
 
 # -- the stateful machine ------------------------------------------------------

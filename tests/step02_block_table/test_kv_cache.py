@@ -17,6 +17,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from paged.step01_allocator import BlockAllocator, OutOfBlocksError
 from paged.step02_block_table import BlockTable, KVCache
+from tests.invariants import check_allocator
 from tests.strategies import block_sizes, seq_lens, shuffled_free_list
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -158,14 +159,7 @@ class PagedKVMachine(RuleBasedStateMachine):
     def allocator_counts_table_entries(self):
         if self.cache is None:
             return
-        refs = {}
-        for table in self.live:
-            for b in table.blocks:
-                refs[b] = refs.get(b, 0) + 1
-        assert self.allocator.num_free + self.allocator.num_used == self.allocator.num_blocks
-        assert not set(self.allocator.free_blocks()) & set(refs)
-        for b in range(self.allocator.num_blocks):
-            assert self.allocator.ref_count(b) == refs.get(b, 0)
+        check_allocator(self.allocator, self.live)
 
     def teardown(self):
         for table in self.live:

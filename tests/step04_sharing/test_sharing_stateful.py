@@ -25,6 +25,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initial
 from paged.step02_block_table import KVCache
 from paged.step03_attention import reference_attention
 from paged.step04_sharing import BlockManager, copy_blocks
+from tests.invariants import check_allocator
 from tests.oracle import contiguous_attention
 
 H, H_KV, D = 2, 1, 8
@@ -112,15 +113,7 @@ class SharingMachine(RuleBasedStateMachine):
     def reference_counts_match_table_entries(self):
         if not hasattr(self, "bm"):
             return
-        counts = {}
-        for table, _ in self.live.values():
-            for b in table.blocks:
-                counts[b] = counts.get(b, 0) + 1
-        a = self.bm.allocator
-        for b in range(a.num_blocks):
-            assert a.ref_count(b) == counts.get(b, 0), b
-        assert a.num_free + a.num_used == a.num_blocks
-        assert a.num_used == len(counts)
+        check_allocator(self.bm.allocator, [table for table, _ in self.live.values()])
 
     @invariant()
     def paged_attention_equals_shadow_bitwise(self):

@@ -12,6 +12,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import invariant, rule
 
 from paged.step05_preemption import SwapSpace, copy_between
+from tests.invariants import check_allocator
 from tests.step04_sharing.test_sharing_stateful import SharingMachine
 
 
@@ -62,13 +63,7 @@ class PreemptionMachine(SharingMachine):
     def host_reference_counts_match(self):
         if not hasattr(self, "swap"):
             return
-        counts = {}
-        for table, _ in self.out.values():
-            for b in table.blocks:
-                counts[b] = counts.get(b, 0) + 1
-        a = self.swap.allocator
-        for b in range(a.num_blocks):
-            assert a.ref_count(b) == counts.get(b, 0), b
+        check_allocator(self.swap.allocator, [table for table, _ in self.out.values()])
 
     def teardown(self):
         if hasattr(self, "swap"):
