@@ -102,9 +102,17 @@ class BlockManager:
         return cached, slots
     # --8<-- [end:prompt]
 
+    def has_unnamed_full_blocks(self, table: CowBlockTable) -> bool:
+        """Whether ``register_full_blocks`` has anything to do (cheap: no token list needed).
+
+        Most decode steps fill no block, so the engine asks this before building
+        a sequence's token list.
+        """
+        return self.caching and table.num_tokens // self.block_size > len(table.hashes)
+
     def register_full_blocks(self, table: CowBlockTable, token_ids: list[int]) -> None:
         """Name every full block of ``table`` whose K/V is now written (``token_ids``: its tokens)."""
-        if not self.caching:
+        if not self.has_unnamed_full_blocks(table):
             return
         hashes = table.hashes
         b = self.block_size

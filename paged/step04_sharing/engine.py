@@ -154,7 +154,8 @@ class SharingEngine(Engine):
     # -- after the forward pass -----------------------------------------------
     def _process(self, req, results) -> bool:
         for seq in req.seqs:  # K/V of every token up to num_tokens is now written
-            self.block_manager.register_full_blocks(seq.block_table, seq.token_ids)
+            if self.block_manager.has_unnamed_full_blocks(seq.block_table):
+                self.block_manager.register_full_blocks(seq.block_table, seq.token_ids)
         if not req.params.use_beam_search:
             drew = super()._process(req, results)
             for seq in req.seqs:  # a finished sample gives its blocks back before its siblings end
