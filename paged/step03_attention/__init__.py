@@ -12,6 +12,7 @@ from paged.step03_attention.attention import AttentionMetadata, PagedAttention
 from paged.step03_attention.backends import BACKENDS, prefill_attention, resolve_backend
 from paged.step03_attention.blockwise import blockwise_attention
 from paged.step03_attention.engine import Engine
+from paged.step03_attention.errors import RequestError
 from paged.step03_attention.llm import LLM
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
 from paged.step03_attention.plan import StepPlan
@@ -28,6 +29,7 @@ __all__ = list(_step02_all) + [
     "LLM",
     "ModelRunner",
     "PagedAttention",
+    "RequestError",
     "RequestOutput",
     "SampleResult",
     "SamplingParams",

@@ -114,6 +114,20 @@ class Engine:
         self._finished_seq_ids: list[int] = []
         self.prompt_tokens_total = 0  # counters for /metrics
         self.generation_tokens_total = 0
+        self.observers: list = []  # called as fn(engine, plan, results) after each iteration
+
+    def add_observer(self, fn) -> None:
+        """Call ``fn(engine, plan, results)`` after every iteration, between iterations.
+
+        ``plan`` is the ``StepPlan`` the runner executed and ``results`` what it
+        sampled (seq id -> ``SampleResult``). Observers read; they must not
+        change the engine. Benchmarks count plans with it, the server's live
+        KV view takes its snapshots from it.
+        """
+        self.observers.append(fn)
+
+    def remove_observer(self, fn) -> None:
+        self.observers.remove(fn)
 
     def _num_kv_heads(self, cfg) -> int:
         """KV heads this process caches: all of them (step06's driver caches only its shard's)."""
@@ -243,6 +257,8 @@ class Engine:
                 touched[req.request_id] = req
             if req.finished:
                 self._retire(req)
+        for observe in self.observers:  # between iterations: the state the next one starts from
+            observe(self, plan, results)
         return [r.to_output() for r in touched.values()]
     # --8<-- [end:step]
 
