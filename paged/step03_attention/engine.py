@@ -28,6 +28,7 @@ import torch
 from paged.step01_allocator import BlockAllocator
 from paged.step02_block_table import BlockTable, KVCache, Sequence, SequenceStatus
 from paged.step03_attention.backends import resolve_backend
+from paged.step03_attention.errors import RequestError
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
 from paged.step03_attention.plan import StepPlan
 from paged.step03_attention.request import Request, StopChecker
@@ -135,44 +136,49 @@ class Engine:
 
     # -- requests -------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ``ValueError`` if the request can never run here; changes nothing."""
+        """Raise ``RequestError`` if the request can never run here; changes nothing."""
         if not prompt_token_ids:
-            raise ValueError("the prompt is empty: give at least one token")
+            raise RequestError("the prompt is empty: give at least one token", param="prompt", bound=1)
         vocab = self.model.config.vocab_size
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+            raise RequestError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt",
+                               bound=(0, vocab))
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
-            raise ValueError(
+            raise RequestError(
                 f"the prompt has {n} tokens; this model allows at most {self.max_model_len - 1} "
-                f"(max_model_len {self.max_model_len} minus one generated token)"
+                f"(max_model_len {self.max_model_len} minus one generated token)",
+                param="prompt", bound=self.max_model_len - 1,
             )
         self._check_prompt_fits_iteration(n)
         need = -(-n // self.block_size)
         if need > self.allocator.num_blocks:
-            raise ValueError(
+            raise RequestError(
                 f"the prompt needs {need} KV blocks but the cache has only "
-                f"{self.allocator.num_blocks}; raise kv_cache_memory or num_blocks"
+                f"{self.allocator.num_blocks}; raise kv_cache_memory or num_blocks",
+                param="prompt", bound=self.allocator.num_blocks * self.block_size,
             )
         if params.n != 1 or params.best_of != 1 or params.use_beam_search:
-            raise ValueError("this engine (step03) generates one sequence per request; "
-                             "n > 1, best_of and beam search arrive in step04")
+            field = "use_beam_search" if params.use_beam_search else "best_of" if params.n == 1 else "n"
+            raise RequestError("this engine (step03) generates one sequence per request; "
+                               "n > 1, best_of and beam search arrive in step04", param=field, bound=1)
 
     def _check_prompt_fits_iteration(self, n: int) -> None:
         """Step03 computes a prompt in one iteration, so it must fit the token budget."""
         if n > self.max_num_batched_tokens:
-            raise ValueError(
+            raise RequestError(
                 f"the prompt has {n} tokens, more than max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) of one iteration"
+                f"({self.max_num_batched_tokens}) of one iteration",
+                param="prompt", bound=self.max_num_batched_tokens,
             )
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, prompt: str | None = None) -> None:
-        """Queue a request (FCFS). Invalid requests raise ``ValueError`` and queue nothing."""
+        """Queue a request (FCFS). Invalid requests raise ``RequestError`` and queue nothing."""
         params = params or SamplingParams()
         if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
         self.check_request(prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = self._new_request(request_id, prompt, list(prompt_token_ids), params, seed, next(self._arrivals))

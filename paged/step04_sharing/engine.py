@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from paged.step02_block_table import Sequence, SequenceStatus
 from paged.step03_attention import Engine
+from paged.step03_attention.errors import RequestError
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
 from paged.step03_attention.request import Request
 from paged.step04_sharing import beam
@@ -97,10 +98,11 @@ class SharingEngine(Engine):
     # -- requests -------------------------------------------------------------
     def check_request(self, prompt_token_ids, params) -> None:
         if params.best_of > MAX_BEST_OF:
-            raise ValueError(f"best_of (or n) must be <= {MAX_BEST_OF}, got {params.best_of}")
+            raise RequestError(f"best_of (or n) must be <= {MAX_BEST_OF}, got {params.best_of}",
+                               param="best_of", bound=MAX_BEST_OF)
         if params.use_beam_search and params.temperature != 0:
-            raise ValueError("beam search is deterministic: set temperature=0 "
-                             f"(got {params.temperature})")
+            raise RequestError("beam search is deterministic: set temperature=0 "
+                               f"(got {params.temperature})", param="temperature", bound=0)
         single = params.n == 1 and params.best_of == 1 and not params.use_beam_search
         relaxed = params if single else type(params)(max_tokens=params.max_tokens)
         super().check_request(prompt_token_ids, relaxed)
