@@ -3,7 +3,8 @@
 Adds: the attention paths (reference gather + SDPA, block-wise online softmax,
 the native kernels behind one dispatch), ``StepPlan`` and ``ModelRunner``
 (the scheduler/worker split of DESIGN §2), the first ``Engine`` (Orca-style
-FCFS, no preemption) and the vLLM-shaped ``LLM`` / ``SamplingParams`` API.
+FCFS, no preemption; ``EngineEvent`` records its decisions) and the
+vLLM-shaped ``LLM`` / ``SamplingParams`` API.
 """
 
 from paged.step02_block_table import *  # noqa: F401,F403  (the ladder: re-export step02)
@@ -13,6 +14,7 @@ from paged.step03_attention.backends import BACKENDS, prefill_attention, resolve
 from paged.step03_attention.blockwise import blockwise_attention
 from paged.step03_attention.engine import Engine
 from paged.step03_attention.errors import RequestError
+from paged.step03_attention.events import EVENT_KINDS, EngineEvent
 from paged.step03_attention.llm import LLM
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
 from paged.step03_attention.plan import StepPlan
@@ -25,7 +27,9 @@ __all__ = list(_step02_all) + [
     "AttentionMetadata",
     "BACKENDS",
     "CompletionOutput",
+    "EVENT_KINDS",
     "Engine",
+    "EngineEvent",
     "LLM",
     "ModelRunner",
     "PagedAttention",

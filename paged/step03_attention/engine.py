@@ -14,6 +14,12 @@ Every iteration (``step``) the engine
 
 The engine is plain Python over plain data: the runner is the only place
 tensors live.
+
+Observing it: ``engine.add_observer(fn)`` calls ``fn(engine, plan, results)``
+after every iteration, and ``engine.events`` then holds the iteration's
+scheduling decisions as ``EngineEvent(kind, request_id, seq_id, detail)``
+records (kinds: admitted, allocated, cow, preempted, swapped_out, swapped_in,
+finished, aborted; ``events.py`` gives each kind's ``detail``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from paged.step01_allocator import BlockAllocator
 from paged.step02_block_table import BlockTable, KVCache, Sequence, SequenceStatus
 from paged.step03_attention.backends import resolve_backend
 from paged.step03_attention.errors import RequestError
+from paged.step03_attention.events import EngineEvent
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
 from paged.step03_attention.plan import StepPlan
 from paged.step03_attention.request import Request, StopChecker
@@ -116,12 +123,15 @@ class Engine:
         self.prompt_tokens_total = 0  # counters for /metrics
         self.generation_tokens_total = 0
         self.observers: list = []  # called as fn(engine, plan, results) after each iteration
+        self.events: list[EngineEvent] = []  # the last iteration's decisions (events.py)
+        self._new_events: list[EngineEvent] = []  # recorded since the last iteration ended
 
     def add_observer(self, fn) -> None:
         """Call ``fn(engine, plan, results)`` after every iteration, between iterations.
 
         ``plan`` is the ``StepPlan`` the runner executed and ``results`` what it
-        sampled (seq id -> ``SampleResult``). Observers read; they must not
+        sampled (seq id -> ``SampleResult``); ``engine.events`` holds the
+        iteration's ``EngineEvent`` records. Observers read; they must not
         change the engine. Benchmarks count plans with it, the server's live
         KV view takes its snapshots from it.
         """
@@ -129,6 +139,17 @@ class Engine:
 
     def remove_observer(self, fn) -> None:
         self.observers.remove(fn)
+
+    def _record(self, kind: str, req: Request, seq: Sequence | None = None, **detail) -> None:
+        """Note one scheduling decision for ``engine.events`` (see ``events.py``)."""
+        self._new_events.append(EngineEvent(kind, req.request_id, None if seq is None else seq.seq_id, detail))
+
+    def _record_growth(self, req: Request, seq: Sequence, first: int, cached: int = 0) -> None:
+        """An ``allocated`` event for the blocks ``seq``'s table gained from index ``first`` on;
+        its first ``cached`` of them came from the prefix cache."""
+        blocks = seq.block_table.blocks
+        if len(blocks) > first:
+            self._record("allocated", req, seq, blocks=blocks[first + cached:], cached=blocks[first:first + cached])
 
     def _num_kv_heads(self, cfg) -> int:
         """KV heads this process caches: all of them (step06's driver caches only its shard's)."""
@@ -209,6 +230,7 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return False
+        self._record("aborted", req)
         for seq in req.seqs:
             if not seq.is_finished:
                 self.stops.finish(seq, req.outputs[seq.seq_id], "abort")
@@ -263,6 +285,7 @@ class Engine:
                 touched[req.request_id] = req
             if req.finished:
                 self._retire(req)
+        self.events, self._new_events = self._new_events, []
         for observe in self.observers:  # between iterations: the state the next one starts from
             observe(self, plan, results)
         return [r.to_output() for r in touched.values()]
@@ -335,9 +358,12 @@ class Engine:
             for seq in req.seqs:
                 if seq.is_finished:
                     continue
+                first = len(seq.block_table.blocks)
                 slots = seq.block_table.append(1)
+                self._record_growth(req, seq, first)
                 self._add(plan, req, seq, [seq.last_token_id], seq.num_tokens - 1, slots)
         for req in admitted:  # prompts: every token at once
+            self._record("admitted", req)
             before = plan.num_tokens
             self._start_prompt(plan, req)
             self.prompt_tokens_total += plan.num_tokens - before
@@ -349,6 +375,7 @@ class Engine:
         seq = req.seqs[0]
         seq.status = SequenceStatus.RUNNING
         slots = seq.block_table.append(len(seq.prompt_token_ids))
+        self._record_growth(req, seq, 0)
         self._add(plan, req, seq, seq.prompt_token_ids, 0, slots)
 
     def _add(self, plan, req, seq, token_ids, start, slots):
@@ -360,6 +387,7 @@ class Engine:
         for seq in req.seqs:
             seq.block_table.free()
             self._finished_seq_ids.append(seq.seq_id)
+            self._record("finished", req, seq, reason=seq.finish_reason)
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:

@@ -124,8 +124,14 @@ class SharingEngine(Engine):
         plan = super()._plan(admitted)
         for req in self.running:
             for seq in req.seqs:
-                plan.blocks_to_copy.extend(seq.block_table.take_copies())
+                self._take_copies(plan, req, seq)
         return plan
+
+    def _take_copies(self, plan, req, seq) -> None:
+        """Move ``seq``'s queued copy-on-write pairs into the plan (and ``engine.events``)."""
+        for src, dst in seq.block_table.take_copies():
+            plan.blocks_to_copy.append((src, dst))
+            self._record("cow", req, seq, src=src, dst=dst)
 
     def _empty_plan(self):
         return SharingStepPlan()
@@ -137,6 +143,7 @@ class SharingEngine(Engine):
         seq.status = SequenceStatus.RUNNING
         cached, slots = self.block_manager.allocate_prompt(seq.block_table, seq.prompt_token_ids)
         req.num_cached_tokens = cached
+        self._record_growth(req, seq, 0, cached // self.block_size)
         self._add(plan, req, seq, seq.prompt_token_ids[cached:], cached, slots)
         if not req.params.use_beam_search:
             for i in range(1, req.params.best_of):
@@ -215,6 +222,7 @@ class SharingEngine(Engine):
     def _drop(self, req, seq) -> None:
         """A beam nobody chose: free its blocks now; it leaves the request."""
         seq.finish("dropped")
+        self._record("finished", req, seq, reason="dropped")
         self.block_manager.free(seq.block_table)
         self._finished_seq_ids.append(seq.seq_id)
         req.seqs.remove(seq)

@@ -150,13 +150,15 @@ class PreemptingEngine(SharingEngine):
         """Give each sequence of ``req`` its slots and put its tokens into the plan."""
         for seq, n in work:
             t = seq.block_table
+            first = len(t.blocks)
             if t.num_tokens == 0:  # a new prompt or a recomputation: cached blocks first
                 cached, slots = self.block_manager.allocate_prompt(t, seq.token_ids, n)
                 start = cached
                 if not seq.output_token_ids:
                     req.num_cached_tokens = cached
             else:
-                start, slots = t.num_tokens, t.append(n)
+                cached, (start, slots) = 0, (t.num_tokens, t.append(n))
+            self._record_growth(req, seq, first, cached // self.block_size)
             seq.status = SequenceStatus.RUNNING
             # a decode step feeds just the newest token; avoid building the whole token list
             tokens = [seq.last_token_id] if start == seq.num_tokens - 1 else seq.token_ids[start:t.num_tokens]
@@ -170,7 +172,7 @@ class PreemptingEngine(SharingEngine):
                     child = self._fork(req, seq, index=i)
                     plan.fanout.append((seq.seq_id, child.seq_id, sample_seed(req.seed, i)))
         for seq in req.seqs:
-            plan.blocks_to_copy.extend(seq.block_table.take_copies())
+            self._take_copies(plan, req, seq)
 
     def _fans_out(self, req) -> bool:
         """The prompt of a parallel-sampling request is complete and its samples not yet forked."""
@@ -189,8 +191,11 @@ class PreemptingEngine(SharingEngine):
                              self.kv_cache.device.type)
         self.running.remove(req)
         self.preemptions[mode] += 1
+        self._record("preempted", req, mode=mode)
         if mode == "swap":
-            plan.blocks_to_swap_out.extend(self.swap.swap_out(tables, self.allocator))
+            moves = self.swap.swap_out(tables, self.allocator)
+            plan.blocks_to_swap_out.extend(moves)
+            self._record("swapped_out", req, blocks=moves)
             for s in live:
                 s.status = SequenceStatus.SWAPPED
             self._insert(self.swapped, req)
@@ -213,7 +218,9 @@ class PreemptingEngine(SharingEngine):
             if (SwapSpace.distinct_blocks(tables) + len(live) > self.allocator.num_free
                     or len(live) > budget["seqs"] or len(live) > budget["tokens"]):
                 return
-            plan.blocks_to_swap_in.extend(self.swap.swap_in(tables, self.allocator))
+            moves = self.swap.swap_in(tables, self.allocator)
+            plan.blocks_to_swap_in.extend(moves)
+            self._record("swapped_in", req, blocks=moves)
             self.swapped.popleft()
             self._insert(self.running, req)
             work = self._work(req, budget, plan)
@@ -228,6 +235,7 @@ class PreemptingEngine(SharingEngine):
                 return
             self.waiting.popleft()
             self._insert(self.running, req)
+            self._record("admitted", req)
             self._run(plan, req, work, budget)
     # --8<-- [end:resume]
 
