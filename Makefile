@@ -3,10 +3,14 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# KaTeX (node) renders the docs' formulas at build time; npm ci installs the locked version.
+KATEX  := tools/katex/node_modules/.package-lock.json
+# The notebooks, executed once into build/notebooks/ whenever they or the code change.
+NB_RUN := build/notebooks/.executed
 
-.PHONY: install test pytest docs notebooks waste clean gpu-check
+.PHONY: install test pytest docs notebooks docs-check waste clean gpu-check
 
-install: $(STAMP)
+install: $(STAMP) $(KATEX)
 
 # The stamp is rebuilt only when the project's dependencies change, so a second
 # `make install` does nothing. torch is pinned first: on these machines 2.13.0
@@ -18,16 +22,34 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,docs]'
 	touch $(STAMP)
 
+$(KATEX): tools/katex/package-lock.json
+	@command -v npm >/dev/null || { echo "make install: node and npm are needed to render the" \
+		"docs' formulas (KaTeX); on Debian: apt-get install -y nodejs npm" >&2; exit 1; }
+	npm ci --prefix tools/katex --no-audit --no-fund --silent
+
+# The docs build runs every notebook (once, when stale) and renders the executed copies.
 test: install
 	$(PY) -m pytest -p no:cacheprovider
 	$(MAKE) docs
-	$(MAKE) notebooks
 
-docs: install
+docs: install $(NB_RUN)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
+$(NB_RUN): $(wildcard docs/notebooks/*.ipynb) $(shell find paged -name '*.py')
+	$(PY) tools/run_notebooks.py docs/notebooks build/notebooks
+	touch $@
+
 notebooks: install
-	$(PY) tools/run_notebooks.py docs/notebooks
+	$(PY) tools/run_notebooks.py docs/notebooks build/notebooks
+	touch $(NB_RUN)
+
+# Open every page of the built site in headless Chromium (offline, on loopback) and fail on
+# a console error, a failed request, an unrendered formula, raw TeX or a broken image.
+# One screenshot per page goes to build/docs-check/. Not part of `make test`.
+docs-check: docs
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y chromium; } || \
+		{ echo "make docs-check needs Chromium: apt-get install -y chromium (as root)" >&2; exit 1; }
+	$(PY) tools/docs_check.py site build/docs-check
 
 waste: install
 	$(PY) -m paged.bench waste

@@ -1,8 +1,10 @@
-"""Execute every notebook in a folder, in place of `jupyter nbconvert --execute`.
+"""Execute every step notebook and keep the executed copies for the docs site.
 
-Used by ``make notebooks`` (part of ``make test``). Notebooks are committed
-without outputs; this runs them in memory, fails on the first error, and writes
-nothing back.
+Used by ``make notebooks`` (part of ``make test``). The notebooks are committed
+without outputs; this runs each one once, fails on the first error, and writes
+the executed copy (outputs and plots included) to ``build/notebooks/``, where the
+docs build (``tools/mkdocs_notebooks.py``) renders it as a page. The committed
+notebooks are never written.
 """
 
 import sys
@@ -13,19 +15,22 @@ import nbformat
 from nbclient import NotebookClient
 
 
-def main(folder: str) -> int:
+def main(folder: str = "docs/notebooks", out: str = "build/notebooks") -> int:
     paths = sorted(Path(folder).glob("*.ipynb"))
     if not paths:
         print(f"no notebooks in {folder}")
         return 1
+    Path(out).mkdir(parents=True, exist_ok=True)
     for path in paths:
         start = time.perf_counter()
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-        print(f"ran {path} in {time.perf_counter() - start:.1f} s")
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        nbformat.write(nb, Path(out) / path.name)
+        print(f"ran {path} in {time.perf_counter() - start:.1f} s -> {Path(out) / path.name}")
     print(f"{len(paths)} notebooks ran without error")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "docs/notebooks"))
+    sys.exit(main(*sys.argv[1:]))

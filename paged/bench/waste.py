@@ -91,15 +91,17 @@ def format_table(systems: dict) -> str:
 
 
 def plot(systems: dict, title: str, path: str) -> None:
-    """Stacked bars, one per system, bottom to top in ``CATEGORIES`` order."""
-    import matplotlib
+    """Stacked bars, one per system, bottom to top in ``CATEGORIES`` order.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Draws on a bare ``Figure`` (no pyplot): a library must not switch its
+    user's matplotlib backend, or a notebook's later plots stay empty.
+    """
+    from matplotlib.figure import Figure
 
     colors = ["#4c72b0", "#dd8452", "#c44e52", "#8c8c8c"]
     names = [n for n in ["orca_max", "orca_pow2", "orca_oracle", "paged"] if n in systems]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
     bottom = [0.0] * len(names)
     for cat, color in zip(CATEGORIES, colors):
         values = [100 * systems[n][cat] for n in names]
@@ -114,7 +116,6 @@ def plot(systems: dict, title: str, path: str) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:

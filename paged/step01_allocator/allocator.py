@@ -46,7 +46,7 @@ class BlockAllocator:
             ``range(num_blocks)``). Tests pass a shuffled order so that no code
             can silently rely on physical blocks being handed out in order.
 
-    Example:
+    Examples:
         >>> a = BlockAllocator(4)
         >>> b = a.allocate()
         >>> a.incref(b)          # a second block-table entry now points at b

@@ -82,7 +82,7 @@ class BuddyAllocator:
             (chunks of exactly ``n`` slots); ``False`` keeps the classic
             power-of-two padding.
 
-    Example:
+    Examples:
         >>> a = BuddyAllocator(16)
         >>> a.allocate(3)            # 3 slots: split 16 -> 8 -> 4, take [0, 3)
         0

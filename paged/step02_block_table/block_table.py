@@ -56,7 +56,9 @@ class BlockTable:
         blocks: ``blocks[i]`` is the physical block of logical block ``i``.
         num_tokens: tokens whose slots have been handed out by ``append``.
 
-    Example (the paper's Figure 6, ``B = 4``, a 7-token prompt):
+    Examples:
+        The paper's Figure 6, ``B = 4``, a 7-token prompt:
+
         >>> from paged.step01_allocator import BlockAllocator
         >>> table = BlockTable(BlockAllocator(8, free_order=[7, 1, 3, 0, 2, 4, 5, 6]), 4)
         >>> table.append(7)           # the prompt: two blocks

@@ -1,0 +1,85 @@
+"""The docs tooling: formulas rendered at build time, notebooks as pages, code that draws.
+
+The docs build itself runs in ``make test`` after pytest (``make docs``); these
+tests pin the pieces a reader depends on, each in well under a second (the
+KaTeX ones start node once per call).
+"""
+
+import base64
+import doctest
+import importlib
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import matplotlib
+import nbformat
+import pytest
+from mkdocs.exceptions import PluginError
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+sys.path.insert(0, str(TOOLS))
+
+import mkdocs_katex  # noqa: E402  (tools/ is not a package)
+import mkdocs_notebooks  # noqa: E402
+
+PAGE = SimpleNamespace(file=SimpleNamespace(src_uri="page.md"))
+
+
+def test_katex_renders_a_formula_and_restores_it_after_the_search_index():
+    """Exact: the placeholder holds the formula's plain text; the written page holds KaTeX's HTML."""
+    content = '<p>rescale by <span class="arithmatex">\\(e^{m - m\'}\\)</span></p>'
+    indexed = mkdocs_katex.on_page_content(content, PAGE, {}, None)
+    assert "arithmatex" not in indexed and "\\(" not in indexed
+    assert 'class="katex-pending"' in indexed and "em−m′" in indexed
+    written = mkdocs_katex.on_post_page(indexed, PAGE, {})
+    assert 'class="katex"' in written and "katex-pending" not in written
+
+
+def test_katex_fails_the_build_on_a_formula_it_cannot_render():
+    """Exact: an undefined command raises PluginError naming the page and the formula."""
+    content = '<div class="arithmatex">\\[\\notacommand{x}\\]</div>'
+    with pytest.raises(PluginError, match=r"(?s)page\.md: 1 formula.*notacommand"):
+        mkdocs_katex.on_page_content(content, PAGE, {}, None)
+
+
+def test_notebook_page_keeps_code_text_plots_and_html_outputs():
+    """Exact: each kind of output becomes its markdown form, and a PNG is decoded byte for byte."""
+    png = b"\x89PNG\r\n\x1a\nfake"
+    code = nbformat.v4.new_code_cell("print(1)")
+    code.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="1\n"),
+        nbformat.v4.new_output("display_data", data={"image/png": base64.b64encode(png).decode()}),
+        nbformat.v4.new_output("execute_result", data={"text/html": "<b>x</b>", "text/plain": "x"},
+                               execution_count=1),
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Title"), code])
+    markdown, images = mkdocs_notebooks.to_markdown(nb, "stepXX")
+    assert markdown.startswith("# Title\n\n!!! info")
+    assert "[Download the notebook](stepXX.ipynb)" in markdown
+    assert '```python\nprint(1)\n```\n\n```text title="output"\n1\n```' in markdown
+    assert images == {"stepXX_1_1.png": png} and "![output of the cell above](stepXX_1_1.png)" in markdown
+    assert '<div class="notebook-html" markdown="0">\n<b>x</b>\n</div>' in markdown
+
+
+@pytest.mark.parametrize("module", ["paged.step01_allocator.allocator", "paged.step01_allocator.buddy",
+                                    "paged.step02_block_table.block_table"])
+def test_docstring_examples_run(module):
+    """Exact: the ``Examples:`` the API reference shows as code print what they claim (doctest)."""
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_waste_plot_leaves_the_matplotlib_backend_alone(tmp_path):
+    """Exact: drawing the Figure 2 counterpart writes a PNG and does not switch the user's backend."""
+    from paged.bench.waste import CATEGORIES, plot
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        shares = {c: 1 / len(CATEGORIES) for c in CATEGORIES}
+        plot({"paged": shares, "orca_max": shares}, "test", str(tmp_path / "w.png"))
+        assert matplotlib.get_backend() == "svg"
+        assert (tmp_path / "w.png").read_bytes().startswith(b"\x89PNG")
+    finally:
+        matplotlib.use(before)
