@@ -50,7 +50,7 @@ PAGE_PROBE = r"""
   body.querySelectorAll("pre, code, .katex, script, style").forEach(e => e.remove());
   const text = body.textContent;
   const tex = /\\[()\[\]]|\$\$|\\(frac|sum|max|mathrm|mathbf|text|sqrt|left|right|cdot|dots|lceil|top)\b|Math Processing Error/g;
-  const raw = [...text.matchAll(tex)].map(m => text.slice(Math.max(0, m.index - 30), m.index + 30));
+  const raw = [...text.matchAll(tex)].slice(0, 5).map(m => text.slice(Math.max(0, m.index - 30), m.index + 30));
   return JSON.stringify({images, unrendered, raw,
                          height: document.documentElement.scrollHeight});
 })()
