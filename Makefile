@@ -54,9 +54,19 @@ docs-check: docs
 waste: install
 	$(PY) -m paged.bench waste
 
-.PHONY: serve
+.PHONY: serve fuzz soak
 serve: install
 	$(PY) -m paged.serve
+
+# Property-based fuzzing of the HTTP API (Schemathesis, in-process): the suite's test with more
+# examples per operation (EXAMPLES=N; the suite runs 12). Prints the status codes seen.
+fuzz: install
+	PAGED_FUZZ_EXAMPLES=$(or $(EXAMPLES),300) $(PY) -m pytest -p no:cacheprovider -q -s tests/serve/test_schemathesis.py
+
+# Mixed traffic against one server for DURATION seconds (default 20 minutes), then the verdict:
+# no 5xx, right token counts, no block used, memory and p99 latency flat (see tools/soak.py).
+soak: install
+	$(PY) tools/soak.py --duration $(or $(DURATION),1200)
 
 # On a machine with a CUDA GPU: build csrc/cuda, run the cuda-marked tests and the
 # kernel benchmark, and keep each one's output in $(OUT) (issue 5). Uses the venv

@@ -8,7 +8,12 @@
 ``POST /v1/completions``        see ``completions.py``
 ``POST /v1/chat/completions``   see ``completions.py``
 ``GET /metrics``       Prometheus text (see ``metrics.py``)
+``GET /openapi.json``  the OpenAPI document, ``GET /docs`` its Swagger UI page
 =====================  =====================================================
+
+Each route declares its response models and error statuses, and each body
+the server sends is built from those models, so the published document
+(``openapi.py``) is what the server does.
 
 Bodies are parsed here rather than by FastAPI so that every failure — bytes
 that are not UTF-8, malformed JSON, a JSON array instead of an object, wrong
@@ -22,10 +27,11 @@ from __future__ import annotations
 import hmac
 import json
 import time
+from importlib.metadata import PackageNotFoundError, version
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
@@ -33,9 +39,17 @@ from paged.serve.async_engine import AsyncEngine
 from paged.serve.completions import OpenAIServing
 from paged.serve.errors import APIError, from_validation_error, install_handlers
 from paged.serve.metrics import ServerMetrics
+from paged.serve.openapi import error_responses, event_stream, request_body
+from paged.serve.openapi import install as install_openapi
 from paged.serve.protocol import EXPECTED, ChatCompletionRequest, CompletionRequest
+from paged.serve.responses import (ChatCompletionChunk, ChatCompletionResponse, CompletionChunk, CompletionResponse,
+                                   Health, Index, ModelCard, ModelList)
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+try:
+    __version__ = version("paged")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0"
 
 
 class Guard:
@@ -123,9 +137,14 @@ async def parse_body(raw: Request, model_cls):
 
 
 def build_app(llm, served_model_name: str, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Guard:
-    """The ASGI app serving ``llm`` (an ``LLM``: ``.engine``, ``.tokenizer``, ``.model``)."""
-    engine = AsyncEngine(llm.engine)
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, on_engine_failure=None) -> Guard:
+    """The ASGI app serving ``llm`` (an ``LLM``: ``.engine``, ``.tokenizer``, ``.model``).
+
+    ``on_engine_failure(exc)`` runs on the event loop after the engine failed and every in-flight
+    request got its error (``python -m paged.serve`` stops the server then); without it the app stays
+    up and answers 503.
+    """
+    engine = AsyncEngine(llm.engine, on_dead=on_engine_failure)
     device = llm.engine.kv_cache.data.device.type if hasattr(llm.engine, "kv_cache") else "cpu"
     metrics = ServerMetrics(lambda: engine.stats, device)
     serving = OpenAIServing(engine, llm.tokenizer, llm.model.path, served_model_name,
@@ -138,46 +157,60 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
         yield
         engine.shutdown()
 
-    app = FastAPI(title="paged", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="paged", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None, description="OpenAI-compatible completions and chat over paged's engine.")
     app.state.engine = engine
     install_handlers(app)
+    install_openapi(app, [CompletionRequest, ChatCompletionRequest], [CompletionChunk, ChatCompletionChunk],
+                    api_key=api_key is not None)
 
-    @app.get("/health")
-    async def health():
+    @app.get("/health", responses=error_responses(_503="the engine failed; the message says how"))
+    async def health() -> Health:
         if engine.dead is not None:
             raise APIError(f"the engine failed: {engine.dead!r}", 503)
-        return {"status": "ok"}
+        return Health()
 
-    def model_card() -> dict:
-        return {"id": served_model_name, "object": "model", "created": created, "owned_by": "paged",
-                "root": str(llm.model.path), "max_model_len": llm.engine.max_model_len}
+    def model_card() -> ModelCard:
+        return ModelCard(id=served_model_name, created=created, owned_by="paged", root=str(llm.model.path),
+                         max_model_len=llm.engine.max_model_len)
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [model_card()]}
+    @app.get("/v1/models", responses=error_responses(401))
+    async def models() -> ModelList:
+        return ModelList(data=[model_card()])
 
-    @app.get("/v1/models/{model:path}")
-    async def model(model: str):
+    @app.get("/v1/models/{model:path}", responses=error_responses(401, _404="no model of that name"))
+    async def model(model: str) -> ModelCard:
         serving._check_model(model)
         return model_card()
 
-    @app.post("/v1/completions")
+    def generation(request_model, response_model, chunk_model) -> dict:
+        """The route options of a generation endpoint: its body, its answers (JSON or a stream), its errors."""
+        return {"openapi_extra": request_body(request_model), "response_model": None,
+                "responses": {200: {"model": response_model, "content": event_stream(chunk_model),
+                                    "description": "the completion; with stream: true, server-sent events"},
+                              **error_responses(400, 401, 413, _404="the model named is not served here",
+                                                _503="the engine failed; the server takes no more requests")}}
+
+    @app.post("/v1/completions", **generation(CompletionRequest, CompletionResponse, CompletionChunk))
     async def completions(raw: Request):
         return await serving.completions(await parse_body(raw, CompletionRequest), raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **generation(ChatCompletionRequest, ChatCompletionResponse,
+                                                   ChatCompletionChunk))
     async def chat_completions(raw: Request):
         return await serving.chat_completions(await parse_body(raw, ChatCompletionRequest), raw)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+                              "description": "Prometheus text exposition format"}})
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/")
-    async def root():
-        return JSONResponse({"name": "paged", "model": served_model_name,
-                             "endpoints": ["/v1/models", "/v1/completions", "/v1/chat/completions",
-                                           "/health", "/metrics"]})
+    async def root() -> Index:
+        return Index(name="paged", model=served_model_name,
+                     endpoints=["/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics",
+                                "/openapi.json", "/docs"])
 
     guarded = Guard(app, api_key, max_body_bytes)
     guarded.fastapi = app

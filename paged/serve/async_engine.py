@@ -47,10 +47,14 @@ class AsyncEngine:
 
     Args:
         engine: the engine (``add_request``, ``abort``, ``step``, ``has_unfinished``, ``stats``).
+        on_dead: called on the event loop with the exception once ``step()`` failed and every waiting
+            request got the error (the server uses it to stop: a tensor-parallel engine whose worker
+            died has stopped all its processes and cannot serve again).
     """
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, on_dead=None) -> None:
         self.engine = engine
+        self.on_dead = on_dead
         self.stats: dict = engine.stats()  # latest snapshot, replaced whole (atomic)
         self.dead: BaseException | None = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -62,6 +66,9 @@ class AsyncEngine:
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
+        """Start the engine thread on the running event loop (again after ``shutdown``: a lifespan may
+        run several times, e.g. once per test, and the engine's state survives it)."""
+        self._stop = False
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="paged-engine", daemon=True)
         self._thread.start()
@@ -143,6 +150,8 @@ class AsyncEngine:
                     self.dead = err
                     self.stats = {**self.stats, "dead": True}
                     self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(repr(err)))
+                    if self.on_dead is not None:
+                        self._loop.call_soon_threadsafe(self.on_dead, err)
                     return
                 if outputs:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)

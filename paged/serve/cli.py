@@ -121,5 +121,15 @@ def main(argv: list[str] | None = None) -> None:
         logger.warning("listening on %s: reachable from other machines%s", args.host,
                        "" if args.api_key else " and no --api-key is set")
     logger.info("serving on http://%s:%d/v1 (try GET /v1/models)", args.host, args.port)
-    app = build_app(llm, name, api_key=args.api_key, max_body_bytes=args.max_request_bytes)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    def stop_serving(err: BaseException) -> None:
+        logger.error("the engine failed, so the server stops: %s", err)
+        server.should_exit = True  # uvicorn finishes the open responses (each ends with the error), then exits
+
+    app = build_app(llm, name, api_key=args.api_key, max_body_bytes=args.max_request_bytes,
+                    on_engine_failure=stop_serving)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5))
+    server.run()
+    dead = app.fastapi.state.engine.dead
+    if dead is not None:
+        sys.exit(f"error: the engine failed: {dead}")

@@ -21,14 +21,14 @@ import time
 import uuid
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from paged.serve.async_engine import EngineDeadError
 from paged.serve.chat import ChatRenderer
 from paged.serve.detokenize import TextStream
 from paged.serve.errors import APIError, from_value_error
 from paged.serve.protocol import ChatCompletionRequest, CompletionRequest
-from paged.serve.responses import SSE_DONE, Formatter
+from paged.serve.responses import SSE_DONE, CompletionLogprobs, Formatter, json_response
 
 
 class _Timing:
@@ -169,7 +169,7 @@ class OpenAIServing:
                 text = (echo[i] if echo else "") + c.text
                 choices.append(fmt.choice(i * params.n + c.index, text, c))
                 completion_tokens += len(c.token_ids)
-        return JSONResponse(fmt.response(choices, sum(map(len, ids)), completion_tokens))
+        return json_response(fmt.response(choices, sum(map(len, ids)), completion_tokens))
 
     async def _collect(self, stream, rids, raw, timing):
         """Wait for every request's final output; None if the client disconnected (requests aborted)."""
@@ -237,7 +237,7 @@ class OpenAIServing:
                     entries = c.logprobs[sent_tokens[index]:] if c.logprobs is not None else None
                     lp = fmt.logprobs(new, entries, offsets[index])
                     sent_tokens[index] = len(c.token_ids)
-                    offsets[index] += sum(len(t) for t in lp["tokens"]) if lp and "tokens" in lp else 0
+                    offsets[index] += sum(map(len, lp.tokens)) if isinstance(lp, CompletionLogprobs) else 0
                     if text or lp or c.finish_reason:
                         yield fmt.chunk(index, text, lp, c.finish_reason)
                 if out.finished:

@@ -11,20 +11,37 @@ implement are accepted only at their neutral value (``presence_penalty: 0``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 from paged import SamplingParams
 from paged.serve.errors import APIError
+from paged.step04_sharing.engine import MAX_BEST_OF
 
 Number = StrictFloat  # accepts 1 and 1.5, refuses "1" and true
+MAX_LOGPROBS = SamplingParams.MAX_LOGPROBS
+
+
+def bounds(**keywords) -> dict:
+    """JSON-schema bounds (``minimum=0``...) for the published document.
+
+    They are enforced by ``SamplingParams`` and the engine, whose messages name
+    the field and the bound; here they only tell clients (and the fuzzing test,
+    which checks that every value outside them is refused).
+    """
+    return {"json_schema_extra": {key.replace("exclusive_minimum", "exclusiveMinimum"): value
+                                  for key, value in keywords.items()}}
+
 # what a field takes, for the error message when it takes several types (pydantic reports each member)
 EXPECTED = {
     "prompt": "a string, a list of strings, a list of token ids, or a list of token-id lists",
     "stop": "a string or a list of strings",
     "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
 }
+
+
+NonEmpty = Annotated[StrictStr, Field(**bounds(minLength=1))]
 
 
 class StreamOptions(BaseModel):
@@ -38,17 +55,17 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: StrictStr | None = None
-    temperature: Number | None = None  # None: 1.0, or 0 for beam search
-    top_p: Number = 1.0
-    top_k: StrictInt = -1
-    min_tokens: StrictInt = 0
-    n: StrictInt = 1
-    best_of: StrictInt | None = None
+    temperature: Number | None = Field(None, **bounds(minimum=0, maximum=100))  # None: 1.0, or 0 for beam search
+    top_p: Number = Field(1.0, **bounds(exclusive_minimum=0, maximum=1))
+    top_k: StrictInt = Field(-1, **bounds(minimum=-1))
+    min_tokens: StrictInt = Field(0, **bounds(minimum=0))
+    n: StrictInt = Field(1, **bounds(minimum=1, maximum=MAX_BEST_OF))
+    best_of: StrictInt | None = Field(None, **bounds(minimum=1, maximum=MAX_BEST_OF))
     use_beam_search: StrictBool = False
     length_penalty: Number = 1.0
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] | None = None
-    seed: StrictInt | None = None
+    stop: NonEmpty | list[NonEmpty] | None = None
+    stop_token_ids: list[Annotated[StrictInt, Field(**bounds(minimum=0))]] | None = None
+    seed: StrictInt | None = Field(None, **bounds(minimum=0))
     ignore_eos: StrictBool = False
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -89,9 +106,9 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``: a prompt as text, texts, token ids, or lists of token ids."""
 
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: StrictInt | None = 16
-    logprobs: StrictInt | None = None
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(**bounds(minItems=1))
+    max_tokens: StrictInt | None = Field(16, **bounds(minimum=1))
+    logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))
     echo: StrictBool = False
     suffix: None = None
 
@@ -131,10 +148,10 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat.py``)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
+    max_completion_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))
     response_format: dict | None = None
     tools: list | None = None
     tool_choice: StrictStr | None = None

@@ -1,25 +1,194 @@
-"""The JSON the server answers with: OpenAI's completion / chat objects, chunks and logprobs.
+"""The JSON the server answers with, as typed models: OpenAI's completion / chat objects, chunks, logprobs.
 
-Pure functions of engine outputs; no I/O. ``Formatter`` knows the endpoint
-(``"completion"`` or ``"chat"``), the response id, the model name and the
-tokenizer used to spell token ids.
+Every body the server sends is one of the pydantic models below, built and
+then serialized, so the OpenAPI document (``GET /openapi.json``, generated
+from these same models) describes exactly what clients receive.
+
+``Formatter`` builds them from engine outputs — pure functions, no I/O. It
+knows the endpoint (``"completion"`` or ``"chat"``), the response id, the
+model name and the tokenizer used to spell token ids.
 """
 
 from __future__ import annotations
 
-import json
 import time
+from typing import Literal
 
-# engine finish reasons OpenAI clients know; the rest (kv_cache_exhausted of step03/04 engines) pass as is
-FINISH_REASONS = {"stop": "stop", "length": "length"}
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+# "kv_cache_exhausted": step03's engine, which cannot preempt, ends a request that finds no free block
+FinishReason = Literal["stop", "length", "kv_cache_exhausted"]
 
 
-def sse(obj) -> str:
-    """One server-sent event carrying ``obj`` as JSON."""
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+# -- shared pieces ----------------------------------------------------------------
+class Usage(BaseModel):
+    """Token counts of a request (all prompts, all returned choices)."""
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="what was wrong and, for a bound, what the bound is")
+    type: str = Field(description="invalid_request_error, authentication_error, not_found_error, server_error...")
+    param: str | None = Field(description="the request field at fault, e.g. max_tokens or messages.0.role")
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx answer, and the last event of a stream the engine failed under."""
+
+    error: ErrorDetail
+
+
+# -- logprobs -----------------------------------------------------------------------
+class CompletionLogprobs(BaseModel):
+    """Per generated token: its text, its logprob, the top alternatives, and where it starts in the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] = Field(description="the token's exact UTF-8 bytes (a fragment of a character is possible)")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+# -- whole responses ------------------------------------------------------------------
+class CompletionChoice(BaseModel):
+    index: int = Field(ge=0, description="prompt * n + choice, as OpenAI numbers them")
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason
+    stop_reason: str | int | None = Field(description="the stop string or stop token id that ended it, if any")
+
+
+class CompletionResponse(BaseModel):
+    """``POST /v1/completions`` without ``stream``."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = Field(ge=0)
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason
+    stop_reason: str | int | None
+
+
+class ChatCompletionResponse(BaseModel):
+    """``POST /v1/chat/completions`` without ``stream``."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+# -- stream chunks ----------------------------------------------------------------------
+class CompletionChunkChoice(BaseModel):
+    index: int = Field(ge=0)
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class CompletionChunk(BaseModel):
+    """One event of a streamed completion; the last one carries only ``usage`` when asked for."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = Field(ge=0)
+    delta: Delta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One event of a streamed chat completion (the first one opens with the role)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+# -- the other routes -----------------------------------------------------------------------
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    root: str = Field(description="the checkpoint folder")
+    max_model_len: int = Field(ge=1)
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Index(BaseModel):
+    name: str
+    model: str
+    endpoints: list[str]
+
+
+def sse(event: BaseModel) -> str:
+    """One server-sent event carrying ``event`` as JSON."""
+    return f"data: {event.model_dump_json()}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+def json_response(body: BaseModel, status_code: int = 200) -> Response:
+    """``body`` serialized by pydantic, as an ``application/json`` response."""
+    return Response(body.model_dump_json(), status_code=status_code, media_type="application/json")
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -47,13 +216,13 @@ def token_bytes(tokenizer, token_id: int, text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 total_tokens=prompt_tokens + completion_tokens)
 
 
 class Formatter:
-    """Builds responses and chunks for one request.
+    """Builds the response models and stream chunks of one request.
 
     Args:
         kind: ``"completion"`` or ``"chat"``.
@@ -71,8 +240,8 @@ class Formatter:
         self.num_logprobs = num_logprobs
         self.created = int(time.time())
 
-    def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+    def _head(self) -> dict:
+        return {"id": self.id, "created": self.created, "model": self.model}
 
     def token_text(self, token_id: int) -> str:
         if self.tokenizer is None:
@@ -80,7 +249,8 @@ class Formatter:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     # -- logprobs ------------------------------------------------------------------
-    def logprobs(self, token_ids: list[int], entries: list[dict] | None, text_offset: int = 0):
+    def logprobs(self, token_ids: list[int], entries: list[dict] | None,
+                 text_offset: int = 0) -> CompletionLogprobs | ChatLogprobs | None:
         """Logprobs of ``token_ids`` in the endpoint's format, or None when not requested."""
         if self.num_logprobs is None or entries is None:
             return None
@@ -88,54 +258,53 @@ class Formatter:
             content = []
             for tok, entry in zip(token_ids, entries):
                 top = sorted(entry.items(), key=lambda kv: -kv[1])[: self.num_logprobs]
-                content.append({**self._chat_token(tok, entry[tok]),
-                                "top_logprobs": [self._chat_token(t, lp) for t, lp in top]})
-            return {"content": content}
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                content.append(TokenLogprob(**self._chat_token(tok, entry[tok]).model_dump(),
+                                            top_logprobs=[self._chat_token(t, lp) for t, lp in top]))
+            return ChatLogprobs(content=content)
+        out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
         for tok, entry in zip(token_ids, entries):
             text = self.token_text(tok)
-            out["tokens"].append(text)
-            out["token_logprobs"].append(entry[tok])
+            out.tokens.append(text)
+            out.token_logprobs.append(entry[tok])
             top = sorted(entry.items(), key=lambda kv: -kv[1])[: self.num_logprobs]
-            out["top_logprobs"].append({self.token_text(t): lp for t, lp in top})
-            out["text_offset"].append(text_offset)
+            out.top_logprobs.append({self.token_text(t): lp for t, lp in top})
+            out.text_offset.append(text_offset)
             text_offset += len(text)
         return out
 
-    def _chat_token(self, token_id: int, logprob: float) -> dict:
+    def _chat_token(self, token_id: int, logprob: float) -> TopLogprob:
         text = self.token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": token_bytes(self.tokenizer, token_id, text)}
+        return TopLogprob(token=text, logprob=logprob, bytes=token_bytes(self.tokenizer, token_id, text))
 
     # -- whole responses -------------------------------------------------------------
-    def choice(self, index: int, text: str, completion) -> dict:
+    def choice(self, index: int, text: str, completion) -> CompletionChoice | ChatChoice:
         """One finished choice of a non-streamed response."""
         lp = self.logprobs(completion.token_ids, completion.logprobs)
-        finish = FINISH_REASONS.get(completion.finish_reason, completion.finish_reason)
         if self.kind == "chat":
-            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                    "finish_reason": finish, "stop_reason": completion.stop_reason}
-        return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish,
-                "stop_reason": completion.stop_reason}
+            return ChatChoice(index=index, message=AssistantMessage(content=text), logprobs=lp,
+                              finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+        return CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=completion.finish_reason,
+                                stop_reason=completion.stop_reason)
 
-    def response(self, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
-        obj = "chat.completion" if self.kind == "chat" else "text_completion"
-        return {**self._head(obj), "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+    def response(self, choices: list, prompt_tokens: int,
+                 completion_tokens: int) -> CompletionResponse | ChatCompletionResponse:
+        model = ChatCompletionResponse if self.kind == "chat" else CompletionResponse
+        return model(**self._head(), choices=choices, usage=usage(prompt_tokens, completion_tokens))
 
     # -- stream chunks ------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, logprobs=None, finish_reason: str | None = None,
               role: bool = False) -> str:
         """One SSE chunk for choice ``index`` (``role``: the chat stream's opening chunk)."""
-        finish = FINISH_REASONS.get(finish_reason, finish_reason)
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-            return sse({**self._head("chat.completion.chunk"), "choices": [choice]})
-        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-        return sse({**self._head("text_completion"), "choices": [choice]})
+            delta = Delta(role="assistant", content="") if role else Delta(content=text)
+            choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
+            return sse(ChatCompletionChunk(**self._head(), choices=[choice]))
+        choice = CompletionChunkChoice(index=index, text=text or "", logprobs=logprobs, finish_reason=finish_reason)
+        return sse(CompletionChunk(**self._head(), choices=[choice]))
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return sse({**self._head(obj), "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+        model = ChatCompletionChunk if self.kind == "chat" else CompletionChunk
+        return sse(model(**self._head(), choices=[], usage=usage(prompt_tokens, completion_tokens)))
 
     def error_chunk(self, message: str) -> str:
-        return sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
+        return sse(ErrorResponse(error=ErrorDetail(message=message, type="server_error", param=None, code=None)))

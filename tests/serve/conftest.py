@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 8
 NUM_BLOCKS = 200
 API_KEY = "test-key-1234"
-STARTUP_TIMEOUT_S = 120
+STARTUP_TIMEOUT_S = 300  # generous: the import of torch alone can take a minute on a loaded CPU
 
 
 @pytest.fixture(scope="session")
@@ -58,8 +58,9 @@ class Server:
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
+                output = self.output()
                 self.stop()
-                raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{self.output()}")
+                raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{output}")
             time.sleep(0.2)
 
     def output(self) -> str:

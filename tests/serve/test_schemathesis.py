@@ -1,0 +1,134 @@
+"""Property-based fuzzing of the HTTP API with Schemathesis, in-process through the ASGI transport.
+
+For every operation of the published document (``GET /openapi.json``),
+Schemathesis draws requests that fit the schema (positive) and requests that
+break it (negative) and sends them to the live app (the demo model over a
+small engine: 64 blocks of 8 tokens, a 48-token context, so no request runs
+long). Each answer must pass Schemathesis' checks:
+
+* ``not_a_server_error`` — no 5xx;
+* ``status_code_conformance``, ``content_type_conformance``,
+  ``response_schema_conformance`` (each event of a stream too),
+  ``response_headers_conformance`` — the answer is one the document describes;
+* ``negative_data_rejection`` — a request outside the schema (a bound, a type,
+  an unknown field) is refused with a 4xx: what the schema says is enforced.
+
+``positive_data_acceptance`` is not asked for: the document cannot express
+every rule (a prompt plus ``max_tokens`` must fit the context; beam search
+needs ``temperature: 0``), and those requests get a 400 that names the rule.
+
+After each operation's examples the engine must be idle with every KV block
+free, and a good request must still succeed. Hypothesis is derandomized (the
+same examples every run). ``PAGED_FUZZ_EXAMPLES`` sets the examples per
+operation and mode (``make fuzz`` runs a larger number).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from paged import LLM
+from paged.serve.app import build_app
+
+API_KEY = "fuzz-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MAX_EXAMPLES = int(os.environ.get("PAGED_FUZZ_EXAMPLES", "12"))
+IDLE_TIMEOUT_S = 30
+
+
+@pytest.fixture(scope="module")
+def app():
+    llm = LLM(dtype="float32", device="cpu", block_size=8, num_blocks=64, max_model_len=48, seed=0)
+    return build_app(llm, "test-model", api_key=API_KEY)
+
+
+@pytest.fixture(scope="module")
+def schema(app):
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+@pytest.fixture(scope="module")
+def statuses():
+    """Status codes seen per operation, printed at the end (the figures of the fuzzing run)."""
+    seen: dict[str, Counter] = {}
+    yield seen
+    total = sum(sum(c.values()) for c in seen.values())
+    print(f"\nschemathesis: {len(seen)} operation x mode runs, {total} requests")
+    for label, counts in sorted(seen.items()):
+        print(f"  {label}: {dict(sorted(counts.items()))}")
+
+
+def engine_of(app):
+    return app.fastapi.state.engine
+
+
+def wait_idle(app) -> dict:
+    """The engine's latest stats once nothing runs, waits or is swapped out (bounded wait)."""
+    engine, deadline = engine_of(app), time.monotonic() + IDLE_TIMEOUT_S
+    while True:
+        stats = engine.stats  # the engine thread's snapshot, refreshed whenever it goes idle
+        if stats["running"] + stats["waiting"] + stats["swapped"] == 0 and engine.num_streams == 0:
+            return stats
+        assert time.monotonic() < deadline, f"engine still busy after {IDLE_TIMEOUT_S}s: {stats}"
+        time.sleep(0.02)
+
+
+OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
+              "POST /v1/chat/completions", "GET /metrics", "GET /"]
+# the operations with something to break (a body): the others have no request the schema refuses
+WITH_BODY = ["POST /v1/completions", "POST /v1/chat/completions"]
+RUNS = [(label, GenerationMode.POSITIVE) for label in OPERATIONS] + \
+       [(label, GenerationMode.NEGATIVE) for label in WITH_BODY]
+
+
+def test_the_fuzzed_operations_are_every_operation_published(schema):
+    """The operations the fuzzing test is parametrized with equal the document's (set equality)."""
+    assert sorted(op.ok().label for op in schema.get_all_operations()) == sorted(OPERATIONS)
+
+
+@pytest.mark.parametrize("label", WITH_BODY)
+def test_every_documented_example_is_accepted_and_conforms(app, schema, label):
+    """Each request body the document shows as an example gets a 200 that passes every check, including
+    ``positive_data_acceptance``; a streamed one is validated event by event (each check is pass/fail)."""
+    operation = schema.find_operation_by_label(label)
+    examples = operation.definition.raw["requestBody"]["content"]["application/json"]["examples"]
+    assert len(examples) >= 2
+    for name, example in examples.items():
+        case = operation.Case(body=example["value"], media_type="application/json")
+        response = case.call_and_validate(headers=AUTH)
+        assert response.status_code == 200, (name, response.text)
+        assert ("data: [DONE]" in response.text) == bool(example["value"].get("stream")), name
+    assert wait_idle(app)["blocks_used"] == 0
+
+
+@pytest.mark.parametrize("label, mode", RUNS)
+def test_fuzz_operation(app, schema, statuses, label, mode):
+    """Schemathesis' checks hold for every drawn request (each check is pass/fail); afterwards the engine
+    is idle with used blocks == 0, and a good completion returns exactly 2 tokens."""
+    operation = schema.find_operation_by_label(label)
+    seen = statuses.setdefault(f"{label} [{mode.value}]", Counter())
+
+    @settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def fuzz(case):
+        response = case.call_and_validate(headers=AUTH, excluded_checks=[positive_data_acceptance])
+        seen[response.status_code] += 1
+
+    fuzz()
+    stats = wait_idle(app)
+    assert stats["blocks_used"] == 0, stats
+    good = schema.find_operation_by_label("POST /v1/completions").Case(
+        body={"prompt": "def f(x):", "max_tokens": 2, "ignore_eos": True}, media_type="application/json")
+    response = good.call(headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 2
+    assert engine_of(app).dead is None
