@@ -9,6 +9,8 @@
 ``POST /v1/chat/completions``   see ``completions.py``
 ``GET /metrics``       Prometheus text (see ``metrics.py``)
 ``GET /openapi.json``  the OpenAPI document, ``GET /docs`` its Swagger UI page
+``GET /kv``            the live KV cache page (``static/kv.html``, see ``kv_view.py``)
+``GET /kv/snapshot``   its data: the latest KV snapshot and the events after ``?since=``
 =====================  =====================================================
 
 Each route declares its response models and error statuses, and each body
@@ -31,13 +33,14 @@ from importlib.metadata import PackageNotFoundError, version
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from paged.serve.async_engine import AsyncEngine
 from paged.serve.completions import OpenAIServing
 from paged.serve.errors import APIError, from_validation_error, install_handlers
+from paged.serve.kv_view import KVView, page
 from paged.serve.metrics import ServerMetrics
 from paged.serve.openapi import error_responses, event_stream, request_body
 from paged.serve.openapi import install as install_openapi
@@ -50,10 +53,11 @@ try:
     __version__ = version("paged")
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0"
+GUARDED_PREFIXES = ("/v1", "/kv/")  # the API and the KV data; /kv (a page with no data) stays open
 
 
 class Guard:
-    """ASGI middleware: Bearer API key on ``/v1/*`` (constant-time compare) and a body size limit.
+    """ASGI middleware: Bearer API key on ``GUARDED_PREFIXES`` (constant-time compare) and a body size limit.
 
     Args:
         app: the ASGI app behind the guard.
@@ -70,7 +74,7 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        if self.api_key is not None and scope["path"].startswith("/v1"):
+        if self.api_key is not None and scope["path"].startswith(GUARDED_PREFIXES):
             auth = headers.get(b"authorization", b"")
             given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
             if not hmac.compare_digest(given, self.api_key):
@@ -147,6 +151,9 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     engine = AsyncEngine(llm.engine, on_dead=on_engine_failure)
     device = llm.engine.kv_cache.data.device.type if hasattr(llm.engine, "kv_cache") else "cpu"
     metrics = ServerMetrics(lambda: engine.stats, device)
+    kv_view = KVView(llm.engine)  # its first snapshot is taken here, before the engine thread starts
+    llm.engine.add_observer(kv_view.observe)
+    engine.idle_observers.append(kv_view.refresh)
     serving = OpenAIServing(engine, llm.tokenizer, llm.model.path, served_model_name,
                             llm.engine.max_model_len, metrics)
     created = int(time.time())
@@ -206,11 +213,20 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    # the live KV view is for people watching the server, not part of the OpenAI API: not in the document
+    @app.get("/kv", include_in_schema=False)
+    async def kv_page():
+        return HTMLResponse(page())
+
+    @app.get("/kv/snapshot", include_in_schema=False)
+    async def kv_snapshot(since: int = 0):
+        return kv_view.read(since)
+
     @app.get("/")
     async def root() -> Index:
         return Index(name="paged", model=served_model_name,
                      endpoints=["/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics",
-                                "/openapi.json", "/docs"])
+                                "/openapi.json", "/docs", "/kv"])
 
     guarded = Guard(app, api_key, max_body_bytes)
     guarded.fastapi = app

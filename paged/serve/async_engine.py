@@ -63,6 +63,7 @@ class AsyncEngine:
         self._streams: dict[str, asyncio.Queue] = {}  # touched on the event loop only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.idle_observers: list = []  # fn(engine), on the engine thread when it runs out of work
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -158,6 +159,9 @@ class AsyncEngine:
             now = time.monotonic()
             if now - last_stats >= STATS_INTERVAL_S or not engine.has_unfinished():
                 self.stats, last_stats = engine.stats(), now
+            if not engine.has_unfinished():
+                for observe in self.idle_observers:
+                    observe(engine)
 
     def _drain(self) -> None:
         while True:

@@ -84,6 +84,10 @@ class BlockAllocator:
         """A copy of the free list, next block to be handed out first."""
         return list(self._free)
 
+    def ref_counts(self) -> list[int]:
+        """A copy of every block's reference count, block ``i`` at index ``i`` (for viewers)."""
+        return list(self._ref_count)
+
     # -- operations ---------------------------------------------------------
     # --8<-- [start:operations]
     def allocate(self) -> int:

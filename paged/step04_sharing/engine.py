@@ -26,9 +26,10 @@ from paged.step03_attention import Engine
 from paged.step03_attention.errors import RequestError
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
 from paged.step03_attention.request import Request
-from paged.step04_sharing import beam
+from paged.step04_sharing import beam, snapshot
 from paged.step04_sharing.block_manager import BlockManager
 from paged.step04_sharing.runner import SharingModelRunner, SharingStepPlan
+from paged.step04_sharing.snapshot_html import snapshot_html
 
 MAX_BEST_OF = 64
 
@@ -94,6 +95,14 @@ class SharingEngine(Engine):
         out = super().stats()
         out["prefix_cache_hit_rate"] = self.block_manager.hit_rate()
         return out
+
+    def kv_snapshot(self, max_cells: int = snapshot.DEFAULT_MAX_CELLS) -> dict:
+        """The KV cache as plain data: pools, owners, queues, tables (``snapshot.take_snapshot``)."""
+        return snapshot.take_snapshot(self, max_cells)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows an engine as the picture of its KV cache (``snapshot_html``)."""
+        return snapshot_html(self.kv_snapshot())
 
     # -- requests -------------------------------------------------------------
     def check_request(self, prompt_token_ids, params) -> None:

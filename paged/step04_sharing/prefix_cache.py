@@ -60,6 +60,10 @@ class CachingBlockAllocator(BlockAllocator):
     def free_blocks(self) -> list[int]:
         return list(self._free) + list(self._lru)
 
+    def parked_blocks(self) -> list[int]:
+        """Free blocks still findable by their content (the LRU list, next to be evicted first)."""
+        return list(self._lru)
+
     # --8<-- [start:allocate]
     def allocate(self) -> int:
         """A never-cached free block if there is one, else evict the least recently used."""

@@ -35,7 +35,8 @@ from collections import deque
 
 from paged.step02_block_table import KVCache, SequenceStatus
 from paged.step04_sharing import SharingEngine, sample_seed
-from paged.step05_preemption import policy
+from paged.step04_sharing.snapshot import DEFAULT_MAX_CELLS
+from paged.step05_preemption import policy, snapshot
 from paged.step05_preemption.runner import PreemptingModelRunner
 from paged.step05_preemption.swap import SwapSpace
 
@@ -82,6 +83,10 @@ class PreemptingEngine(SharingEngine):
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    def kv_snapshot(self, max_cells: int = DEFAULT_MAX_CELLS) -> dict:
+        """Step04's snapshot with the host swap pool and the swapped queue."""
+        return snapshot.take_snapshot(self, max_cells)
 
     def stats(self) -> dict:
         out = super().stats()
