@@ -68,6 +68,13 @@ fuzz: install
 soak: install
 	$(PY) tools/soak.py --duration $(or $(DURATION),1200)
 
+# The live KV page (GET /kv) in headless Chromium while a scripted load runs (needs Debian's
+# chromium: apt-get install -y chromium). Fails on a console error, or if no cell shows a live
+# request; the screenshot is the one docs/serving.md shows.
+.PHONY: kv-view-check
+kv-view-check: install
+	$(PY) tools/kv_view_check.py --screenshot docs/figures/serving_kv_view.png
+
 # On a machine with a CUDA GPU: build csrc/cuda, run the cuda-marked tests and the
 # kernel benchmark, and keep each one's output in $(OUT) (issue 5). Uses the venv
 # if there is one, else creates it; PY=/path/to/python picks another interpreter

@@ -49,6 +49,7 @@ READ_PAGE = """JSON.stringify({
   owners: [...document.querySelectorAll('.cell[data-owner]')].map(c => c.dataset.owner),
   listed: [...document.querySelectorAll('.chip')].map(c => c.dataset.request),
   shared: document.querySelectorAll('.cell.shared').length,
+  host: document.querySelectorAll('.cell[data-pool="host"][data-owner]').length,
   events: document.getElementById('events').textContent.split('\\n').filter(Boolean).length,
   status: document.getElementById('status').textContent})"""
 
@@ -61,7 +62,8 @@ def free_port() -> int:
 
 def start_server(port: int, api_key: str | None, log) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "paged.serve", "--port", str(port), "--dtype", "float32", "--device", "cpu",
-           "--block-size", "8", "--num-blocks", "160", "--max-num-seqs", "32", "--seed", "0"]
+           "--block-size", "8", "--num-blocks", "96", "--swap-space", "1MiB", "--preemption-mode", "swap",
+           "--max-num-seqs", "32", "--seed", "0"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PAGED_API_KEY", None)
     if api_key:
@@ -167,13 +169,16 @@ def check_page(chromium: str, url: str, screenshot: Path | None, timeout_s: floa
     browser = Browser(chromium)
     try:
         browser.call("Page.navigate", url=f"{url}/kv#key={API_KEY}")
-        deadline, seen = time.monotonic() + timeout_s, {}
-        while time.monotonic() < deadline:
+        start = time.monotonic()
+        while time.monotonic() < start + timeout_s:
             seen = json.loads(browser.evaluate(READ_PAGE) or "{}")
-            if len(set(seen.get("owners", []))) >= 3 and seen.get("events", 0) >= 10:
+            busy = len(set(seen.get("owners", []))) >= 3 and seen.get("events", 0) >= 10
+            # for the picture, wait a while for a moment with a group in the host pool too
+            if busy and (seen["host"] > 0 or time.monotonic() > start + timeout_s / 2):
                 break
-            time.sleep(0.5)
-        time.sleep(1.0)  # a few more polls, then read once more for the verdict
+            time.sleep(0.25)
+        browser.evaluate("document.querySelectorAll('.queue')[1].querySelector('.chip')?.click()")
+        time.sleep(0.5)  # a few more polls, then read once more for the verdict
         seen = json.loads(browser.evaluate(READ_PAGE))
         if screenshot is not None:
             browser.screenshot(screenshot)
@@ -253,6 +258,7 @@ def main(argv=None) -> int:
             server.wait(30)
     problems = verdict(seen)
     print(json.dumps({"owners_drawn": len(seen["owners"]), "requests_drawn": len(set(seen["owners"])),
+                      "host_cells_owned": seen["host"],
                       "requests_listed": len(seen["listed"]), "shared_cells": seen["shared"],
                       "event_lines": seen["events"], "status": seen["status"], "problems": problems}))
     if args.screenshot:

@@ -1,0 +1,139 @@
+"""The live KV view: its event log, its throttle, and the ``/kv`` routes (exact equalities, no tolerance).
+
+* A scripted scenario — a pair of samples forks and copies on write, a later
+  request is preempted by swap and resumes — runs with ``KVView`` as the
+  engine's observer: the view's log equals the engine's ``events`` of every
+  iteration, in order, and the scenario's key events come out in the order
+  they happened. A short log keeps exactly the newest events.
+* Snapshots are taken only while someone reads, at most ``max_per_second``
+  (a fake clock), and always when the engine loop goes idle.
+* The server (``tests/serve/conftest.py``, with an API key) serves the page
+  openly, guards ``/kv/snapshot`` with the key, and the snapshot carries the
+  pools, queues and stats but no prompt text.
+"""
+
+import tempfile
+
+import httpx
+import pytest
+import torch
+
+from paged.models import load_model
+from paged.serve.kv_view import KVView
+from paged.step05_preemption import KVCache, PreemptingEngine, SamplingParams
+from tests.hf_models import build_hf_model, save_checkpoint
+from tests.serve.conftest import API_KEY
+
+B = 4
+# (kind, request) in the order the scenario makes them happen
+SCENARIO = [("admitted", "pair"), ("cow", "pair"), ("admitted", "late"), ("preempted", "late"),
+            ("swapped_out", "late"), ("swapped_in", "late"), ("finished", "late")]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(save_checkpoint(build_hf_model("llama"), tempfile.mkdtemp()), dtype=torch.float64)
+
+
+def _engine(model) -> PreemptingEngine:
+    c = model.config
+    host = 16 * KVCache.bytes_per_block(c.num_layers, B, c.num_kv_heads, c.head_dim, torch.float64)
+    return PreemptingEngine(model, block_size=B, num_blocks=8, preemption_mode="swap", swap_space=host)
+
+
+def _run_scenario(engine, view) -> list[tuple]:
+    """Fork + CoW, then a later arrival preempted by swap and resumed; the engine's records, in order."""
+    recorded = []
+    engine.add_observer(lambda eng, plan, results: recorded.extend(
+        (e.kind, e.request_id, e.seq_id, e.detail) for e in eng.events))
+    engine.add_observer(view.observe)
+    view.read()  # someone watches from the start: the view logs every iteration
+    engine.add_request("pair", [1, 2, 3, 4, 5, 6], SamplingParams(n=2, temperature=1.0, seed=2, max_tokens=10,
+                                                                  ignore_eos=True))
+    engine.step()
+    engine.step()
+    engine.add_request("late", [7, 8, 9, 10, 11], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    for _ in range(200):
+        if not engine.has_unfinished():
+            break
+        view.read()
+        engine.step()
+    assert not engine.has_unfinished()
+    return recorded
+
+
+def test_event_log_equals_engine_events_in_scenario_order(model):
+    """Exact: the log is the engine's records of every iteration, numbered 1..n; the scenario's order holds."""
+    view = KVView(_engine(model), max_events=10_000)
+    recorded = _run_scenario(_engine(model), view)
+    log = view.read(since=0)["events"]
+    assert [(e["kind"], e["request_id"], e["seq_id"], e["detail"]) for e in log] == recorded
+    assert [e["n"] for e in log] == list(range(1, len(log) + 1))
+    assert [e["step"] for e in log] == sorted(e["step"] for e in log)
+    keys = [(e["kind"], e["request_id"]) for e in log]
+    positions = [keys.index(k) for k in SCENARIO]  # ValueError if the scenario missed a step
+    assert positions == sorted(positions), positions
+    assert view.read(since=log[-1]["n"])["events"] == []
+
+
+def test_event_log_keeps_the_newest_when_full(model):
+    """Exact: with ``max_events=5`` the log holds the last five records, numbered as before."""
+    view = KVView(_engine(model), max_events=5)
+    recorded = _run_scenario(_engine(model), view)
+    log = view.read(since=0)["events"]
+    assert [(e["kind"], e["request_id"], e["seq_id"], e["detail"]) for e in log] == recorded[-5:]
+    assert [e["n"] for e in log] == list(range(len(recorded) - 4, len(recorded) + 1))
+
+
+def test_snapshots_only_while_watched_and_at_most_max_per_second(model):
+    """Exact: no snapshot unwatched; one per 1/max_per_second of the (fake) clock; refresh takes one now."""
+    engine, clock = _engine(model), FakeClock()
+    view = KVView(engine, max_per_second=4, clock=clock)
+    engine.add_observer(view.observe)
+    engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    first = view.latest
+    engine.step()
+    assert view.latest is first  # nobody has read yet
+    view.read()
+    engine.step()
+    assert view.latest is first  # watched, but 1/4 s has not passed
+    clock.now += 0.25
+    engine.step()
+    taken = view.latest
+    assert taken is not first and taken["step"] == 3
+    assert taken["queues"]["running"] == [0] and taken["requests"][0]["id"] == "a"
+    view.refresh(engine)
+    assert view.latest is not taken
+    clock.now += 5.0  # nobody read for WATCH_TIMEOUT_S
+    kept = view.latest
+    engine.step()
+    assert view.latest is kept
+
+
+def test_kv_page_is_open_and_snapshot_needs_the_key(server):
+    """The page needs no key (it holds no data); the data answers 401 without the key, 200 with it."""
+    page = httpx.get(server.url + "/kv", timeout=10)
+    assert page.status_code == 200 and "kv/snapshot" in page.text and "<script>" in page.text
+    assert "/kv" in httpx.get(server.url + "/", timeout=10).json()["endpoints"]
+    assert httpx.get(server.url + "/kv/snapshot", timeout=10).status_code == 401
+
+
+def test_kv_snapshot_carries_ids_and_counts_never_text(server, client):
+    """After a completion: the pools, queues and stats are there; the prompt's text and tokens are not."""
+    prompt = "def kv_view_marker_function(x):"
+    client.completions.create(model="test-model", prompt=prompt, max_tokens=4)
+    resp = httpx.get(server.url + "/kv/snapshot", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+    assert resp.status_code == 200
+    snap = resp.json()
+    assert set(snap["pools"]) == {"device", "host"}
+    assert snap["pools"]["device"]["num_blocks"] == snap["stats"]["blocks_total"]
+    assert set(snap["queue_lengths"]) == {"waiting", "running", "swapped"}
+    assert "kv_view_marker" not in resp.text
