@@ -177,7 +177,9 @@ def check_page(chromium: str, url: str, screenshot: Path | None, timeout_s: floa
             if busy and (seen["host"] > 0 or time.monotonic() > start + timeout_s / 2):
                 break
             time.sleep(0.25)
-        browser.evaluate("document.querySelectorAll('.queue')[1].querySelector('.chip')?.click()")
+        # pick a request, for its block table: a swapped one if any, else the newest running one
+        browser.evaluate("(document.querySelector('.queue:nth-child(3) .chip') || "
+                         "[...document.querySelectorAll('.queue:nth-child(2) .chip')].pop())?.click()")
         time.sleep(0.5)  # a few more polls, then read once more for the verdict
         seen = json.loads(browser.evaluate(READ_PAGE))
         if screenshot is not None:
