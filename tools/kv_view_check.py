@@ -202,37 +202,40 @@ def verdict(seen: dict) -> list[str]:
     return problems
 
 
-def bench(url: str) -> float:
-    out = subprocess.run([sys.executable, "-m", "paged.bench", "serve", "--base-url", url, "--num-requests", "40",
+def bench(url: str, num_requests: int) -> float:
+    """Request throughput (req/s) of one ``python -m paged.bench serve`` run against ``url``."""
+    out = subprocess.run([sys.executable, "-m", "paged.bench", "serve", "--base-url", url,
+                          "--num-requests", str(num_requests),
                           "--request-rate", "inf", "--max-concurrency", "16", "--no-progress", "--json"],
                          cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     return json.loads(out.stdout.strip().splitlines()[-1])["request_throughput"]
 
 
-def throughput(chromium: str, rounds: int) -> dict:
-    """``paged.bench serve`` request throughput, without and with the page open, alternating."""
+def throughput(chromium: str, rounds: int, num_requests: int) -> dict:
+    """``paged.bench serve`` request throughput without and with the page open, alternating; the median
+    of the per-round ratios (with / without) resists a machine whose load changes between rounds."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(Path(tempfile.gettempdir()) / f"kv_view_bench_{port}.log", "w") as log:
         server = start_server(port, None, log)
         try:
-            bench(url)  # warm-up
+            bench(url, num_requests)  # warm-up
             runs: dict[str, list[float]] = {"without": [], "with": []}
             for _ in range(rounds):
-                runs["without"].append(bench(url))
+                runs["without"].append(bench(url, num_requests))
                 browser = Browser(chromium)
                 try:
                     browser.call("Page.navigate", url=f"{url}/kv")
                     time.sleep(2)
-                    runs["with"].append(bench(url))
+                    runs["with"].append(bench(url, num_requests))
                 finally:
                     browser.close()
         finally:
             server.terminate()
             server.wait(30)
-    mean = {k: sum(v) / len(v) for k, v in runs.items()}
-    return {"runs": runs, "mean": mean, "ratio_with_over_without": mean["with"] / mean["without"]}
+    ratios = sorted(w / wo for w, wo in zip(runs["with"], runs["without"]))
+    return {"runs": runs, "ratios_with_over_without": ratios, "median_ratio": ratios[len(ratios) // 2]}
 
 
 def main(argv=None) -> int:
@@ -241,7 +244,8 @@ def main(argv=None) -> int:
     p.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"),
                    help="the Chromium binary (Debian: apt-get install chromium)")
     p.add_argument("--throughput", action="store_true", help="also time paged.bench serve with and without the page")
-    p.add_argument("--rounds", type=int, default=2, help="--throughput: rounds of (without, with)")
+    p.add_argument("--rounds", type=int, default=3, help="--throughput: rounds of (without, with)")
+    p.add_argument("--num-requests", type=int, default=100, help="--throughput: requests per benchmark run")
     args = p.parse_args(argv)
     if not args.chromium:
         print("kv_view_check: chromium not found: apt-get install -y chromium (or pass --chromium)", file=sys.stderr)
@@ -268,7 +272,7 @@ def main(argv=None) -> int:
     if problems:
         return 1
     if args.throughput:
-        print(json.dumps(throughput(args.chromium, args.rounds)))
+        print(json.dumps(throughput(args.chromium, args.rounds, args.num_requests)))
     return 0
 
 

@@ -127,7 +127,8 @@ def test_kv_page_is_open_and_snapshot_needs_the_key(server):
 
 
 def test_kv_snapshot_carries_ids_and_counts_never_text(server, client):
-    """After a completion: the pools, queues and stats are there; the prompt's text and tokens are not."""
+    """After a completion: the pools, queues and stats are there, the prompt's text is not; a bad ``since``
+    is a 400 naming it."""
     prompt = "def kv_view_marker_function(x):"
     client.completions.create(model="test-model", prompt=prompt, max_tokens=4)
     resp = httpx.get(server.url + "/kv/snapshot", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
@@ -137,3 +138,6 @@ def test_kv_snapshot_carries_ids_and_counts_never_text(server, client):
     assert snap["pools"]["device"]["num_blocks"] == snap["stats"]["blocks_total"]
     assert set(snap["queue_lengths"]) == {"waiting", "running", "swapped"}
     assert "kv_view_marker" not in resp.text
+    bad = httpx.get(server.url + "/kv/snapshot?since=soon", headers={"Authorization": f"Bearer {API_KEY}"},
+                    timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"
