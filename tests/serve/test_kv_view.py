@@ -140,4 +140,4 @@ def test_kv_snapshot_carries_ids_and_counts_never_text(server, client):
     assert "kv_view_marker" not in resp.text
     bad = httpx.get(server.url + "/kv/snapshot?since=soon", headers={"Authorization": f"Bearer {API_KEY}"},
                     timeout=10)
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "query.since"
