@@ -26,6 +26,8 @@ import threading
 import time
 from dataclasses import replace
 
+from paged import RequestError
+
 logger = logging.getLogger("paged.serve")
 
 STATS_INTERVAL_S = 0.05  # how often a busy loop refreshes the stats snapshot /metrics reads
@@ -89,7 +91,7 @@ class AsyncEngine:
         """Queue ``(request_id, prompt_token_ids, params, prompt)`` s; their outputs arrive on the queue.
 
         Raises:
-            ValueError: the engine refused one of them (none is queued then).
+            RequestError: the engine refused one of them (none is queued then).
             EngineDeadError: the engine failed earlier.
         """
         if self.dead is not None:
@@ -181,8 +183,8 @@ class AsyncEngine:
             for i, (rid, ids, params, _) in enumerate(requests):
                 try:
                     engine.check_request(ids, params)
-                except ValueError as e:
-                    raise ValueError(f"prompt {i}: {e}" if len(requests) > 1 else str(e)) from None
+                except RequestError as e:
+                    raise (e.for_prompt(i) if len(requests) > 1 else e) from None
             for rid, ids, params, prompt in requests:
                 engine.add_request(rid, ids, params, prompt=prompt)
         except ValueError as e:

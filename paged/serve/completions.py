@@ -23,10 +23,11 @@ import uuid
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from paged import RequestError
 from paged.serve.async_engine import EngineDeadError
 from paged.serve.chat import ChatRenderer
 from paged.serve.detokenize import TextStream
-from paged.serve.errors import APIError, from_value_error
+from paged.serve.errors import APIError, from_request_error
 from paged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from paged.serve.responses import SSE_DONE, CompletionLogprobs, Formatter, json_response
 
@@ -93,10 +94,10 @@ class OpenAIServing:
         if req.echo and req.logprobs is not None:
             raise APIError("echo with logprobs would need prompt logprobs, which this engine does not "
                            "compute; drop one of them", param="echo", code="unsupported_parameter")
-        params = self._params(req, ids, req.max_tokens, req.logprobs, "prompt", {})
+        params = self._params(req, ids, req.max_tokens, req.logprobs, rename={})
         fmt = Formatter("completion", f"cmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.logprobs)
         echo = [self._prompt_text(p, i) for p, i in zip(prompts, ids)] if req.echo else None
-        return await self._serve(req, raw, fmt, ids, prompts, params, "prompt", echo)
+        return await self._serve(req, raw, fmt, ids, prompts, params, {}, echo)
 
     async def chat_completions(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self._check_model(req.model)
@@ -111,10 +112,10 @@ class OpenAIServing:
         if max_tokens is None:  # OpenAI's default for chat: whatever context is left
             max_tokens = max(1, self.max_model_len - len(ids))
         name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        params = self._params(req, [ids], max_tokens, req.num_logprobs, "messages",
-                              {"logprobs": "top_logprobs", "max_tokens": name}, max_tokens_name=name)
+        rename = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": name}  # engine field -> chat's
+        params = self._params(req, [ids], max_tokens, req.num_logprobs, rename)
         fmt = Formatter("chat", f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.num_logprobs)
-        return await self._serve(req, raw, fmt, [ids], [text], params, "messages", None)
+        return await self._serve(req, raw, fmt, [ids], [text], params, rename, None)
 
     # -- checks -----------------------------------------------------------------------
     def _check_model(self, model: str | None) -> None:
@@ -122,7 +123,10 @@ class OpenAIServing:
             raise APIError(f"model {model!r} does not exist; this server serves {self.model_name!r} "
                            "(GET /v1/models)", 404, param="model", code="model_not_found")
 
-    def _params(self, req, ids, max_tokens, logprobs, prompt_param, rename, max_tokens_name="max_tokens"):
+    def _params(self, req, ids, max_tokens, logprobs, rename):
+        """The request's ``SamplingParams``; ``rename`` maps engine field names to this endpoint's."""
+        prompt_param = rename.get("prompt", "prompt")
+        max_tokens_name = rename.get("max_tokens", "max_tokens")
         longest = max(len(i) for i in ids)
         if longest >= self.max_model_len:
             raise APIError(f"the prompt has {longest} tokens; this model's context is {self.max_model_len} "
@@ -134,8 +138,8 @@ class OpenAIServing:
                            f"got {max_tokens}", param=max_tokens_name, code="context_length_exceeded")
         try:
             params = req.sampling_params(max_tokens, logprobs)
-        except ValueError as e:
-            raise from_value_error(e, None, rename) from None
+        except RequestError as e:
+            raise from_request_error(e, rename) from None
         if req.stream and (params.use_beam_search or params.best_of > params.n):
             raise APIError("stream cannot be used with use_beam_search or best_of > n: the returned "
                            "sequences are only known when all have finished", param="stream")
@@ -147,12 +151,12 @@ class OpenAIServing:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else ""
 
     # -- run ------------------------------------------------------------------------
-    async def _serve(self, req, raw, fmt, ids, prompts, params, prompt_param, echo) -> Response:
+    async def _serve(self, req, raw, fmt, ids, prompts, params, rename, echo) -> Response:
         rids = [f"{fmt.id}-{i}" for i in range(len(ids))]
         try:
             stream = await self.engine.add(list(zip(rids, ids, [params] * len(ids), prompts)))
-        except ValueError as e:
-            raise from_value_error(e, prompt_param) from None
+        except RequestError as e:
+            raise from_request_error(e, rename) from None
         except EngineDeadError as e:
             raise APIError(str(e), 503) from None
         timing = _Timing(self.metrics)

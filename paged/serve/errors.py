@@ -18,6 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from paged import RequestError
+
 logger = logging.getLogger("paged.serve")
 
 _TYPE_OF_STATUS = {
@@ -81,23 +83,17 @@ def from_validation_error(err: ValidationError | RequestValidationError, expecte
     return APIError(f"{field or 'request'}: {msg}{more}", 400, param=field, code="invalid_value")
 
 
-def from_value_error(err: ValueError, default_param: str | None, rename: dict[str, str] | None = None) -> APIError:
-    """An engine or ``SamplingParams`` ``ValueError`` as a 400; the field it names becomes ``param``.
+def from_request_error(err: RequestError, rename: dict[str, str]) -> APIError:
+    """A ``RequestError`` of ``SamplingParams`` or the engine as a 400 whose ``param`` is the API's field.
 
-    ``SamplingParams`` messages start ``SamplingParams.<field> must be ...``; the
-    prefix is dropped and the field renamed to the API's name (``rename``).
+    The engine names fields as the offline API does; ``rename`` maps those
+    names to this endpoint's (chat: ``prompt`` -> ``messages``, ``logprobs`` ->
+    ``top_logprobs``). A renamed field leads the message, so the client reads
+    the name it sent.
     """
-    msg = str(err)
-    param = default_param
-    m = re.match(r"SamplingParams\.(\w+) ", msg)
-    if m:
-        name = (rename or {}).get(m.group(1), m.group(1))
-        param, msg = name, name + msg[m.end(1):]
-    elif re.match(r"(best_of|n)\b", msg):
-        param = "best_of" if msg.startswith("best_of") else "n"
-    elif msg.startswith("beam search"):
-        param = "temperature"
-    return APIError(msg, 400, param=param, code="invalid_value")
+    param = rename.get(err.param, err.param)
+    message = str(err) if param == err.param else f"{param}: {err}"
+    return APIError(message, 400, param=param, code="invalid_value")
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -89,7 +89,7 @@ class _Sampling(BaseModel):
         return self
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """The engine's ``SamplingParams``; raises ``ValueError`` naming a field and its bound."""
+        """The engine's ``SamplingParams``; raises ``RequestError`` naming a field and its bound."""
         temperature = self.temperature if self.temperature is not None else (0.0 if self.use_beam_search else 1.0)
         return SamplingParams(
             n=self.n, best_of=self.best_of, temperature=temperature, top_p=self.top_p, top_k=self.top_k,

@@ -24,3 +24,7 @@ class RequestError(ValueError):
         super().__init__(message)
         self.param = param
         self.bound = bound
+
+    def for_prompt(self, index: int) -> RequestError:
+        """The same refusal, its message led by which prompt of a batch it concerns."""
+        return RequestError(f"prompt {index}: {self}", param=self.param, bound=self.bound)

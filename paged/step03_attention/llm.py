@@ -70,7 +70,7 @@ class LLM:
         """Generate for every prompt (strings or token-id lists); outputs in prompt order.
 
         Every prompt is validated before any is queued, so a bad one raises
-        ``ValueError`` and nothing runs.
+        ``RequestError`` and nothing runs.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -82,8 +82,8 @@ class LLM:
         for i, (ids, sp) in enumerate(zip(token_ids, params)):
             try:
                 self.engine.check_request(ids, sp)
-            except ValueError as e:
-                raise ValueError(f"prompt {i}: {e}") from None
+            except RequestError as e:
+                raise e.for_prompt(i) from None
         ids_of = []
         for p, ids, sp in zip(prompts, token_ids, params):
             rid = f"gen-{next(self._ids)}"

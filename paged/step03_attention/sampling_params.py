@@ -1,13 +1,15 @@
 """``SamplingParams``: how one request wants its tokens chosen (vLLM's API shape).
 
 Validation happens here, at construction, so a bad request is refused before
-it touches the engine: every error is a ``ValueError`` naming the field, the
-value and the bound.
+it touches the engine: every error is a ``RequestError`` (a ``ValueError``)
+whose ``param`` is the field and whose message names the value and the bound.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from paged.step03_attention.errors import RequestError
 
 
 @dataclass
@@ -60,33 +62,35 @@ class SamplingParams:
         self._check()
 
     def _check(self) -> None:
-        def bad(name, value, bound):
-            raise ValueError(f"SamplingParams.{name} must be {bound}, got {value!r}")
+        def bad(name, value, rule, bound=None):
+            raise RequestError(f"{name} must be {rule}, got {value!r}", param=name, bound=bound)
 
         if not isinstance(self.n, int) or self.n < 1:
-            bad("n", self.n, "an integer >= 1")
+            bad("n", self.n, "an integer >= 1", 1)
         if not isinstance(self.best_of, int) or self.best_of < self.n:
-            bad("best_of", self.best_of, f"an integer >= n ({self.n})")
+            bad("best_of", self.best_of, f"an integer >= n ({self.n})", self.n)
         if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
-            bad("temperature", self.temperature, "a number in [0, 100]")
+            bad("temperature", self.temperature, "a number in [0, 100]", (0.0, 100.0))
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            bad("top_p", self.top_p, "a number in (0, 1]")
+            bad("top_p", self.top_p, "a number in (0, 1]", (0.0, 1.0))
         if not isinstance(self.top_k, int) or (self.top_k < 0 and self.top_k != -1):
             bad("top_k", self.top_k, "-1 (disabled), 0 (disabled) or a positive integer")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            bad("max_tokens", self.max_tokens, "an integer >= 1")
+            bad("max_tokens", self.max_tokens, "an integer >= 1", 1)
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
-            bad("min_tokens", self.min_tokens, f"an integer in [0, max_tokens={self.max_tokens}]")
+            bad("min_tokens", self.min_tokens, f"an integer in [0, max_tokens={self.max_tokens}]",
+                (0, self.max_tokens))
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", self.stop, "a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            bad("seed", self.seed, "None or a non-negative integer")
+            bad("seed", self.seed, "None or a non-negative integer", 0)
         if self.logprobs is not None and (
             not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= self.MAX_LOGPROBS
         ):
-            bad("logprobs", self.logprobs, f"None or an integer in [0, {self.MAX_LOGPROBS}]")
+            bad("logprobs", self.logprobs, f"None or an integer in [0, {self.MAX_LOGPROBS}]",
+                (0, self.MAX_LOGPROBS))
         if not isinstance(self.length_penalty, (int, float)):
             bad("length_penalty", self.length_penalty, "a number")
         if self.early_stopping not in (True, False, "never"):

@@ -155,3 +155,21 @@ def test_engine_refusal_stops_startup_with_its_message(model_path):
     assert str(exc.value).startswith("error: max_model_len must be in [2, ")
     with pytest.raises(SystemExit):  # argparse refuses non-positive sizes before anything loads
         parser().parse_args(["--block-size", "0"])
+
+
+@pytest.mark.parametrize("param, rename, expected", [
+    ("n", {}, "n"),
+    ("prompt", {"prompt": "messages"}, "messages"),
+    ("logprobs", {"prompt": "messages", "logprobs": "top_logprobs"}, "top_logprobs"),
+])
+def test_request_error_maps_to_param_by_its_field_not_its_text(param, rename, expected):
+    """``param`` comes from ``RequestError.param`` renamed to the endpoint's field; the message text,
+    which here names another field, is not read."""
+    from paged import RequestError
+    from paged.serve.errors import from_request_error
+
+    err = from_request_error(RequestError("best_of must be <= 64; beam search needs temperature=0", param=param,
+                                          bound=64), rename)
+    assert (err.status, err.param, err.code) == (400, expected, "invalid_value")
+    assert err.message.endswith("best_of must be <= 64; beam search needs temperature=0")
+    assert err.message.startswith(f"{expected}: ") == (expected != param)

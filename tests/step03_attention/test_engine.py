@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from paged.models import load_model
-from paged.step03_attention import Engine, LLM, SamplingParams
+from paged.step03_attention import LLM, Engine, RequestError, SamplingParams
 from tests.engine_loop import drain
 from tests.hf_models import build_hf_model, float64_rmsnorm, save_checkpoint
 from tests.tolerances import FLOAT64
@@ -92,17 +92,19 @@ def test_engine_abort_frees_blocks_and_stops_output(checkpoint):
     assert engine.allocator.num_free == 64 and not engine.has_unfinished()
 
 
-@pytest.mark.parametrize("prompt, params, match", [
-    ([], SamplingParams(), "empty"),
-    ([1, 2, 10_000], SamplingParams(), r"token ids must be in \[0, "),
-    (list(range(1, 129)), SamplingParams(), "at most"),
-    ([1, 2], SamplingParams(n=2), "step04"),
+@pytest.mark.parametrize("prompt, params, match, param", [
+    ([], SamplingParams(), "empty", "prompt"),
+    ([1, 2, 10_000], SamplingParams(), r"token ids must be in \[0, ", "prompt"),
+    (list(range(1, 129)), SamplingParams(), "at most", "prompt"),
+    ([1, 2], SamplingParams(n=2), "step04", "n"),
 ], ids=["empty", "out-of-vocab", "too-long", "n>1"])
-def test_engine_rejects_bad_requests_and_changes_nothing(checkpoint, prompt, params, match):
+def test_engine_rejects_bad_requests_and_changes_nothing(checkpoint, prompt, params, match, param):
+    """The refusal is a ``RequestError`` naming the field at fault; the engine's state is unchanged."""
     _, _, path = checkpoint
     engine = _engine(path)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(RequestError, match=match) as info:
         engine.add_request("bad", prompt, params)
+    assert info.value.param == param
     assert not engine.has_unfinished() and engine.allocator.num_free == 64 and not engine.requests
 
 

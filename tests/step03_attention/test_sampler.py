@@ -1,7 +1,7 @@
 """``SamplingParams`` validation, the vectorised sampler, and stop strings in the engine.
 
-* Validation: every bound of every field raises ``ValueError`` naming the
-  field and the bound; the values on the bound itself are accepted.
+* Validation: every bound of every field raises ``RequestError`` (a
+  ``ValueError``) whose ``param`` is the field and whose message names the bound; the values on the bound itself are accepted.
 * Greedy rows are the argmax (exact: the same ``argmax``), and ``top_k=1`` is
   greedy at any temperature.
 * Top-k / top-p never draw a token outside the allowed set, which the test
@@ -25,7 +25,7 @@ import re
 import pytest
 import torch
 
-from paged.step03_attention import LLM, SamplingParams, sample
+from paged.step03_attention import LLM, RequestError, SamplingParams, sample
 from tests.hf_models import build_hf_model, save_checkpoint, write_tokenizer
 from tests.tolerances import FLOAT32, SAMPLER_CHI2_ALPHA
 
@@ -62,8 +62,10 @@ BAD = [
 
 @pytest.mark.parametrize("field, kwargs, bound", BAD, ids=[f"{f}-{list(k.values())[-1]!r}" for f, k, _ in BAD])
 def test_sampling_params_out_of_bound_raises_naming_field_and_bound(field, kwargs, bound):
-    with pytest.raises(ValueError, match=re.escape(f"SamplingParams.{field} must be {bound}, got")):
+    """A ``RequestError`` (a ``ValueError``) whose ``param`` is the field and whose message states the bound."""
+    with pytest.raises(RequestError, match="^" + re.escape(f"{field} must be {bound}, got")) as info:
         SamplingParams(**kwargs)
+    assert isinstance(info.value, ValueError) and info.value.param == field
 
 
 @pytest.mark.parametrize("kwargs", [
