@@ -13,7 +13,7 @@ import pytest
 
 from paged.bench import e2e, hf, serve, throughput
 from paged.bench.__main__ import main as bench_main
-from paged.bench.sharing import load_tiny_llama
+from paged.models.random_llama import load_random_llama
 from paged.step03_attention import SamplingParams
 from paged.step05_preemption import LLM, PreemptingEngine, ReservingEngine
 
@@ -22,7 +22,7 @@ B, CONTEXT = 4, 64
 
 @pytest.fixture(scope="module")
 def model():
-    return load_tiny_llama(max_len=CONTEXT)
+    return load_random_llama(max_position_embeddings=CONTEXT)
 
 
 def _engine(model, memory, num_blocks=64, **kw):
@@ -98,9 +98,9 @@ def test_reservation_refuses_what_can_never_fit_and_bad_modes(model):
 
 
 def test_llm_memory_setting(tmp_path):
-    from paged.bench.sharing import tiny_llama
+    from paged.models.random_llama import random_llama
 
-    path = tiny_llama(tmp_path / "m", max_len=CONTEXT)
+    path = random_llama(tmp_path / "m", max_position_embeddings=CONTEXT)
     llm = LLM(str(path), memory="orca-pow2", block_size=B, num_blocks=32)
     assert llm.engine.memory == "orca-pow2"
     out = llm.generate([[3, 4, 5]], _params(3), use_tqdm=False)

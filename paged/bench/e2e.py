@@ -7,7 +7,7 @@ Not a benchmark itself (no ``run``): the dispatcher skips it.
   small random LLaMA (2 layers, hidden 128, 4 query / 2 KV heads, MLP 256,
   vocab 4096: per-iteration overhead dominates, as decode on a GPU is
   memory-bound), written in-process with ``transformers``
-  (``paged.bench.sharing.tiny_llama``) and loaded with ``paged.models.load_model``.
+  (``paged.models.random_llama``) and loaded with ``paged.models.load_model``.
 * **The workload**: a length trace (``paged.bench.traces``) with every length
   divided by ``--length-scale`` (rounded up), so that the paper's proportions
   hold at a small KV budget: OPT-13B on an A100-40GB holds about 15.7K tokens
@@ -35,7 +35,7 @@ from paged.bench.traces import SYNTHETIC, TraceFormatError, clip_to_max_len, loa
 
 PAPER_MAX_LEN = 2048  # OPT's context: the synthetic traces are drawn within it, then scaled
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-RANDOM_SHAPE = dict(vocab_size=4096, hidden_size=128, num_layers=2)
+RANDOM_SHAPE = dict(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2)
 
 
 @dataclass(frozen=True)
@@ -102,15 +102,11 @@ def model_folder(requested: str | None, tmp: str, context: int) -> tuple[Path, s
 
     if (DEFAULT_MODEL_PATH / "config.json").exists():
         return DEFAULT_MODEL_PATH, f"model: the bundled demo model ({DEFAULT_MODEL_PATH})"
-    import transformers
+    from paged.models.random_llama import random_llama
 
-    from paged.bench.sharing import tiny_llama
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
     s = RANDOM_SHAPE
-    return tiny_llama(tmp, max_len=max(context, 2), **s), (
-        f"model: random LLaMA built in-process (the demo model is not there): {s['num_layers']} layers, "
+    return random_llama(tmp, max_position_embeddings=max(context, 2), **s), (
+        f"model: random LLaMA built in-process (the demo model is not there): {s['num_hidden_layers']} layers, "
         f"hidden {s['hidden_size']}, 4/2 heads, vocab {s['vocab_size']}, float32")
 
 

@@ -2,8 +2,8 @@
 
 The paper's workload is few-shot translation: every request starts with the
 same instruction and examples, 80 tokens for one shot and 341 for five, then
-its own sentence. Here a tiny random LLaMA (the one of ``paged.bench
-sharing``) serves ``--requests`` requests of ``prefix + a distinct suffix``
+its own sentence. Here a tiny random LLaMA (``paged.models.random_llama``,
+as in ``paged.bench sharing``) serves ``--requests`` requests of ``prefix + a distinct suffix``
 (``--suffix-len`` random tokens each) with ``--max-tokens`` greedy output
 tokens, through ``SharingEngine(enable_prefix_caching=True)`` and ``=False``
 — the same requests, side by side in one process, alternating which goes
@@ -38,7 +38,8 @@ import sys
 import time
 
 from paged.bench._threads import torch_threads
-from paged.bench.sharing import load_tiny_llama, measure_engine
+from paged.bench.sharing import blocks_in_plan, measure_engine
+from paged.models.random_llama import load_random_llama
 from paged.step04_sharing import SamplingParams, SharingEngine
 
 PREFIXES = {"1-shot": 80, "5-shot": 341}
@@ -73,18 +74,18 @@ def serve(model, prefix: list[int], prompts: list[list[int]], caching: bool, arg
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{i}", prompt, greedy)
     t0 = time.perf_counter()
-    usage, execute = [], engine.runner.execute
+    usage = []
 
-    def hooked(plan):
-        usage.append(engine.block_manager.allocator.num_used)
-        return execute(plan)
+    def observe(engine, plan, results):  # the blocks the forward pass held
+        usage.append(blocks_in_plan(plan)[0])
 
-    engine.runner.execute = hooked
+    engine.add_observer(observe)
     while engine.has_unfinished():
         for out in engine.step():
             if out.finished:
                 outputs[out.request_id] = out.outputs[0].token_ids
     seconds = time.perf_counter() - t0
+    engine.remove_observer(observe)
     return {
         "prefill_tokens": engine.prompt_tokens_total - computed_before,
         "blocks_mean": sum(usage) / len(usage),
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    model = load_tiny_llama()
+    model = load_random_llama()
     c = model.config
     print(f"tiny random LLaMA ({c.num_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}, float32); "
           f"{args.requests} requests of prefix + {args.suffix_len} distinct tokens, {args.max_tokens} greedy "

@@ -16,14 +16,14 @@ others), so the figure does not depend on how requests overlap in time.
   ``tests/step04_sharing/test_bench_sharing.py`` checks that the replay gives
   the same sums as the real engine.
 * **Beam search** (width ``k`` = 2, 4, 6) runs a real model through
-  ``SharingEngine``: a tiny random LLaMA (2 layers, hidden 64, vocab 256,
-  context 2048) built in-process and loaded with ``paged.models.load_model``,
+  ``SharingEngine``: a tiny random LLaMA (``paged.models.random_llama``: 2
+  layers, hidden 64, vocab 256, context 2048) built in-process,
   on the first ``--beam-requests`` requests of the same trace (prompt:
   random token ids of the trace's length; ``max_tokens`` = the trace's output
-  length, EOS ignored). The bench wraps ``engine.runner.execute`` to read,
-  every iteration after the plan's allocations and copy-on-writes,
-  ``allocator.num_used`` and the sum of ``len(block_table.blocks)`` over the
-  sequences of running requests.
+  length, EOS ignored). An engine observer reads every executed ``StepPlan``:
+  the blocks its sequences' tables map (each distinct block once: used) and
+  the sum of their lengths (needed), as they were after the plan's
+  allocations and copy-on-writes.
 
 The paper (OPT-13B, real traces): parallel 6.1–9.8% (Alpaca), 16.2–30.5%
 (ShareGPT); beam search 37.6–55.2% (Alpaca), 44.3–66.3% (ShareGPT).
@@ -39,15 +39,12 @@ import argparse
 import json
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
-
-import torch
 
 from paged.bench._threads import torch_threads
-from paged.bench.traces import SYNTHETIC, synthetic_trace
+from paged.bench.traces import SYNTHETIC, random_prompts, synthetic_trace
+from paged.models.random_llama import load_random_llama
 from paged.step01_allocator.waste import TraceRequest
 from paged.step04_sharing import BlockManager, SamplingParams, SharingEngine
 
@@ -76,34 +73,6 @@ class Usage:
     def saved(self) -> float:
         """Fraction of blocks saved, ``1 - mean(used) / mean(needed)``."""
         return 1.0 - self.used / self.needed if self.needed else 0.0
-
-
-# -- the tiny model ------------------------------------------------------------
-def tiny_llama(path: str | Path, *, vocab_size: int = 256, hidden_size: int = 64, num_layers: int = 2,
-               max_len: int = MAX_LEN, seed: int = 0) -> Path:
-    """Write a random LLaMA checkpoint (``transformers`` ``save_pretrained``) to ``path``."""
-    import transformers
-
-    config = transformers.LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_len, bos_token_id=1, eos_token_id=2,
-    )
-    torch.manual_seed(seed)
-    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    return Path(path)
-
-
-def load_tiny_llama(dtype=torch.float32, **kwargs):
-    """``tiny_llama`` written to a temporary folder and loaded with ``paged.models.load_model``."""
-    import transformers
-
-    from paged.models import load_model
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    with tempfile.TemporaryDirectory() as tmp:
-        return load_model(tiny_llama(tmp, **kwargs), dtype=dtype)
 
 
 # --8<-- [start:replay]
@@ -139,33 +108,36 @@ def replay_parallel(trace: list[TraceRequest], n: int, block_size: int) -> Usage
 
 
 # --8<-- [start:engine]
-def measure_engine(engine: SharingEngine) -> Usage:
-    """Run ``engine`` until it is idle, reading its block usage at every iteration.
+def blocks_in_plan(plan) -> tuple[int, int]:
+    """``(blocks used, blocks needed without sharing)`` by the sequences of one ``StepPlan``.
 
-    The reading is taken when the runner is called: after the plan's new
-    blocks and copy-on-writes, while the forward pass would hold them.
+    A block mapped by several tables is used once but needed by each of them.
+    The plan holds every running sequence's table as it was when the runner ran
+    it (after the iteration's new blocks and copy-on-writes), except the
+    samples forked from a prompt computed in this plan (``fanout``): each maps
+    its parent's table.
     """
-    usage, execute = Usage(), engine.runner.execute
+    tables = dict(zip(plan.seq_ids, plan.block_tables))
+    needed = sum(map(len, tables.values())) + sum(len(tables[parent]) for parent, _, _ in plan.fanout)
+    used = len({block for table in tables.values() for block in table})
+    return used, needed
 
-    def hooked(plan):
-        needed = sum(len(s.block_table.blocks) for r in engine.running for s in r.seqs)
-        usage.add(engine.block_manager.allocator.num_used, needed)
-        return execute(plan)
 
-    engine.runner.execute = hooked
+def measure_engine(engine: SharingEngine) -> Usage:
+    """Run ``engine`` until it is idle, adding up the block usage of every plan it executes."""
+    usage = Usage()
+
+    def observe(engine, plan, results):
+        usage.add(*blocks_in_plan(plan))
+
+    engine.add_observer(observe)
     try:
         while engine.has_unfinished():
             engine.step()
     finally:
-        engine.runner.execute = execute
+        engine.remove_observer(observe)
     return usage
 # --8<-- [end:engine]
-
-
-def prompts_for(trace: list[TraceRequest], vocab_size: int, seed: int) -> list[list[int]]:
-    """Random prompt token ids of the trace's lengths (ids 3.., clear of BOS / EOS)."""
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab_size) for _ in range(r.prompt_len)] for r in trace]
 
 
 def run_beam(model, trace: list[TraceRequest], k: int, block_size: int, seed: int = 0,
@@ -174,7 +146,7 @@ def run_beam(model, trace: list[TraceRequest], k: int, block_size: int, seed: in
     num_blocks = sum(k * -(-r.total_len // block_size) + k for r in trace)
     engine = SharingEngine(model, block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=False,
                            attention_backend=attention_backend, max_num_seqs=max(256, k * len(trace)))
-    for i, (r, prompt) in enumerate(zip(trace, prompts_for(trace, model.config.vocab_size, seed))):
+    for i, (r, prompt) in enumerate(zip(trace, random_prompts([r.prompt_len for r in trace], model.config.vocab_size, seed))):
         engine.add_request(f"beam-{i}", prompt, SamplingParams(
             use_beam_search=True, n=k, temperature=0.0, max_tokens=r.output_len, ignore_eos=True))
     usage = measure_engine(engine)
@@ -251,7 +223,7 @@ def _run(args: argparse.Namespace) -> int:
         u = replay_parallel(trace, n, args.block_size)
         result["parallel"][str(n)] = u.saved
         rows.append(("parallel", n, u, None))
-    model = load_tiny_llama()
+    model = load_random_llama()
     c = model.config
     print(f"beam search: tiny random LLaMA ({c.num_layers} layers, hidden {c.hidden_size}, vocab "
           f"{c.vocab_size}, float32) on the first {len(beam_trace)} requests, all at once")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,3 +148,9 @@ def clip_to_max_len(trace: list[TraceRequest], max_len: int) -> tuple[list[Trace
         else:
             kept.append(r)
     return kept, dropped, clipped
+
+
+def random_prompts(lengths: list[int], vocab_size: int, seed: int) -> list[list[int]]:
+    """Random prompts of the given lengths: token ids 3.. (clear of BOS 1 and EOS 2), seeded."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]

@@ -7,9 +7,10 @@
   place, its count being 1 again. Run through a ``BlockManager`` whose free
   list hands out 7, 1, 3 as in the paper.
 * **Figure 9** (beam search): a real ``SharingEngine`` runs beam search
-  (``k = 4``, ``B = 4``) on a tiny random model; the tables of the live
-  candidates are read inside the engine at the first iteration where a beam
-  update drops a candidate, and at the iteration before it.
+  (``k = 4``, ``B = 4``) on a tiny random model; an engine observer reads
+  the tables of the live candidates after every iteration, and the figure
+  shows the first beam update that drops a candidate and the iteration
+  before it.
 * **Figure 10** (shared prefix): two translation requests with the same
   few-shot prefix; the second request's prompt finds the prefix's full blocks
   in the prefix cache and maps them (reference count 2); only its own task is
@@ -165,20 +166,21 @@ def figure9(model, k: int = 4, prompt_len: int = 6, max_tokens: int = 16) -> lis
     prompt = [3 + 7 * i % (model.config.vocab_size - 3) for i in range(prompt_len)]
     engine.add_request("beam", prompt, SamplingParams(use_beam_search=True, n=k, temperature=0.0,
                                                       max_tokens=max_tokens, ignore_eos=True))
-    seen, execute, iteration = [], engine.runner.execute, [0]
+    seen = []
 
-    def hooked(plan):
-        req = engine.running[0]
-        named = [(f"candidate {s.seq_id}", s.block_table, [f"t{t}" for t in s.token_ids]) for s in req.seqs]
-        iteration[0] += 1
-        seen.append((set(s.seq_id for s in req.seqs), snapshot(
-            f"Figure 9 · beam search (k = {k}), iteration {iteration[0]}", named, engine.allocator, 4,
+    def observe(engine, plan, results):  # after the iteration's beam update
+        if not engine.running:
+            return
+        live = [s for s in engine.running[0].seqs if not s.is_finished]
+        named = [(f"candidate {s.seq_id}", s.block_table, [f"t{t}" for t in s.token_ids]) for s in live]
+        seen.append((set(s.seq_id for s in live), snapshot(
+            f"Figure 9 · beam search (k = {k}), after iteration {len(seen) + 1}", named, engine.allocator, 4,
             plan.blocks_to_copy)))
-        return execute(plan)
 
-    engine.runner.execute = hooked
+    engine.add_observer(observe)
     while engine.has_unfinished():
         engine.step()
+    engine.remove_observer(observe)
     for (ids_before, before), (ids_after, after) in zip(seen, seen[1:]):
         tree = any(1 < c < k for c in before.ref_counts.values())  # a block shared by some candidates
         if tree and len(ids_before) == k and ids_before - ids_after and ids_after - ids_before:
@@ -193,11 +195,11 @@ def figure9(model, k: int = 4, prompt_len: int = 6, max_tokens: int = 16) -> lis
 
 def main(out_dir: str = "docs/figures") -> int:
     """Write ``step04_figure8/9/10.txt`` into ``out_dir`` (Figure 9 builds a tiny random model)."""
-    from paged.bench.sharing import load_tiny_llama
+    from paged.models.random_llama import load_random_llama
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = load_tiny_llama(max_len=64)
+    model = load_random_llama(max_position_embeddings=64)
     for name, snaps in [("figure8", figure8()), ("figure9", figure9(model)), ("figure10", figure10())]:
         (out / f"step04_{name}.txt").write_text("\n".join(render_text(s) for s in snaps))
         print(f"wrote {out / f'step04_{name}.txt'}")

@@ -13,8 +13,9 @@ iteration of S prompts of P tokens. The plan carries every sequence's
 ``SamplingParams`` whole, so it grows with S, not with the model.
 
 **Step time** (``--tp W``). The same greedy batch runs on a W = 1 engine and
-on a W-rank engine in this process, over ``--model`` or else the bundled demo
-model, or a random LLaMA of its shape when it is absent; the mean time of a decode step is reported for both
+on a W-rank engine in this process, over ``--model`` or else a random LLaMA
+of the demo model's shape (the time depends on the shape, not the weights);
+the mean time of a decode step is reported for both
 and as a ratio. On a CPU with small models, W ranks are slower (every layer
 waits for two all-reduces between processes); tensor parallelism pays when
 one device cannot hold the model or its KV cache, or computes too slowly.
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m paged.step06_tensor_parallel.measure",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=None, help="also time decode steps at W ranks against one")
-    p.add_argument("--model", help="checkpoint for the timing (default: the demo model, or one of its shape)")
+    p.add_argument("--model", help="checkpoint for the timing (default: a random LLaMA of the demo model's shape)")
     p.add_argument("--num-seqs", type=int, default=8, help="sequences in the timed batch")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--dtype", default="float32")
@@ -103,10 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.tp:
         import tempfile
 
-        from paged.bench.preemption import model_folder
+        from paged.models.random_llama import demo_shaped_llama
 
         with tempfile.TemporaryDirectory() as tmp:
-            folder, which = model_folder(args.model, tmp)
+            folder, which = (args.model, f"model: {args.model}") if args.model else demo_shaped_llama(tmp)
             print(which)
             t = step_times(str(folder), args.tp, args.num_seqs, args.max_tokens, args.dtype)
         result["step_seconds"] = {str(k): v for k, v in t.items()}

@@ -16,7 +16,8 @@ import json
 import pytest
 
 from paged.bench.__main__ import main
-from paged.bench.sharing import load_tiny_llama, measure_engine, replay_parallel
+from paged.bench.sharing import measure_engine, replay_parallel
+from paged.models.random_llama import load_random_llama
 from paged.bench.traces import synthetic_trace
 from paged.step01_allocator.waste import TraceRequest
 from paged.step04_sharing import SamplingParams, SharingEngine
@@ -30,7 +31,7 @@ def _run(capsys, *argv):
 
 @pytest.fixture(scope="module")
 def model():
-    return load_tiny_llama(max_len=128)
+    return load_random_llama(max_position_embeddings=128)
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -62,14 +62,13 @@ def test_parallel_samples_share_prompt_blocks_then_copy_on_write(model):
     engine.step()  # the prompt: 7 tokens in 2 blocks, mapped by all 3 samples
     assert engine.allocator.num_used == 2
     plan_copies = []
-    original = engine.runner.execute
 
-    def spy(plan):
+    def observe(engine, plan, results):
         plan_copies.extend(plan.blocks_to_copy)
-        return original(plan)
 
-    engine.runner.execute = spy
+    engine.add_observer(observe)
     engine.step()  # each sample writes its first token into the shared, partly filled block
+    engine.remove_observer(observe)
     assert len(plan_copies) == 2  # two copy-on-writes; the last sample writes in place
     assert engine.allocator.num_used == 4
     while engine.has_unfinished():

@@ -67,8 +67,12 @@ def swap_space(model, world, blocks=64):
 def run(engine, tag, mode):
     """The mixed batch to the end under ``mode``; returns (outputs by request, the plans executed)."""
     engine.preemption_mode = mode
-    plans, execute = [], engine.runner.execute
-    engine.runner.execute = lambda plan: (plans.append(pickle.dumps(plan)), execute(plan))[1]
+    plans = []
+
+    def record(engine, plan, results):
+        plans.append(pickle.dumps(plan))
+
+    engine.add_observer(record)
     before = sum(engine.stats()["preemptions"].values())
     try:
         for rid, prompt, params in _requests(tag):
@@ -81,7 +85,7 @@ def run(engine, tag, mode):
                 if out.finished:
                     done[out.request_id.split("-", 1)[1]] = [o.token_ids for o in out.outputs]
     finally:
-        del engine.runner.execute
+        engine.remove_observer(record)
     assert engine.allocator.num_used == 0 and engine.swap.allocator.num_used == 0, "blocks leaked"
     assert sum(engine.stats()["preemptions"].values()) - before >= 3, "the pool did not force preemption"
     return done, [pickle.loads(p) for p in plans]
