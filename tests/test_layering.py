@@ -1,7 +1,10 @@
-"""The ladder (STYLE §2): each step re-exports everything the step below exports."""
+"""The ladder (docs/architecture.md): each step re-exports everything the step below exports, and
+imports only what lies below it."""
 
+import ast
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +44,99 @@ def test_layering_every_all_name_exists():
     for step in _steps():
         for name in step.__all__:
             assert hasattr(step, name), f"{step.__name__}.__all__ names missing {name}"
+
+
+# -- import direction ------------------------------------------------------------------
+PAGED = Path(paged.__file__).resolve().parent
+BELOW_THE_STEPS = ("paged.models", "paged.kernels")  # what every step may import
+ABOVE_THE_STEPS = ("paged.bench", "paged.serve", "paged.demo")  # what no step may import
+
+
+def _imports(path: Path, module: str) -> list[tuple[int, str]]:
+    """``(line, imported module)`` of every import in the file, those inside functions included.
+
+    ``from X import Y`` counts as ``X.Y`` (``Y`` may be a submodule); relative
+    imports are resolved against ``module``'s package.
+    """
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _modules(folder: Path) -> list[tuple[Path, str]]:
+    """Every ``.py`` file under ``folder`` with its dotted module name."""
+    return [(p, ".".join(p.relative_to(PAGED.parent).with_suffix("").parts).removesuffix(".__init__"))
+            for p in sorted(folder.rglob("*.py"))]
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _step_number(name: str) -> int | None:
+    """N of ``paged.stepNN_*``, None for any other module."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[0] == "paged" and parts[1].startswith("step"):
+        return int(parts[1][4:6])
+    return None
+
+
+def upward_imports(folder: Path) -> list[str]:
+    """The imports under ``folder`` (a step, ``paged/models`` or ``paged/kernels``) that point up the ladder.
+
+    Step N may import steps < N, itself, ``paged.models`` and ``paged.kernels``;
+    those two import no step. Nothing of them imports ``paged`` itself (it is
+    the top of the ladder), ``paged.bench``, ``paged.serve`` or ``paged.demo``.
+    """
+    bad = []
+    for path, module in _modules(folder):
+        own = _step_number(module)
+        for line, name in _imports(path, module):
+            if not _within(name, "paged"):
+                continue
+            step = _step_number(name)
+            if step is not None:
+                ok = own is not None and step <= own
+            else:
+                ok = any(_within(name, p) for p in BELOW_THE_STEPS)
+            if not ok:
+                bad.append(f"{path.relative_to(PAGED.parent)}:{line} imports {name}")
+    return bad
+
+
+LAYERS = sorted(p for p in PAGED.iterdir() if p.name.startswith("step")) + [PAGED / "models", PAGED / "kernels"]
+
+
+@pytest.mark.parametrize("folder", LAYERS, ids=[p.name for p in LAYERS])
+def test_layering_imports_point_down_the_ladder(folder):
+    """Read from the source (the AST, so lazy imports inside functions count): step N imports only steps
+    below it, ``paged.models`` and ``paged.kernels``; those two import no step; none imports
+    ``paged.bench``, ``paged.serve``, ``paged.demo`` or the top-level ``paged``."""
+    assert upward_imports(folder) == []
+
+
+def test_layering_check_sees_an_upward_import_inside_a_function(tmp_path):
+    """The checker itself: a lazy ``paged.bench`` import in a step, and a step import in ``paged.models``,
+    are both reported."""
+    step = tmp_path / "paged" / "step03_attention"
+    models = tmp_path / "paged" / "models"
+    step.mkdir(parents=True)
+    models.mkdir()
+    (step / "tool.py").write_text("import torch\n\ndef f():\n    from paged.bench import sharing\n")
+    (models / "x.py").write_text("from ..step02_block_table import KVCache\nfrom . import config\n")
+    global PAGED
+    saved, PAGED = PAGED, tmp_path / "paged"
+    try:
+        assert upward_imports(step) == ["paged/step03_attention/tool.py:4 imports paged.bench.sharing"]
+        assert upward_imports(models) == ["paged/models/x.py:1 imports paged.step02_block_table.KVCache"]
+    finally:
+        PAGED = saved

@@ -8,13 +8,11 @@ model on the Python standard library's source (see ``docs/demo_model.md``):
 - :mod:`paged.demo.train` — ``python -m paged.demo.train``, the training run,
 - :mod:`paged.demo.evaluate` — the held-out loss written into the model card.
 
-``DEFAULT_MODEL_PATH`` is the shipped Hugging Face folder (package data).
-This module imports nothing heavy, so ``paged`` can read the path cheaply.
+``DEFAULT_MODEL_PATH`` is the shipped Hugging Face folder (package data): config.json,
+model.safetensors, tokenizer files, README.md. ``paged.models`` defines it, so the
+engines (which may not import this package: it sits above them) load it by default.
 """
 
-from pathlib import Path
-
-DEFAULT_MODEL_PATH: Path = Path(__file__).resolve().parent / "model"
-"""The shipped model folder: config.json, model.safetensors, tokenizer files, README.md."""
+from paged.models.loader import DEFAULT_MODEL_PATH
 
 __all__ = ["DEFAULT_MODEL_PATH"]

@@ -1,4 +1,4 @@
-"""The C++ / OpenMP paged-attention kernel of ``csrc/cpu`` (paper §4.1; DESIGN §3, §4).
+"""The C++ / OpenMP paged-attention kernel of ``csrc/cpu`` (paper §4.1; docs/architecture.md).
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 (``-O3 -march=native -fopenmp``: it is built on the machine that runs it) into
@@ -10,12 +10,13 @@ cpp_extension's lock file keeps concurrent processes (pytest workers) from
 building at once.
 
 If the build fails, ``load()`` warns once and returns ``None``, and
-``paged_attention_decode`` falls back to the reference path (gather + SDPA).
+``paged_attention_decode`` falls back to gathering each sequence's blocks and
+running SDPA (what step03's reference path does).
 Tests call ``load(strict=True)`` so that a broken build fails them instead.
 
 Invariants: the kernel reads only the first ``ceil(context_lens[s] / B)``
 entries of block-table row ``s`` and only the filled slots of the last block;
-it never writes the cache. Layout: the cache of DESIGN §3, unchanged.
+it never writes the cache. Layout: the cache of docs/architecture.md, unchanged.
 """
 
 from __future__ import annotations
@@ -139,11 +140,27 @@ def paged_attention_decode(
     """
     module = load()
     if module is None:
-        from paged.step03_attention.reference import reference_attention
-
-        result = reference_attention(query, key_cache, value_cache, block_tables, context_lens, None, scale)
+        result = _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
         return result if out is None else out.copy_(result)
     return module.decode(query, key_cache, value_cache, block_tables, context_lens, float(scale), out)
+
+
+def _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, scale) -> torch.Tensor:
+    """The path without the kernel: each sequence's blocks copied into contiguous K/V, then SDPA.
+
+    The same computation as step03's ``reference_attention`` for one query per
+    sequence, written against ``paged.models`` only: kernels sit below the steps.
+    """
+    from paged.models.contiguous import causal_attention
+
+    block_size = key_cache.shape[1]
+    out = torch.empty_like(query)  # [S, H, D]
+    for s, n in enumerate(context_lens.tolist()):
+        blocks = block_tables[s, : -(-n // block_size)].long()
+        k = key_cache.index_select(0, blocks).flatten(0, 1)[:n]  # [n, H_kv, D]
+        v = value_cache.index_select(0, blocks).flatten(0, 1)[:n]
+        out[s : s + 1] = causal_attention(query[s : s + 1], k, v, scale)
+    return out
 
 
 def write_kv(

@@ -27,6 +27,9 @@ from safetensors import safe_open
 
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig, ModelLoadError, parse_dtype
+
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[1] / "demo" / "model"
+"""The bundled demo checkpoint, loaded when no model is named (``paged.demo`` trains and ships it)."""
 from paged.models.llama import LlamaForCausalLM
 from paged.models.opt import OPTForCausalLM
 

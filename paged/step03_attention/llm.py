@@ -16,6 +16,7 @@ import itertools
 import torch
 from tqdm.auto import tqdm
 
+from paged.models.loader import DEFAULT_MODEL_PATH
 from paged.step03_attention.engine import Engine
 from paged.step03_attention.outputs import RequestOutput
 from paged.step03_attention.sampling_params import SamplingParams
@@ -23,8 +24,6 @@ from paged.step03_attention.sampling_params import SamplingParams
 
 def default_model_path() -> str:
     """The bundled demo model (``paged/demo/model``)."""
-    from paged.demo import DEFAULT_MODEL_PATH
-
     return str(DEFAULT_MODEL_PATH)
 
 
