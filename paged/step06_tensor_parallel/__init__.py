@@ -5,7 +5,7 @@ sharded layers and ``shard_model`` (applied to the ``paged.models``
 definitions, loading each rank's slices only), the worker processes and their
 fault handling (``load_sharded``, ``WorkerGroup``, ``WorkerError``), the
 runners (``ShardRunner`` on workers, ``DriverRunner`` on rank 0) and
-``TensorParallelEngine``, with the step's ``LLM``; ``launch`` is the torchrun
+``TensorParallelEngine``, with the step's ``LLM``; ``torchrun_entry`` is the torchrun
 entry point for several machines.
 """
 
@@ -23,8 +23,8 @@ from paged.step06_tensor_parallel.sharding import (
     load_shard,
     shard_model,
 )
-from paged.step06_tensor_parallel.start import ShardedModel, load_sharded
-from paged.step06_tensor_parallel.workers import WorkerError, WorkerGroup
+from paged.step06_tensor_parallel.sharded_model import ShardedModel, load_sharded
+from paged.step06_tensor_parallel.worker_group import WorkerError, WorkerGroup
 
 __all__ = [n for n in _step05_all if n != "LLM"] + [
     "LLM",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from paged.step05_preemption import LLM as Step05LLM
 from paged.step06_tensor_parallel.engine import TensorParallelEngine
-from paged.step06_tensor_parallel.start import load_sharded
+from paged.step06_tensor_parallel.sharded_model import load_sharded
 
 
 class LLM(Step05LLM):
@@ -21,7 +21,7 @@ class LLM(Step05LLM):
     Args:
         tensor_parallel_size: W shards of the model, each in its own process (rank 0 is this one).
         launcher: ``"spawn"`` (start the W-1 workers here) or ``"torchrun"`` (they were started by
-            torchrun, maybe on other machines; see ``python -m paged.step06_tensor_parallel.launch``).
+            torchrun, maybe on other machines; see ``python -m paged.step06_tensor_parallel.torchrun_entry``).
         **engine_args (Any): as ``paged.step05_preemption.LLM``.
     """
 

@@ -30,8 +30,8 @@ import torch.distributed as dist
 from paged.models import LoadedModel, read_config
 from paged.step06_tensor_parallel.group import DEFAULT_TIMEOUT, connect
 from paged.step06_tensor_parallel.sharding import check_shardable, load_shard
-from paged.step06_tensor_parallel.worker import share_cpu_cores, worker_main
-from paged.step06_tensor_parallel.workers import WorkerError, WorkerGroup, _Worker
+from paged.step06_tensor_parallel.worker_loop import share_cpu_cores, worker_main
+from paged.step06_tensor_parallel.worker_group import WorkerError, WorkerGroup, _Worker
 
 DEFAULT_INIT_TIMEOUT = timedelta(minutes=30)  # start-up, including every rank loading its shard
 

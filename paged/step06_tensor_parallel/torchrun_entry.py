@@ -1,4 +1,4 @@
-"""``python -m paged.step06_tensor_parallel.launch``: tensor parallelism across machines, started by torchrun.
+"""``python -m paged.step06_tensor_parallel.torchrun_entry``: tensor parallelism across machines, started by torchrun.
 
 ``torch.distributed`` is what takes the engine past one machine: the driver
 (rank 0: scheduler, block manager, shard 0, sampling) and the workers meet at
@@ -7,10 +7,10 @@ same command on every machine, each with its ``--node-rank``::
 
     # machine A: node 0 holds rank 0
     torchrun --nnodes=2 --nproc-per-node=1 --node-rank=0 --master-addr=A --master-port=29500 \\
-        -m paged.step06_tensor_parallel.launch --model /models/opt-125m --prompt "Hello" --max-tokens 32
+        -m paged.step06_tensor_parallel.torchrun_entry --model /models/opt-125m --prompt "Hello" --max-tokens 32
     # machine B: node 1
     torchrun --nnodes=2 --nproc-per-node=1 --node-rank=1 --master-addr=A --master-port=29500 \\
-        -m paged.step06_tensor_parallel.launch --model /models/opt-125m
+        -m paged.step06_tensor_parallel.torchrun_entry --model /models/opt-125m
 
 Every machine needs the checkpoint at the same path (each rank reads only its
 slices of it). With ``--device cuda`` rank r uses GPU ``LOCAL_RANK`` and the
@@ -32,7 +32,7 @@ ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m paged.step06_tensor_parallel.launch",
+    p = argparse.ArgumentParser(prog="python -m paged.step06_tensor_parallel.torchrun_entry",
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="checkpoint folder (the same path on every machine)")
@@ -57,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     missing = [v for v in ENV if not os.environ.get(v)]
     if missing:
         sys.exit(f"error: {', '.join(missing)} not set: start this module with torchrun (see --help)")
-    from paged.step06_tensor_parallel.start import DEFAULT_INIT_TIMEOUT
+    from paged.step06_tensor_parallel.sharded_model import DEFAULT_INIT_TIMEOUT
 
     timeout = timedelta(seconds=args.timeout)
     if int(os.environ["RANK"]) != 0:  # a worker: obey rank 0 until it says stop
-        from paged.step06_tensor_parallel.worker import torchrun_worker
+        from paged.step06_tensor_parallel.worker_loop import torchrun_worker
 
         return torchrun_worker(args.model, args.dtype, args.device, timeout, DEFAULT_INIT_TIMEOUT)
 

@@ -1,6 +1,6 @@
 """Watching and stopping the workers, from the driver (paper §4.6).
 
-``WorkerGroup`` is rank 0's handle on ranks 1..W-1 (``start.py`` creates it):
+``WorkerGroup`` is rank 0's handle on ranks 1..W-1 (``sharded_model.py`` creates it):
 it broadcasts each plan, notices a worker that died or raised, names it, and
 stops every process.
 
@@ -35,7 +35,7 @@ from multiprocessing import connection
 import torch
 
 from paged.step06_tensor_parallel.group import TPGroup, is_communication_error
-from paged.step06_tensor_parallel.worker import ERROR_KEY
+from paged.step06_tensor_parallel.worker_loop import ERROR_KEY
 
 FAULT_GRACE_S = 5.0  # after a failed collective: time for the worker at fault to report or die
 STOP_TIMEOUT_S = 10.0  # a graceful stop, before the workers are terminated

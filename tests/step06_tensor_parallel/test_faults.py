@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from paged.step06_tensor_parallel.group import is_communication_error
-from paged.step06_tensor_parallel.workers import WorkerGroup, _describe_exit, _Worker
+from paged.step06_tensor_parallel.worker_group import WorkerGroup, _describe_exit, _Worker
 
 BROKEN = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:5000"
 

@@ -2,7 +2,7 @@
 
 Two "nodes" on one machine: ``torchrun --nnodes=2 --nproc-per-node=1`` started
 twice, with node ranks 0 and 1, on a free loopback port. Node 0 runs the driver
-(``python -m paged.step06_tensor_parallel.launch``: scheduler, block manager,
+(``python -m paged.step06_tensor_parallel.torchrun_entry``: scheduler, block manager,
 shard 0), node 1 a worker holding shard 1. The greedy tokens rank 0 prints must
 equal a W = 1 run in this process (float64: token-identical, as in
 ``test_tensor_parallel.py``), and both launches must exit 0 within a bound.
@@ -47,7 +47,7 @@ def _tp1(path) -> list[list[int]]:
 def test_torchrun_two_nodes_on_loopback_equal_tp1(tmp_path):
     path = save_checkpoint(build_hf_model("llama"), tmp_path / "ckpt")
     port = free_loopback_port()
-    launch = ["-m", "paged.step06_tensor_parallel.launch", "--model", str(path), "--dtype", "float64",
+    launch = ["-m", "paged.step06_tensor_parallel.torchrun_entry", "--model", str(path), "--dtype", "float64",
               "--attention-backend", "reference", "--block-size", "4", "--num-blocks", "64",
               "--max-tokens", "8", "--ignore-eos"]
     prompts = [a for p in PROMPTS for a in ("--prompt-ids", " ".join(map(str, p)))]
