@@ -8,7 +8,7 @@ KATEX  := tools/katex/node_modules/.package-lock.json
 # The notebooks, executed once into build/notebooks/ whenever they or the code change.
 NB_RUN := build/notebooks/.executed
 
-.PHONY: install test pytest docs notebooks docs-check waste clean gpu-check
+.PHONY: install test docs notebooks docs-check waste clean gpu-check
 
 install: $(STAMP) $(KATEX)
 
