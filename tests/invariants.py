@@ -1,4 +1,4 @@
-"""The allocator invariants of DESIGN §5, checked after every rule of every stateful machine.
+"""The allocator invariants of docs/architecture.md, checked after every rule of every stateful machine.
 
 ``check_allocator(allocator, tables)``: the tables are the only owners of blocks, so
 

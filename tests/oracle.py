@@ -1,4 +1,4 @@
-"""The one oracle (STYLE §3): plain contiguous attention over one sequence.
+"""The one oracle (docs/architecture.md): plain contiguous attention over one sequence.
 
 Every equivalence test, at every step, compares a paged result with
 ``contiguous_attention`` applied to the contiguous keys and values of the same

@@ -1,4 +1,4 @@
-"""Hypothesis strategies shared by every step's tests (STYLE §5).
+"""Hypothesis strategies shared by every step's tests (docs/architecture.md).
 
 Sequence lengths always include the edges that break paged code: 0, 1, and
 multiples of the block size plus or minus one. Free lists are shuffled so no

@@ -1,4 +1,4 @@
-"""The CUDA kernels compile cleanly here, without a GPU (issue 5; STYLE §8).
+"""The CUDA kernels compile cleanly here, without a GPU (docs/architecture.md, kernel versions).
 
 Every ``csrc/cuda/*.cu`` is compiled with ``nvcc`` for ``sm_80`` (A100) and
 ``sm_90`` (H100/H200) with ``-Werror all-warnings`` plus the host compiler's

@@ -91,7 +91,7 @@ def test_demo_tokenizer_round_trips_code_and_agrees_with_transformers(hf_tokeniz
 
 
 def test_demo_model_greedy_paged_equals_transformers_float64(hf_tokenizer):
-    """Token-identical greedy output, float64 on both sides (DESIGN §5 'levels of equality')."""
+    """Token-identical greedy output, float64 on both sides (docs/architecture.md, levels of equality)."""
     from paged.models import greedy_generate, load_model
 
     loaded = load_model(MODEL, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""Every tolerance the tests use, in one place (STYLE §4).
+"""Every tolerance the tests use, in one place (docs/architecture.md, levels of equality).
 
 Bitwise tests use ``torch.equal`` and need no entry here. A toleranced test
 names the constant it uses, and the comment says why that much reordering error

@@ -1,5 +1,5 @@
 // KV cache operations of the paper's §5 "fused" kernels, for the [L, 2, N, B, H_kv, D]
-// cache of DESIGN §3. Both are bitwise copies, so they depend only on the element
+// cache of docs/architecture.md. Both are bitwise copies, so they depend only on the element
 // size, never on the dtype's arithmetic.
 //
 // Versions:

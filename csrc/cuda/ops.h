@@ -2,7 +2,7 @@
 // sizes and a cudaStream_t. No torch here: binding.cpp (the only file that includes
 // torch) checks tensors and calls these; the .cu files implement them.
 //
-// KV cache layout (DESIGN §3): one tensor [L, 2, N, B, H_kv, D]; a layer's keys are
+// KV cache layout (docs/architecture.md): one tensor [L, 2, N, B, H_kv, D]; a layer's keys are
 // the contiguous view kv[l, 0] of shape [N, B, H_kv, D], its values kv[l, 1]. Token
 // `offset` of physical block `block` sits at slot = block * B + offset. The kernels
 // read and write this layout directly (no x-split key layout): for one KV head a

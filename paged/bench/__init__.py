@@ -3,5 +3,5 @@
 Each module in this package that defines ``add_arguments(parser)`` and
 ``run(args)`` is one experiment; its module docstring's first line is its help.
 Every experiment prints a table, writes a figure with ``--plot PATH`` and, with
-``--json``, prints exactly one JSON object as its last line (DESIGN §7).
+``--json``, prints exactly one JSON object as its last line (docs/architecture.md, conventions).
 """

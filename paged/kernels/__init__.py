@@ -1,5 +1,5 @@
-"""Native kernels, built on first use (DESIGN §4): ``cpu`` (C++ / OpenMP, ``csrc/cpu``).
+"""Native kernels, built on first use (docs/architecture.md, attention paths): ``cpu`` (C++ / OpenMP, ``csrc/cpu``).
 
 Each backend module offers ``available()`` and the attention entry points with
-the shapes of DESIGN §3; importing this package builds nothing.
+the cache layout of docs/architecture.md; importing this package builds nothing.
 """

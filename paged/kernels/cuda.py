@@ -1,4 +1,4 @@
-"""The CUDA kernels of ``csrc/cuda`` (paper §4.1 and §5; DESIGN §3, §4).
+"""The CUDA kernels of ``csrc/cuda`` (paper §4.1 and §5; docs/architecture.md).
 
 Four operations for CUDA tensors, behind the same shapes as every other path:
 
@@ -11,7 +11,7 @@ Four operations for CUDA tensors, behind the same shapes as every other path:
 * ``copy_blocks`` — the fused block copy: (src, dst) pairs copied across all
   layers, keys and values, in one launch (copy-on-write, step04).
 
-Layout: the cache of DESIGN §3, unchanged — ``kv [L, 2, N, B, H_kv, D]``, a
+Layout: the cache of docs/architecture.md, unchanged — ``kv [L, 2, N, B, H_kv, D]``, a
 layer's keys the view ``kv[l, 0]`` ``[N, B, H_kv, D]``. The kernels read it
 directly (no x-split key layout): a token's D elements of one head are
 contiguous, which is what their coalesced loads need.

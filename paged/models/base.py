@@ -1,7 +1,7 @@
 """``CausalLM``: what every model in ``paged.models`` promises to the runner and the loader.
 
 The runner calls ``forward(input_ids, positions, attention)`` once per
-iteration over every new token of every sequence, packed (DESIGN §2), then
+iteration over every new token of every sequence, packed (docs/architecture.md, StepPlan), then
 ``compute_logits`` on the rows it samples from. The loader asks
 ``checkpoint_layout()`` which Hugging Face tensors fill which parameter:
 module and parameter names follow Hugging Face's, except the fused

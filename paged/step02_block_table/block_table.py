@@ -24,7 +24,7 @@ every operation):
   the allocator.
 
 Extends: ``paged.step01_allocator.BlockAllocator`` (by composition). Plain
-Python, no tensors: the scheduler side of DESIGN §2.
+Python, no tensors: the scheduler side of the ``StepPlan`` split (docs/architecture.md).
 """
 
 from __future__ import annotations

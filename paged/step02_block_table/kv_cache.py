@@ -1,4 +1,4 @@
-"""The paged KV cache: one tensor for every layer's blocks (paper §4.2–4.3, DESIGN §3).
+"""The paged KV cache: one tensor for every layer's blocks (paper §4.2–4.3; docs/architecture.md).
 
 At start-up the engine allocates, once, a pool of ``N`` physical blocks for
 every layer, keys and values together::

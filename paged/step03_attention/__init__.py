@@ -2,7 +2,7 @@
 
 Adds: the attention paths (reference gather + SDPA, block-wise online softmax,
 the native kernels behind one dispatch), ``StepPlan`` and ``ModelRunner``
-(the scheduler/worker split of DESIGN §2), the first ``Engine`` (Orca-style
+(the scheduler/worker split: docs/architecture.md), the first ``Engine`` (Orca-style
 FCFS, no preemption; ``EngineEvent`` records its decisions) and the
 vLLM-shaped ``LLM`` / ``SamplingParams`` API.
 """

@@ -7,7 +7,7 @@ each new key and value at its slot, ``block * B + offset``), then attention of
 each new query over its sequence's blocks (paper §4.1, Figure 5).
 
 ``AttentionMetadata`` is built once per iteration from the ``StepPlan``: the
-plan's lists become tensors here, once, not once per layer (DESIGN §2).
+plan's lists become tensors here, once, not once per layer (docs/architecture.md, StepPlan).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Choosing an attention path (DESIGN §4).
+"""Choosing an attention path (docs/architecture.md, attention paths).
 
 Four paths compute the same thing with the same arguments (see
 ``reference.py``): ``reference`` and ``blockwise`` (pure PyTorch), ``cpu``

@@ -1,4 +1,4 @@
-"""``StepPlan``: the one message from the scheduler to the workers (DESIGN §2).
+"""``StepPlan``: the one message from the scheduler to the workers (docs/architecture.md).
 
 The scheduler side decides everything (which sequences run, where each new
 token's K/V goes, which blocks to copy or move); a worker only executes. The

@@ -1,4 +1,4 @@
-"""``ModelRunner``: a worker that executes ``StepPlan``s (DESIGN §2).
+"""``ModelRunner``: a worker that executes ``StepPlan``s (docs/architecture.md).
 
 It owns the model and the ``KVCache`` and makes no memory decisions. Each
 iteration: the plan's lists become tensors once; one forward pass runs over

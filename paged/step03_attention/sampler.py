@@ -1,4 +1,4 @@
-"""Sampling, vectorised over the batch (DESIGN §2).
+"""Sampling, vectorised over the batch (docs/architecture.md, StepPlan).
 
 One call turns the logits of every sequence that samples this iteration into
 one token each. Greedy rows take the argmax; the other rows apply temperature,

@@ -1,4 +1,4 @@
-"""The tensor-parallel group: one object that carries the collectives (paper §4.6, STYLE §10).
+"""The tensor-parallel group: one object that carries the collectives (paper §4.6; no hidden globals, docs/architecture.md).
 
 Every process of a tensor-parallel engine holds a ``TPGroup``: its rank, the
 world size and the ``torch.distributed`` process groups that connect it to

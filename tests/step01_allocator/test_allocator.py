@@ -1,4 +1,4 @@
-"""BlockAllocator: free list and reference counts (paper §4.2; DESIGN §5 invariants).
+"""BlockAllocator: free list and reference counts (paper §4.2; the invariants of docs/architecture.md).
 
 A stateful Hypothesis machine drives one allocator, whose free list starts
 shuffled, with random allocations, shares, releases and bad calls. Beside it

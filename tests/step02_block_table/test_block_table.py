@@ -2,7 +2,7 @@
 
 Plain Python, no tensors. The stateful machine runs several interleaved block
 tables over one allocator whose free list is shuffled, and after every rule
-checks the invariants of DESIGN §5: free + used = total, no block both free and
+checks the invariants of docs/architecture.md: free + used = total, no block both free and
 used, reference count = number of table entries pointing at the block, and
 each table's shape (``ceil(len / B)`` blocks, ``#filled``, slots).
 """

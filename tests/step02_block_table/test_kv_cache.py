@@ -1,6 +1,6 @@
-"""KVCache: write through slot mappings, gather back, sizing (paper §4.2–4.3, DESIGN §3).
+"""KVCache: write through slot mappings, gather back, sizing (paper §4.2–4.3; docs/architecture.md, KV cache).
 
-The central property (DESIGN §5, the shadow contiguous model): several
+The central property (the shadow contiguous model of docs/architecture.md): several
 interleaved sequences with random lengths write their K/V through
 ``BlockTable.append`` + ``KVCache.write`` — token by token, in prefill chunks,
 and batched with padding — over a shuffled free list, and ``gather`` returns

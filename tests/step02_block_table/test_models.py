@@ -1,4 +1,4 @@
-"""Model equivalence: ``paged.models`` equals Hugging Face ``transformers`` (issue 3, DESIGN §5).
+"""Model equivalence: ``paged.models`` equals Hugging Face ``transformers`` (docs/architecture.md, levels of equality).
 
 For every supported architecture a tiny random checkpoint is written by
 ``transformers`` (``tests/hf_models.py``), loaded by ``paged.models.load_model``

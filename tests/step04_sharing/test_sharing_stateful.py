@@ -7,7 +7,7 @@ contiguous tensor. The K/V of a token is a pure function of the token ids up to
 it (a hash-seeded draw), as in a real model, so a prefix-cache hit must return
 exactly the shadow's values.
 
-After every rule (DESIGN §5):
+After every rule (the invariants of docs/architecture.md):
 
 * each live sequence's paged attention (reference path) equals contiguous
   attention over its shadow, **bitwise** (gather then the oracle's arithmetic);
