@@ -1,7 +1,8 @@
 """Tiny random Hugging Face checkpoints of every supported architecture, built in the test.
 
 ``build_hf_model(kind)`` makes a ``transformers`` model with a tiny config
-(hidden 64, 2 layers, vocab <= 256) and random weights — biases and norm
+(hidden 64, 2 layers, vocab <= 256; the LLaMA family's shape comes from
+``paged.models.random_llama.llama_shape``) and random weights — biases and norm
 weights included, so a wrongly placed bias or norm cannot hide behind zeros
 and ones — in float64. ``save_checkpoint`` writes it with ``save_pretrained``
 (safetensors) to a folder that ``paged.models.load_model`` reads. No
@@ -21,12 +22,13 @@ from pathlib import Path
 import torch
 import transformers
 
+from paged.models.random_llama import llama_shape
+
 KINDS = ("llama", "llama_tied_bias", "llama3_rope", "llama_linear_rope", "mistral", "qwen2", "opt", "opt_350m")
 
-_LLAMA = dict(
-    vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-)
+# The tiny LLaMA shape of paged.models.random_llama (hidden 64, 2 layers, 4 query / 2 KV heads, BOS 1,
+# EOS 2), with a vocabulary and MLP width of its own so that no size coincides with another.
+_LLAMA = llama_shape(vocab_size=160, intermediate_size=96, max_position_embeddings=128, rms_norm_eps=1e-5)
 
 
 def hf_config(kind: str) -> transformers.PretrainedConfig:
