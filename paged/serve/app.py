@@ -171,7 +171,8 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     install_openapi(app, [CompletionRequest, ChatCompletionRequest], [CompletionChunk, ChatCompletionChunk],
                     api_key=api_key is not None)
 
-    @app.get("/health", responses=error_responses(_503="the engine failed; the message says how"))
+    @app.get("/health", tags=["server"], summary="Is the engine running?",
+             responses=error_responses(_503="the engine failed; the message says how"))
     async def health() -> Health:
         if engine.dead is not None:
             raise APIError(f"the engine failed: {engine.dead!r}", 503)
@@ -181,33 +182,35 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
         return ModelCard(id=served_model_name, created=created, owned_by="paged", root=str(llm.model.path),
                          max_model_len=llm.engine.max_model_len)
 
-    @app.get("/v1/models", responses=error_responses(401))
+    @app.get("/v1/models", tags=["OpenAI API"], summary="The served model", responses=error_responses(401))
     async def models() -> ModelList:
         return ModelList(data=[model_card()])
 
-    @app.get("/v1/models/{model:path}", responses=error_responses(401, _404="no model of that name"))
+    @app.get("/v1/models/{model:path}", tags=["OpenAI API"], summary="One model, by name",
+             responses=error_responses(401, _404="no model of that name"))
     async def model(model: str) -> ModelCard:
         serving._check_model(model)
         return model_card()
 
     def generation(request_model, response_model, chunk_model) -> dict:
         """The route options of a generation endpoint: its body, its answers (JSON or a stream), its errors."""
-        return {"openapi_extra": request_body(request_model), "response_model": None,
+        return {"openapi_extra": request_body(request_model), "response_model": None, "tags": ["OpenAI API"],
                 "responses": {200: {"model": response_model, "content": event_stream(chunk_model),
                                     "description": "the completion; with stream: true, server-sent events"},
                               **error_responses(400, 401, 413, _404="the model named is not served here",
                                                 _503="the engine failed; the server takes no more requests")}}
 
-    @app.post("/v1/completions", **generation(CompletionRequest, CompletionResponse, CompletionChunk))
+    @app.post("/v1/completions", summary="Complete prompts",
+              **generation(CompletionRequest, CompletionResponse, CompletionChunk))
     async def completions(raw: Request):
         return await serving.completions(await parse_body(raw, CompletionRequest), raw)
 
-    @app.post("/v1/chat/completions", **generation(ChatCompletionRequest, ChatCompletionResponse,
-                                                   ChatCompletionChunk))
+    @app.post("/v1/chat/completions", summary="Answer a conversation",
+              **generation(ChatCompletionRequest, ChatCompletionResponse, ChatCompletionChunk))
     async def chat_completions(raw: Request):
         return await serving.chat_completions(await parse_body(raw, ChatCompletionRequest), raw)
 
-    @app.get("/metrics", response_class=PlainTextResponse,
+    @app.get("/metrics", tags=["server"], summary="Prometheus metrics", response_class=PlainTextResponse,
              responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
                               "description": "Prometheus text exposition format"}})
     async def prometheus():
@@ -222,7 +225,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     async def kv_snapshot(since: int = 0):
         return kv_view.read(since)
 
-    @app.get("/")
+    @app.get("/", tags=["server"], summary="What this server serves")
     async def root() -> Index:
         return Index(name="paged", model=served_model_name,
                      endpoints=["/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics",
