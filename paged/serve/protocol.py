@@ -24,14 +24,13 @@ MAX_LOGPROBS = SamplingParams.MAX_LOGPROBS
 
 
 def bounds(**keywords) -> dict:
-    """JSON-schema bounds (``minimum=0``...) for the published document.
+    """JSON-schema bounds (``minimum=0``, ``exclusiveMinimum=0``, ``minLength=1``...) for the published document.
 
     They are enforced by ``SamplingParams`` and the engine, whose messages name
     the field and the bound; here they only tell clients (and the fuzzing test,
     which checks that every value outside them is refused).
     """
-    return {"json_schema_extra": {key.replace("exclusive_minimum", "exclusiveMinimum"): value
-                                  for key, value in keywords.items()}}
+    return {"json_schema_extra": keywords}
 
 # what a field takes, for the error message when it takes several types (pydantic reports each member)
 EXPECTED = {
@@ -56,7 +55,7 @@ class _Sampling(BaseModel):
 
     model: StrictStr | None = None
     temperature: Number | None = Field(None, **bounds(minimum=0, maximum=100))  # None: 1.0, or 0 for beam search
-    top_p: Number = Field(1.0, **bounds(exclusive_minimum=0, maximum=1))
+    top_p: Number = Field(1.0, **bounds(exclusiveMinimum=0, maximum=1))
     top_k: StrictInt = Field(-1, **bounds(minimum=-1))
     min_tokens: StrictInt = Field(0, **bounds(minimum=0))
     n: StrictInt = Field(1, **bounds(minimum=1, maximum=MAX_BEST_OF))
