@@ -1,8 +1,9 @@
 """Property-based fuzzing of the HTTP API with Schemathesis, in-process through the ASGI transport.
 
 For every operation of the published document (``GET /openapi.json``),
-Schemathesis draws requests that fit the schema (positive) and requests that
-break it (negative) and sends them to the live app (the demo model over a
+Schemathesis draws requests that fit the schema (positive) and, for the two
+operations with a body, requests that break it (negative), and sends them to
+the live app (the demo model over a
 small engine: 64 blocks of 8 tokens, a 48-token context, so no request runs
 long). Each answer must pass Schemathesis' checks:
 
@@ -18,9 +19,13 @@ every rule (a prompt plus ``max_tokens`` must fit the context; beam search
 needs ``temperature: 0``), and those requests get a 400 that names the rule.
 
 After each operation's examples the engine must be idle with every KV block
-free, and a good request must still succeed. Hypothesis is derandomized (the
-same examples every run). ``PAGED_FUZZ_EXAMPLES`` sets the examples per
-operation and mode (``make fuzz`` runs a larger number).
+free, and a good request must still succeed. Each example body the document
+shows is sent too, and must get a 200 that passes every check. Hypothesis is
+derandomized (the same examples every run). ``PAGED_FUZZ_EXAMPLES`` sets the
+examples per operation and mode (``make fuzz`` runs a larger number).
+
+Schemathesis' pytest plugin ends the app's lifespan after each test, so the
+engine thread is stopped and started again between tests (its state stays).
 """
 
 from __future__ import annotations
