@@ -11,6 +11,7 @@ implement are accepted only at their neutral value (``presence_penalty: 0``).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
@@ -24,13 +25,15 @@ MAX_LOGPROBS = SamplingParams.MAX_LOGPROBS
 
 
 def bounds(**keywords) -> dict:
-    """JSON-schema bounds (``minimum=0``, ``exclusiveMinimum=0``, ``minLength=1``...) for the published document.
+    """JSON-schema bounds (``minimum=0``, ``exclusive_minimum=0``, ``min_length=1``...) for the published document.
 
     They are enforced by ``SamplingParams`` and the engine, whose messages name
     the field and the bound; here they only tell clients (and the fuzzing test,
-    which checks that every value outside them is refused).
+    which checks that every value outside them is refused). Names are JSON
+    Schema's keywords, spelt in snake case or as JSON Schema spells them.
     """
-    return {"json_schema_extra": keywords}
+    return {"json_schema_extra": {re.sub(r"_(\w)", lambda m: m.group(1).upper(), key): value
+                                  for key, value in keywords.items()}}
 
 # what a field takes, for the error message when it takes several types (pydantic reports each member)
 EXPECTED = {
@@ -40,7 +43,7 @@ EXPECTED = {
 }
 
 
-NonEmpty = Annotated[StrictStr, Field(**bounds(minLength=1))]
+NonEmpty = Annotated[StrictStr, Field(**bounds(min_length=1))]
 
 
 class StreamOptions(BaseModel):
@@ -55,7 +58,7 @@ class _Sampling(BaseModel):
 
     model: StrictStr | None = None
     temperature: Number | None = Field(None, **bounds(minimum=0, maximum=100))  # None: 1.0, or 0 for beam search
-    top_p: Number = Field(1.0, **bounds(exclusiveMinimum=0, maximum=1))
+    top_p: Number = Field(1.0, **bounds(exclusive_minimum=0, maximum=1))
     top_k: StrictInt = Field(-1, **bounds(minimum=-1))
     min_tokens: StrictInt = Field(0, **bounds(minimum=0))
     n: StrictInt = Field(1, **bounds(minimum=1, maximum=MAX_BEST_OF))
@@ -105,7 +108,7 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``: a prompt as text, texts, token ids, or lists of token ids."""
 
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(**bounds(minItems=1))
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(**bounds(min_items=1))
     max_tokens: StrictInt | None = Field(16, **bounds(minimum=1))
     logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))
     echo: StrictBool = False
