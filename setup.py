@@ -18,13 +18,13 @@ KERNEL_SOURCES = Path(__file__).resolve().parent / "csrc"
 
 
 class BuildPyWithKernelSources(build_py):
-    """``build_py`` that also copies ``csrc/<backend>/*`` to ``<build>/paged/csrc/<backend>/``."""
+    """``build_py`` that also copies every file under ``csrc/`` to ``<build>/paged/csrc/``."""
 
     def run(self) -> None:
         super().run()
         if self.editable_mode:
             return
-        for source in sorted(KERNEL_SOURCES.glob("*/*")):
+        for source in sorted(KERNEL_SOURCES.rglob("*")):
             if source.is_file():
                 target = Path(self.build_lib) / "paged" / "csrc" / source.relative_to(KERNEL_SOURCES)
                 self.mkpath(str(target.parent))
