@@ -37,7 +37,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from paged.serve.async_engine import AsyncEngine
+from paged.serve.async_engine import AsyncEngine, describe
 from paged.serve.completions import OpenAIServing
 from paged.serve.errors import APIError, from_validation_error, install_handlers
 from paged.serve.kv_view import KVView, page
@@ -175,7 +175,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
              responses=error_responses(_503="the engine failed; the message says how"))
     async def health() -> Health:
         if engine.dead is not None:
-            raise APIError(f"the engine failed: {engine.dead!r}", 503)
+            raise APIError(f"the engine failed: {describe(engine.dead)}", 503)
         return Health()
 
     def model_card() -> ModelCard:

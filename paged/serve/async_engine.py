@@ -37,6 +37,11 @@ class EngineDeadError(RuntimeError):
     """The engine raised inside ``step()``; its state can no longer be trusted."""
 
 
+def describe(err: BaseException) -> str:
+    """``WorkerError: tensor-parallel worker rank 1 ...``: what a client or the log is told."""
+    return f"{type(err).__name__}: {err}"
+
+
 def snapshot(out):
     """A copy of a ``RequestOutput`` the engine will not mutate any more."""
     comps = [replace(c, token_ids=list(c.token_ids),
@@ -95,7 +100,7 @@ class AsyncEngine:
             EngineDeadError: the engine failed earlier.
         """
         if self.dead is not None:
-            raise EngineDeadError(f"the engine failed and stopped: {self.dead!r}")
+            raise EngineDeadError(f"the engine failed and stopped: {describe(self.dead)}")
         stream: asyncio.Queue = asyncio.Queue()
         for rid, *_ in requests:
             self._streams[rid] = stream
@@ -152,7 +157,7 @@ class AsyncEngine:
                     logger.exception("engine step failed; the server stops accepting requests")
                     self.dead = err
                     self.stats = {**self.stats, "dead": True}
-                    self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(repr(err)))
+                    self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(describe(err)))
                     if self.on_dead is not None:
                         self._loop.call_soon_threadsafe(self.on_dead, err)
                     return

@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from paged.models.config import ModelLoadError
     from paged.serve.app import build_app
+    from paged.serve.async_engine import describe
 
     try:
         llm = load_llm(args)
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
                        "" if args.api_key else " and no --api-key is set")
     logger.info("serving on http://%s:%d/v1 (try GET /v1/models)", args.host, args.port)
     def stop_serving(err: BaseException) -> None:
-        logger.error("the engine failed, so the server stops: %s", err)
+        logger.error("the engine failed, so the server stops: %s", describe(err))
         server.should_exit = True  # uvicorn finishes the open responses (each ends with the error), then exits
 
     app = build_app(llm, name, api_key=args.api_key, max_body_bytes=args.max_request_bytes,
@@ -132,4 +133,4 @@ def main(argv: list[str] | None = None) -> None:
     server.run()
     dead = app.fastapi.state.engine.dead
     if dead is not None:
-        sys.exit(f"error: the engine failed: {dead}")
+        sys.exit(f"error: the engine failed: {describe(dead)}")
