@@ -25,6 +25,25 @@ import torch
 from paged.step03_attention.reference import _lens
 
 
+# --8<-- [start:update]
+def online_softmax_update(m, l, acc, s, v):
+    """Fold one block into the running state: the three updates of the online softmax.
+
+    ``s [..., n]`` are the block's scores, ``v [n, H_kv, D]`` its values; ``m``, ``l``
+    and ``acc`` are the running maximum, sum of exponentials and unnormalised
+    output. Returns the new ``(m, l, acc)``.
+    """
+    m_new = torch.maximum(m, s.amax(dim=-1))  # m' = max(m, max s)
+    # a row whose keys are all masked so far (scores -inf) keeps m = -inf: use 0 in the exps
+    m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    p = torch.exp(s - m_safe[..., None])  # e^(s - m')
+    correction = torch.exp(m - m_safe)  # e^(m - m'): rescales what came before
+    l = l * correction + p.sum(dim=-1)  # l' = l e^(m - m') + sum e^(s - m')
+    acc = acc * correction[..., None] + torch.einsum("qhgn,nhd->qhgd", p, v)  # a' = a e^(m - m') + V^T e^(s - m')
+    return m_new, l, acc
+# --8<-- [end:update]
+
+
 # --8<-- [start:blockwise]
 def _one_sequence(q, key_cache, value_cache, blocks, context_len, scale):
     """q [T_q, H, D] for the last T_q of ``context_len`` positions -> [T_q, H, D]."""
@@ -43,16 +62,10 @@ def _one_sequence(q, key_cache, value_cache, blocks, context_len, scale):
         k = key_cache[phys, :n].to(qg.dtype)  # [n, H_kv, D]
         v = value_cache[phys, :n].to(qg.dtype)  # [n, H_kv, D]
         s = torch.einsum("qhgd,nhd->qhgn", qg, k) * scale  # [T_q, H_kv, G, n]
+        # causal mask: query at position p sees keys 0 .. p (only prompt rows, T_q > 1, have any masked)
         pos_k = torch.arange(j * block_size, j * block_size + n)
         s = s.masked_fill((pos_k[None, :] > pos_q[:, None])[:, None, None, :], float("-inf"))
-        m_new = torch.maximum(m, s.amax(dim=-1))
-        # a row whose keys are all masked so far keeps m = -inf; guard the exp
-        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - m_safe[..., None])  # [T_q, H_kv, G, n]
-        correction = torch.exp(m - m_safe)  # rescale what came before
-        l = l * correction + p.sum(dim=-1)
-        acc = acc * correction[..., None] + torch.einsum("qhgn,nhd->qhgd", p, v)
-        m = m_new
+        m, l, acc = online_softmax_update(m, l, acc, s, v)
     return (acc / l[..., None]).reshape(t_q, h, d).to(q.dtype)
 # --8<-- [end:blockwise]
 
