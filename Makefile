@@ -106,6 +106,7 @@ figures: install
 	$(PY) -m paged.bench kernel --plot $(FIG)/step03_kernel.png
 	$(PY) -m paged.step04_sharing.diagram $(FIG)
 	$(PY) -m paged.step04_sharing.drawing $(FIG)
+	$(PY) -m paged.step06_tensor_parallel.drawing $(FIG)
 	$(PY) -m paged.bench sharing --trace sharegpt --plot $(FIG)/step04_fig15_sharegpt.png --json
 	$(PY) -m paged.bench sharing --trace alpaca --plot $(FIG)/step04_fig15_alpaca.png --json
 	$(PY) -m paged.bench prefix --plot $(FIG)/step04_fig16.png --json
