@@ -44,11 +44,12 @@ def test_katex_fails_the_build_on_a_formula_it_cannot_render():
 
 
 def test_notebook_page_keeps_code_text_plots_and_html_outputs():
-    """Exact: each kind of output becomes its markdown form, and a PNG is decoded byte for byte."""
+    """Exact: each kind of output becomes its markdown form (consecutive prints as one block), PNGs byte for byte."""
     png = b"\x89PNG\r\n\x1a\nfake"
     code = nbformat.v4.new_code_cell("print(1)")
     code.outputs = [
         nbformat.v4.new_output("stream", name="stdout", text="1\n"),
+        nbformat.v4.new_output("stream", name="stdout", text="2\n"),
         nbformat.v4.new_output("display_data", data={"image/png": base64.b64encode(png).decode()}),
         nbformat.v4.new_output("execute_result", data={"text/html": "<b>x</b>", "text/plain": "x"},
                                execution_count=1),
@@ -57,7 +58,7 @@ def test_notebook_page_keeps_code_text_plots_and_html_outputs():
     markdown, images = mkdocs_notebooks.to_markdown(nb, "stepXX")
     assert markdown.startswith("# Title\n\n!!! info")
     assert "[Download the notebook](stepXX.ipynb)" in markdown
-    assert '```python\nprint(1)\n```\n\n```text title="output"\n1\n```' in markdown
+    assert '```python\nprint(1)\n```\n\n```text title="output"\n1\n2\n```' in markdown
     assert images == {"stepXX_1_1.png": png} and "![output of the cell above](stepXX_1_1.png)" in markdown
     assert '<div class="notebook-html" markdown="0">\n<b>x</b>\n</div>' in markdown
 

@@ -48,9 +48,22 @@ def to_markdown(nb, stem: str) -> tuple[str, dict[str, bytes]]:
                 parts.append(_banner(stem))
         elif cell.cell_type == "code":
             parts.append(f"```python\n{cell.source}\n```")
-            for k, output in enumerate(cell.get("outputs", [])):
+            for k, output in enumerate(_merge_streams(cell.get("outputs", []))):
                 parts.append(_output(output, f"{stem}_{number}_{k}.png", images))
     return "\n\n".join(p for p in parts if p) + "\n", images
+
+
+def _merge_streams(outputs: list) -> list:
+    """Consecutive prints to the same stream as one output (the kernel sends them in pieces)."""
+    merged = []
+    for output in outputs:
+        last = merged[-1] if merged else None
+        if (output.output_type == "stream" and last is not None and last.output_type == "stream"
+                and last.name == output.name):
+            merged[-1] = nbformat.v4.new_output("stream", name=output.name, text=last.text + output.text)
+        else:
+            merged.append(output)
+    return merged
 
 
 def _banner(stem: str) -> str:

@@ -35,8 +35,10 @@ CPU "swap" is a host memory copy and recomputation is CPU compute, so the
 balance is different: see ``docs/step05_preemption.md``.
 
 Examples:
-    python -m paged.bench preemption
-    python -m paged.bench preemption --plot fig19.png --timeline timeline.png --json
+    From a shell:
+
+        python -m paged.bench preemption
+        python -m paged.bench preemption --plot fig19.png --timeline timeline.png --json
 """
 
 from __future__ import annotations

@@ -24,8 +24,10 @@ prefix mechanism, on a model so small that per-iteration overheads weigh
 more than on a GPU.
 
 Examples:
-    python -m paged.bench prefix
-    python -m paged.bench prefix --requests 16 --repeats 1 --json
+    From a shell:
+
+        python -m paged.bench prefix
+        python -m paged.bench prefix --requests 16 --repeats 1 --json
 """
 
 from __future__ import annotations

@@ -29,8 +29,10 @@ The paper (OPT-13B, real traces): parallel 6.1–9.8% (Alpaca), 16.2–30.5%
 (ShareGPT); beam search 37.6–55.2% (Alpaca), 44.3–66.3% (ShareGPT).
 
 Examples:
-    python -m paged.bench sharing
-    python -m paged.bench sharing --trace alpaca --plot fig15_alpaca.png --json
+    From a shell:
+
+        python -m paged.bench sharing
+        python -m paged.bench sharing --trace alpaca --plot fig15_alpaca.png --json
 """
 
 from __future__ import annotations

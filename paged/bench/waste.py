@@ -8,9 +8,11 @@ memory that holds token states, reservation, internal and external
 fragmentation (definitions: ``paged.step01_allocator.waste``).
 
 Examples:
-    python -m paged.bench waste
-    python -m paged.bench waste --trace alpaca --plot alpaca.png
-    python -m paged.bench waste --trace my_trace.jsonl --json
+    From a shell:
+
+        python -m paged.bench waste
+        python -m paged.bench waste --trace alpaca --plot alpaca.png
+        python -m paged.bench waste --trace my_trace.jsonl --json
 """
 
 from __future__ import annotations
