@@ -124,11 +124,11 @@ def draw(snaps: list[Snapshot], path: str | Path) -> None:
 
 def main(out_dir: str = "docs/figures") -> int:
     """Write ``step04_figure8/9/10.png`` into ``out_dir`` (Figure 9 builds a tiny random model)."""
-    from paged.bench.sharing import load_tiny_llama
+    from paged.models.random_llama import load_random_llama
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, snaps in [("figure8", figure8()), ("figure9", figure9(load_tiny_llama(max_len=64))),
+    for name, snaps in [("figure8", figure8()), ("figure9", figure9(load_random_llama(max_position_embeddings=64))),
                         ("figure10", figure10())]:
         draw(snaps, out / f"step04_{name}.png")
         print(f"wrote {out / f'step04_{name}.png'}")

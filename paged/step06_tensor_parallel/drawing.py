@@ -95,14 +95,12 @@ def draw(layout: Layout, path: str | Path) -> None:
 
 def main(out_dir: str = "docs/figures") -> int:
     """Write ``step06_layout.png`` into ``out_dir`` (spawns one worker process)."""
-    from paged.bench.preemption import random_llama
+    from paged.models.random_llama import random_llama
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = random_llama(Path(tmp) / "tiny", vocab_size=256, hidden_size=64, intermediate_size=128,
-                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-        layout = read_layout(folder)
+        layout = read_layout(random_llama(Path(tmp) / "tiny"))  # 2 layers, 4 query / 2 KV heads
     draw(layout, out / "step06_layout.png")
     print(f"wrote {out / 'step06_layout.png'}: blocks {layout.blocks}, #filled {layout.filled}")
     return 0
