@@ -60,3 +60,20 @@ HELDOUT_LOSS_MARGIN = 1e-3
 
 # Significance the parse-rate comparison must reach (one-sided Fisher exact test).
 PARSE_RATE_P_MAX = 1e-3
+
+# Fused CPU ops (csrc/cpu/fused_ops.cpp) against their eager formulas in
+# bfloat16: the same float32 arithmetic except the order of RMSNorm's sum of
+# squares or the exp of SiLU (each ~1e-7 relative), which can move a value
+# across a bfloat16 rounding boundary: one ulp, 2^-7 relative, at most.
+FUSED_BFLOAT16 = dict(rtol=2**-7, atol=1e-6)
+
+# A whole float32 LLaMA forward pass (the tests' tiny 2-layer model), fused ops
+# vs eager: float32 reorderings (~1e-7 relative per op) carried through the
+# layers and the LM head; measured below 1e-6 on logits of size ~1.
+FUSED_MODEL_FLOAT32 = dict(rtol=1e-5, atol=1e-5)
+
+# Prefill attention in bfloat16 (SDPA's fused CPU kernel) against the float32
+# oracle over the same bfloat16 inputs: the kernel rounds the softmax
+# probabilities to bfloat16 before multiplying by V (2^-8 relative each), so an
+# output of values ~1 can move by a few 1e-3. Measured: 4.5e-3.
+PREFILL_BFLOAT16 = dict(rtol=1.6e-2, atol=1e-2)

@@ -1,15 +1,17 @@
 // Python binding of the CPU kernels: argument checks, then plain pointers to
-// paged_attention.cpp / paged_attention_v1.cpp (decode attention), and the KV
-// write by slot mapping.
+// paged_attention_avx512.cpp / paged_attention_scalar.cpp (decode attention);
+// the KV write by slot mapping; and the fused element-wise ops of
+// fused_ops.cpp (which check their own arguments).
 //
 // Every check raises an exception a user can act on: TypeError for a wrong
 // dtype, ValueError for a wrong shape, layout or value, naming the argument,
 // what it was, and what was expected. A kernel never sees an unchecked index.
 //
-// Versions: decode(version=0) picks v2 (AVX-512) when it applies and v1
-// otherwise; version=1 / 2 force one, for the tests that check each against
-// the oracle; partition_blocks forces v2's split-context partitioning (tests)
-// or leaves it to the kernel (-1). write_kv has one version (a row copy per token).
+// Implementations: decode(impl="auto") picks avx512 when it applies and scalar
+// otherwise; impl="scalar" / "avx512" force one, for the tests that check each
+// against the oracle; partition_blocks forces avx512's split-context
+// partitioning (tests) or leaves it to the kernel (-1). write_kv has one
+// implementation (a row copy per token).
 
 // Narrow includes instead of <torch/extension.h>: they halve the first build.
 #include <ATen/Parallel.h>
@@ -20,6 +22,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "fused_ops.h"
 #include "paged_attention.h"
 
 namespace {
@@ -61,7 +64,7 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
                   const at::Tensor& value_cache,
                   const at::Tensor& block_tables_in,  // [S, M] int32
                   const at::Tensor& context_lens_in,  // [S] int32
-                  double scale, c10::optional<at::Tensor> out_in, int64_t version,
+                  double scale, c10::optional<at::Tensor> out_in, const std::string& impl,
                   int64_t partition_blocks) {
   check_cpu(query_in, "query");
   const paged::DType dtype = kernel_dtype(query_in, "query");
@@ -123,7 +126,8 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
   } else {
     out = at::empty_like(query, at::MemoryFormat::Contiguous);
   }
-  TORCH_CHECK_VALUE(version >= 0 && version <= 2, "version must be 0 (auto), 1 or 2, got ", version);
+  TORCH_CHECK_VALUE(impl == "auto" || impl == "scalar" || impl == "avx512",
+                    "impl must be 'auto', 'scalar' or 'avx512', got '", impl, "'");
   TORCH_CHECK_VALUE(partition_blocks >= -1, "partition_blocks must be -1 (auto), 0 (none) or a block count, got ",
                     partition_blocks);
   if (S == 0 || H == 0) return out;
@@ -150,14 +154,14 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
   args.num_threads = at::get_num_threads();
   args.partition_blocks = partition_blocks;
 
-  if (version == 1) {
-    paged::paged_attention_decode_v1(args);
-  } else if (!paged::paged_attention_decode_v2(args)) {
-    TORCH_CHECK_VALUE(version == 0, "version 2 needs an AVX-512 build (",
-                      paged::v2_compiled() ? "yes" : "no",
+  if (impl == "scalar") {
+    paged::paged_attention_decode_scalar(args);
+  } else if (!paged::paged_attention_decode_avx512(args)) {
+    TORCH_CHECK_VALUE(impl == "auto", "impl 'avx512' needs an AVX-512 build (",
+                      paged::avx512_compiled() ? "yes" : "no",
                       " here), float32 or bfloat16 and a head dim in {16, 32, ..., 128, 160, 192, "
                       "256}; got ", query.scalar_type(), ", D = ", D);
-    paged::paged_attention_decode_v1(args);
+    paged::paged_attention_decode_scalar(args);
   }
   return out;
 }
@@ -219,10 +223,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "Paged attention decode, one query per sequence",
         py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("context_lens"), py::arg("scale"), py::arg("out") = py::none(),
-        py::arg("version") = 0, py::arg("partition_blocks") = -1,
+        py::arg("impl") = "auto", py::arg("partition_blocks") = -1,
         py::call_guard<py::gil_scoped_release>());
   m.def("write_kv", &write_kv, "Write new K/V rows into the cache by slot mapping",
         py::arg("key_cache"), py::arg("value_cache"), py::arg("k"), py::arg("v"),
         py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
-  m.def("v2_compiled", &paged::v2_compiled, "Whether the AVX-512 decode (v2) was compiled in");
+  m.def("avx512_compiled", &paged::avx512_compiled, "Whether the AVX-512 decode was compiled in");
+  m.def("add_rms_norm", &paged::add_rms_norm,
+        "RMSNorm of x (of x + residual first, when given): (normed, x + residual or None)", py::arg("x"),
+        py::arg("residual"), py::arg("weight"), py::arg("eps"), py::call_guard<py::gil_scoped_release>());
+  m.def("silu_and_mul", &paged::silu_and_mul, "silu(x[:, :I]) * x[:, I:]", py::arg("x"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rotary_", &paged::rotary_, "Rotate every head of x [T, heads, D] in place by the tables at positions",
+        py::arg("x"), py::arg("positions"), py::arg("cos"), py::arg("sin"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("argmax_rows", &paged::argmax_rows, "torch.argmax(logits, dim=1) of [S, V] float32/bfloat16 logits",
+        py::arg("logits"), py::call_guard<py::gil_scoped_release>());
 }

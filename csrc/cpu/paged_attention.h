@@ -1,8 +1,7 @@
 // Interface between the PyTorch binding (bindings.cpp) and the decode kernels
-// (paged_attention.cpp: v2, and the header describing both versions;
-// paged_attention_v1.cpp). Plain pointers and sizes only, so the kernel files
-// do not include the heavy torch headers and compile in parallel with the
-// binding.
+// (paged_attention_scalar.cpp; paged_attention_avx512.cpp, whose header
+// describes both). Plain pointers and sizes only, so the kernel files do not
+// include the heavy torch headers and compile in parallel with the binding.
 #pragma once
 
 #include <omp.h>
@@ -35,20 +34,20 @@ struct DecodeArgs {
   double scale;
   DType dtype;
   int num_threads;
-  // v2: blocks per partition of a sequence (split-context, for few sequences
-  // on many threads); 0: none, -1: chosen from the sizes and thread count.
+  // avx512: blocks per partition of a sequence (split-context, for few
+  // sequences on many threads); 0: none, -1: chosen from the sizes and thread count.
   int64_t partition_blocks = -1;
 };
 
-// v1: scalar, readable, any dtype and any head dim.
-void paged_attention_decode_v1(const DecodeArgs& args);
+// scalar: readable, any dtype and any head dim.
+void paged_attention_decode_scalar(const DecodeArgs& args);
 
-// v2: AVX-512, float32 / bfloat16, head_dim % 16 == 0. Returns false (and does
+// avx512: float32 / bfloat16, head_dim % 16 == 0. Returns false (and does
 // nothing) when this build or these arguments cannot take it.
-bool paged_attention_decode_v2(const DecodeArgs& args);
+bool paged_attention_decode_avx512(const DecodeArgs& args);
 
-// Whether v2 was compiled in (the compiler targeted AVX-512F).
-bool v2_compiled();
+// Whether avx512 was compiled in (the compiler targeted AVX-512F).
+bool avx512_compiled();
 
 namespace detail {
 // Runs fn(i, scratch) for i in [0, items) over torch's threads, dynamically

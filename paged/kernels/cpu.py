@@ -1,7 +1,11 @@
-"""The C++ / OpenMP paged-attention kernel of ``csrc/cpu`` (paper §4.1; docs/architecture.md).
+"""The C++ / OpenMP kernels of ``csrc/cpu``: paged-attention decode (paper §4.1;
+docs/architecture.md)
+and the fused element-wise ops of a decoder layer.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load``
-(``-O3 -march=native -fopenmp``: it is built on the machine that runs it) into
+(``-O3 -march=native -fopenmp``: it is built on the machine that runs it;
+``-ffp-contract=off`` keeps every product rounded where the source says, as
+PyTorch's own operations round it) into
 ``$PAGED_EXTENSIONS_DIR`` (default ``~/.cache/paged/torch_extensions``), in a
 folder named after the torch version and the CPU's features, so a cache shared
 between machines never hands one CPU code built for another. Later
@@ -14,7 +18,14 @@ If the build fails, ``load()`` warns once and returns ``None``, and
 running SDPA (what step03's reference path does).
 Tests call ``load(strict=True)`` so that a broken build fails them instead.
 
-Invariants: the kernel reads only the first ``ceil(context_lens[s] / B)``
+``fused_ops(x)`` hands the model layers the fused ops (``add_rms_norm``,
+``silu_and_mul``, ``rotary_``, ``argmax_rows``; see ``csrc/cpu/fused_ops.cpp``)
+when ``x`` can take them: a float32 or bfloat16 CPU tensor under
+``torch.inference_mode()`` (the ops have no backward), with the extension
+built and ``PAGED_FUSED_OPS`` not ``0``. Otherwise the layers run their eager
+formulas, which the fused ops are tested against.
+
+Invariants: the decode kernel reads only the first ``ceil(context_lens[s] / B)``
 entries of block-table row ``s`` and only the filled slots of the last block;
 it never writes the cache. Layout: the cache of docs/architecture.md, unchanged.
 """
@@ -30,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = ("bindings.cpp", "paged_attention.cpp", "paged_attention_v1.cpp")
+_SOURCES = ("bindings.cpp", "paged_attention_avx512.cpp", "paged_attention_scalar.cpp", "fused_ops.cpp")
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)
 _lock = threading.Lock()
 _module = None
 _error: Exception | None = None  # the build's failure, kept so we warn once
@@ -73,7 +85,7 @@ def _build(verbose: bool):
     return cpp_extension.load(
         name="paged_cpu",
         sources=[str(src / name) for name in _SOURCES],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
         extra_ldflags=["-fopenmp"],
         build_directory=str(_build_dir()),
         verbose=verbose,
@@ -93,6 +105,8 @@ def load(verbose: bool = False, *, strict: bool = False):
         process; later calls return None at once).
     """
     global _module, _error
+    if _module is not None:  # built already: no lock on the per-layer path
+        return _module
     with _lock:
         if _module is None and (_error is None or strict):
             try:
@@ -179,3 +193,12 @@ def write_kv(
     slots = slot_mapping[keep]
     key_cache.view(-1, *key_cache.shape[2:])[slots] = k[keep]
     value_cache.view(-1, *value_cache.shape[2:])[slots] = v[keep]
+
+
+def fused_ops(x: torch.Tensor):
+    """The extension, if ``x`` may take its fused ops (see the module doc); else None."""
+    if x.device.type != "cpu" or x.dtype not in _FUSED_DTYPES or not torch.is_inference_mode_enabled():
+        return None
+    if os.environ.get("PAGED_FUSED_OPS", "1") == "0":
+        return None
+    return load()

@@ -5,6 +5,13 @@ GEMM (q|k|v, gate|up) and records the size of each part, so the loader can
 fill each part from its own checkpoint tensor and a tensor-parallel step can
 shard each part column-wise. ``RotaryEmbedding`` precomputes cos/sin for every
 position once; a forward pass only indexes the table with ``positions``.
+
+Serving on a CPU (``torch.inference_mode()``, float32 or bfloat16), RMSNorm
+with its residual add, RoPE and SiLU-and-mul run as fused C++ ops
+(``paged.kernels.cpu.fused_ops``): one pass over each row instead of a chain
+of eager operations, each with its own allocation. The eager formulas below
+are their specification (``tests/step03_attention/test_fused_ops.py``) and the path of
+every other case (training, float64, CUDA, no compiler).
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from paged.kernels.cpu import fused_ops
 from paged.models.config import ModelConfig
 
 
@@ -49,6 +58,21 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        ops = fused_ops(x)
+        if ops is not None:
+            return ops.add_rms_norm(x, None, self.weight, self.eps)[0]
+        return self.eager(x)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``: a pre-norm block's residual add and the next norm."""
+        ops = fused_ops(x)
+        if ops is not None:
+            return ops.add_rms_norm(x, residual, self.weight, self.eps)
+        residual = x + residual
+        return self.eager(residual), residual
+
+    def eager(self, x: torch.Tensor) -> torch.Tensor:
+        """The formula, one PyTorch operation at a time (what the fused op is tested against)."""
         dtype = x.dtype
         x = x.to(torch.promote_types(dtype, torch.float32))
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -116,9 +140,32 @@ class RotaryEmbedding(nn.Module):
             positions: ``[T]`` position of each token in its own sequence.
 
         Returns:
-            ``[T, heads, D]``, same dtype as ``x``.
+            ``[T, heads, D]``, same dtype as ``x``: ``x`` itself, rotated in
+            place, on the fused CPU path; a new tensor otherwise.
         """
+        ops = fused_ops(x)
+        if ops is not None and x.stride(-1) == 1:
+            ops.rotary_(x, positions, self.cos, self.sin)
+            return x
+        return self.eager(x, positions)
+
+    def eager(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The rotation, one PyTorch operation at a time (a new tensor; the fused op's specification)."""
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
         sin = self.sin[positions].unsqueeze(1)
         x1, x2 = x.chunk(2, dim=-1)  # [T, heads, D/2] each
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """SwiGLU's ``silu(gate) * up`` for ``x = gate | up`` (one GEMM's output)."""
+    ops = fused_ops(x)
+    if ops is not None and x.stride(-1) == 1:
+        return ops.silu_and_mul(x)
+    return silu_and_mul_eager(x)
+
+
+def silu_and_mul_eager(x: torch.Tensor) -> torch.Tensor:
+    """``silu_and_mul`` one PyTorch operation at a time (the fused op's specification)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

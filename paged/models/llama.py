@@ -7,18 +7,23 @@ config: Qwen2 has q/k/v biases, Llama may have ``attention_bias`` /
 ``mlp_bias``, Mistral may have a sliding window (declared through
 ``ModelConfig.max_model_len``, not masked). q/k/v run as one GEMM
 (``qkv_proj``), gate/up as one GEMM (``gate_up_proj``).
+
+The residual stream is carried beside the layer output, as vLLM does: each
+RMSNorm adds the block output to the residual and normalises the sum in one
+step (``RMSNorm.add_and_norm``), which on a CPU is one fused pass. The sums
+are the same ``h + block(h)`` in the same dtype, so the eager path is
+bitwise the plain pre-norm formula.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from paged.models.attention import Attention
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
-from paged.models.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from paged.models.layers import MergedLinear, RMSNorm, RotaryEmbedding, silu_and_mul
 
 
 class LlamaAttention(nn.Module):
@@ -58,8 +63,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(i, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -73,9 +77,17 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     # --8<-- [start:layer]
-    def forward(self, layer, h, positions, attention):  # h: [T, hidden]
-        h = h + self.self_attn(layer, self.input_layernorm(h), positions, attention)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, layer, h, residual, positions, attention):  # h, residual: [T, hidden]
+        """``h`` is the previous block's output and ``residual`` the stream before it (None
+        at layer 0, where ``h`` is the embedding); returns this layer's MLP output and the
+        stream before it. Written out: ``h += attn(norm(h)); h += mlp(norm(h))``."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm.add_and_norm(h, residual)
+        x = self.self_attn(layer, x, positions, attention)
+        x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
+        return self.mlp(x), residual
 
     # --8<-- [end:layer]
 
@@ -91,10 +103,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, positions, attention):  # [T], [T] -> [T, hidden]
-        h = self.embed_tokens(input_ids)
+        h, residual = self.embed_tokens(input_ids), None
         for i, layer in enumerate(self.layers):
-            h = layer(i, h, positions, attention)
-        return self.norm(h)
+            h, residual = layer(i, h, residual, positions, attention)
+        return self.norm.add_and_norm(h, residual)[0]
 
 
 class LlamaForCausalLM(CausalLM):

@@ -27,7 +27,25 @@ the slot mappings of ``BlockTable``.
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
+
+
+def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """A zero tensor whose CPU memory is taken page by page, as it is first written.
+
+    ``torch.zeros`` writes every byte at once, so a 2 GiB pool is 2 GiB of
+    resident memory from start-up however little of it the requests use. An
+    anonymous memory mapping reads as zeros and the operating system backs a
+    page only when it is first written. Other devices get ``torch.zeros``.
+    """
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    buffer = mmap.mmap(-1, max(1, numel * dtype.itemsize))  # the tensor keeps it alive
+    return torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape)
 
 
 def _check_positive(name: str, value: object) -> int:
@@ -51,7 +69,8 @@ class KVCache:
         device: where the pool lives.
 
     Attributes:
-        data: ``[L, 2, N, B, H_kv, D]``, zero-initialised, contiguous.
+        data: ``[L, 2, N, B, H_kv, D]``, zero-initialised, contiguous; on a CPU its
+            pages take memory only once written (``zeros_on_demand``).
     """
 
     # --8<-- [start:init]
@@ -76,7 +95,7 @@ class KVCache:
         rows = num_layers * 2 * num_blocks * block_size  # token rows of all layers
         # Zeros, not empty: an unwritten slot reads as 0, never as a NaN that a
         # masked softmax could turn into NaN output (0 * NaN = NaN).
-        self._rows = torch.zeros(rows + 1, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self._rows = zeros_on_demand((rows + 1, num_kv_heads, head_dim), dtype, device)
         self._spare_row = rows  # padding tokens (slot < 0) are written here
         self.data = self._rows[:rows].view(
             num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim

@@ -53,9 +53,14 @@ def prefill_attention(
     v: torch.Tensor,  # [T, H_kv, D]
     scale: float,
 ) -> torch.Tensor:  # [T, H, D]
-    """Causal attention over a prompt's own keys: no block table needed yet."""
+    """Causal attention over a prompt's own keys: no block table needed yet.
+
+    The inputs get a batch dimension of 1: SDPA's fused CPU kernel (flash
+    attention, grouped-query heads included) takes only 4-D tensors, and 3-D
+    ones fall back to its unfused math path, about twice as slow.
+    """
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
-    )  # [H, T, D]
-    return out.transpose(0, 1)
+    )  # [1, H, T, D]
+    return out[0].transpose(0, 1)

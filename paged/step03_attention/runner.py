@@ -6,16 +6,23 @@ every scheduled token of every sequence (prompts and decodes packed together);
 logits are computed only for the rows that sample; one vectorised sampling
 call draws a token for each of them. The only device-to-host transfer is the
 sampled ids (and log-probabilities when asked).
+
+Greedy fast path: when every row is greedy and asks for no log-probabilities,
+the draw is the argmax of each row, taken straight from the logits in their
+own dtype (one fused pass on a CPU) instead of through the sampler's float32
+copy. Widening bfloat16 to float32 is exact, so the tokens are the sampler's
+bit for bit (``tests/step03_attention/test_fused_ops.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from paged.kernels.cpu import fused_ops
 from paged.step02_block_table import KVCache
 from paged.step03_attention.attention import AttentionMetadata, PagedAttention
 from paged.step03_attention.plan import StepPlan
-from paged.step03_attention.sampler import SampleResult, sample
+from paged.step03_attention.sampler import SampleResult, num_top_logprobs, sample
 
 
 class ModelRunner:
@@ -58,6 +65,9 @@ class ModelRunner:
     def _draw(self, logits: torch.Tensor, rows: list) -> dict[int, SampleResult]:
         """One vectorised sampling call over the rows' logits ``[S', V]`` (under tensor parallelism,
         only rank 0 draws)."""
+        if all(p.greedy and num_top_logprobs(p) is None for _, _, p, _ in rows):
+            tokens = greedy_tokens(logits).tolist()
+            return {r[0]: SampleResult(t) for r, t in zip(rows, tokens)}
         results = sample(logits, [r[2] for r in rows], [self._generator(r[0], r[3]) for r in rows])
         return {r[0]: res for r, res in zip(rows, results)}
 
@@ -80,3 +90,11 @@ class ModelRunner:
         if g is None:
             g = self._generators[seq_id] = torch.Generator().manual_seed(seed)
         return g
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:  # [S, V] -> [S] int64
+    """``logits.argmax(dim=1)``: the first index of each row's largest value (a NaN wins, as in torch)."""
+    ops = fused_ops(logits)
+    if ops is not None and logits.stride(-1) == 1:
+        return ops.argmax_rows(logits)
+    return logits.argmax(dim=1)

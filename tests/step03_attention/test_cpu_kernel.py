@@ -8,15 +8,15 @@ entries hold -1, so a kernel that reads past ``#filled`` or past a sequence's
 blocks fails.
 
 Levels of equality, all toleranced because the kernel reorders the sums (block by
-block with an online softmax) and, for v2, uses a polynomial exp:
+block with an online softmax) and, for avx512, uses a polynomial exp:
 
-* float64 (v1): ``FLOAT64`` — the same float64 arithmetic reordered.
-* float32 (v1, v2): ``FLOAT32`` against the float32 oracle.
-* bfloat16 (v1, v2): ``CPU_BFLOAT16`` against the float32 oracle over the same
+* float64 (scalar): ``FLOAT64`` — the same float64 arithmetic reordered.
+* float32 (scalar, avx512): ``FLOAT32`` against the float32 oracle.
+* bfloat16 (scalar, avx512): ``CPU_BFLOAT16`` against the float32 oracle over the same
   bfloat16 values — float32 accumulation, then one rounding of the output.
 * ``write_kv``: bitwise (``torch.equal``) against advanced indexing: a pure copy.
 
-Versions: v1 (scalar) and v2 (AVX-512) are each checked, v2 also with every
+Implementations: scalar and avx512 are each checked, avx512 also with every
 sequence split into partitions (split-context), and so is the dispatcher users
 call. The extension is built once per session; a build
 failure fails these tests (``load(strict=True)``), it never skips them.
@@ -107,59 +107,59 @@ def _cpu_has_avx512f() -> bool:
         return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
-V2_DTYPES = [torch.float32, torch.bfloat16]
-v2_dims = st.sampled_from([16, 32, 64, 80, 96, 128])
-needs_v2 = pytest.mark.skipif(not _cpu_has_avx512f(), reason="v2 is the AVX-512 kernel; this CPU has none")
+AVX512_DTYPES = [torch.float32, torch.bfloat16]
+avx512_dims = st.sampled_from([16, 32, 64, 80, 96, 128])
+needs_avx512 = pytest.mark.skipif(not _cpu_has_avx512f(), reason="this CPU has no AVX-512")
 
 
-def test_cpu_kernel_v2_compiled_where_the_cpu_has_avx512(ext):
+def test_cpu_kernel_avx512_compiled_where_the_cpu_has_it(ext):
     """The fast path is not silently missing on the machines it is meant for."""
-    assert ext.v2_compiled() == _cpu_has_avx512f()
+    assert ext.avx512_compiled() == _cpu_has_avx512f()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @given(case=decode_cases())
-def test_cpu_kernel_v1_equals_contiguous_toleranced(ext, dtype, case):
-    """v1 (scalar) vs the oracle: reordered sums, so toleranced (float64 tight)."""
+def test_cpu_kernel_scalar_equals_contiguous_toleranced(ext, dtype, case):
+    """scalar vs the oracle: reordered sums, so toleranced (float64 tight)."""
     args, expected = make_batch(case, dtype)
-    check(ext.decode(*args, None, 1), expected, dtype)
+    check(ext.decode(*args, None, "scalar"), expected, dtype)
 
 
-@needs_v2
-@pytest.mark.parametrize("dtype", V2_DTYPES, ids=str)
-@given(case=decode_cases(dims=v2_dims))
-def test_cpu_kernel_v2_equals_contiguous_toleranced(ext, dtype, case):
-    """v2 (AVX-512) vs the oracle: reordered sums and a polynomial exp, toleranced."""
+@needs_avx512
+@pytest.mark.parametrize("dtype", AVX512_DTYPES, ids=str)
+@given(case=decode_cases(dims=avx512_dims))
+def test_cpu_kernel_avx512_equals_contiguous_toleranced(ext, dtype, case):
+    """avx512 vs the oracle: reordered sums and a polynomial exp, toleranced."""
     args, expected = make_batch(case, dtype)
-    check(ext.decode(*args, None, 2), expected, dtype)
+    check(ext.decode(*args, None, "avx512"), expected, dtype)
 
 
-@needs_v2
-@pytest.mark.parametrize("dtype", V2_DTYPES, ids=str)
-@given(case=decode_cases(dims=v2_dims), partition_blocks=st.integers(1, 3))
-def test_cpu_kernel_v2_split_context_equals_contiguous_toleranced(ext, dtype, case, partition_blocks):
-    """v2 with each sequence split into partitions of 1-3 blocks, merged by their maxima and sums."""
+@needs_avx512
+@pytest.mark.parametrize("dtype", AVX512_DTYPES, ids=str)
+@given(case=decode_cases(dims=avx512_dims), partition_blocks=st.integers(1, 3))
+def test_cpu_kernel_avx512_split_context_equals_contiguous_toleranced(ext, dtype, case, partition_blocks):
+    """avx512 with each sequence split into partitions of 1-3 blocks, merged by their maxima and sums."""
     args, expected = make_batch(case, dtype)
-    check(ext.decode(*args, None, 2, partition_blocks), expected, dtype)
+    check(ext.decode(*args, None, "avx512", partition_blocks), expected, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @settings(max_examples=15)
 @given(case=decode_cases())
 def test_cpu_kernel_dispatch_equals_contiguous_toleranced(ext, dtype, case):
-    """The public entry point (whichever version it picks) vs the oracle, into ``out=``."""
+    """The public entry point (whichever implementation it picks) vs the oracle, into ``out=``."""
     args, expected = make_batch(case, dtype)
     out = torch.empty_like(args[0])
     assert cpu.paged_attention_decode(*args, out=out) is out
     check(out, expected, dtype)
 
 
-@pytest.mark.parametrize("dtype", V2_DTYPES, ids=str)
-@pytest.mark.parametrize("version", [1, 2], ids=["v1", "v2"])
-def test_cpu_kernel_strided_query_from_fused_qkv(ext, version, dtype):
+@pytest.mark.parametrize("dtype", AVX512_DTYPES, ids=str)
+@pytest.mark.parametrize("impl", ["scalar", "avx512"])
+def test_cpu_kernel_strided_query_from_fused_qkv(ext, impl, dtype):
     """A query sliced out of a fused QKV projection (row stride != H * D) is read in place."""
-    if version == 2 and not _cpu_has_avx512f():
-        pytest.skip("v2 is the AVX-512 kernel; this CPU has none")
+    if impl == "avx512" and not _cpu_has_avx512f():
+        pytest.skip("this CPU has no AVX-512")
     case = (16, 8, 2, 64, [1, 15, 16, 17, 40], list(range(9))[::-1], 1.0, 3)
     args, expected = make_batch(case, dtype)
     query = args[0]
@@ -167,7 +167,7 @@ def test_cpu_kernel_strided_query_from_fused_qkv(ext, version, dtype):
     fused[:, : query.shape[1]] = query
     strided = fused[:, : query.shape[1]]
     assert not strided.is_contiguous()
-    check(ext.decode(strided, *args[1:], None, version), expected, dtype)
+    check(ext.decode(strided, *args[1:], None, impl), expected, dtype)
 
 
 def _errors_case():

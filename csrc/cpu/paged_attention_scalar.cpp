@@ -1,6 +1,7 @@
-// PagedAttention decode on the CPU: v1, scalar and readable (any dtype, any
-// head dim). The header of paged_attention.cpp describes the algorithm, the
-// cache layout and both versions; v1 is the specification v2 is held to.
+// PagedAttention decode on the CPU, scalar and readable (any dtype, any head
+// dim). The header of paged_attention_avx512.cpp describes the algorithm, the
+// cache layout and both implementations; this one is the specification the
+// AVX-512 one is held to.
 
 #include <c10/util/BFloat16.h>
 
@@ -25,10 +26,10 @@ struct AccType<double> {
 };
 
 template <typename T>
-struct ScratchV1 {
+struct ScratchScalar {
   using Acc = typename AccType<T>::type;
   std::vector<Acc> q, acc, scores, m, l;
-  explicit ScratchV1(const DecodeArgs& a) {
+  explicit ScratchScalar(const DecodeArgs& a) {
     const int64_t G = a.num_heads / a.num_kv_heads;
     q.resize(G * a.head_dim);
     acc.resize(G * a.head_dim);
@@ -39,7 +40,7 @@ struct ScratchV1 {
 };
 
 template <typename T>
-void decode_item_v1(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV1<T>& w) {
+void decode_item_scalar(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchScalar<T>& w) {
   using Acc = typename AccType<T>::type;
   const int64_t G = a.num_heads / a.num_kv_heads, D = a.head_dim, B = a.block_size;
   const int64_t row = a.num_kv_heads * D;  // elements between tokens of one head
@@ -100,20 +101,20 @@ void decode_item_v1(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchV1<T>& w
 }
 
 template <typename T>
-void run_v1(const DecodeArgs& a) {
+void run_scalar(const DecodeArgs& a) {
   // one item per (sequence, KV head) and its G query heads
-  for_each_item<ScratchV1<T>>(a, a.num_seqs * a.num_kv_heads, [&](int64_t i, ScratchV1<T>& w) {
-    decode_item_v1<T>(a, i / a.num_kv_heads, i % a.num_kv_heads, w);
+  for_each_item<ScratchScalar<T>>(a, a.num_seqs * a.num_kv_heads, [&](int64_t i, ScratchScalar<T>& w) {
+    decode_item_scalar<T>(a, i / a.num_kv_heads, i % a.num_kv_heads, w);
   });
 }
 
 }  // namespace
 
-void paged_attention_decode_v1(const DecodeArgs& a) {
+void paged_attention_decode_scalar(const DecodeArgs& a) {
   switch (a.dtype) {
-    case DType::kFloat32: run_v1<float>(a); break;
-    case DType::kBFloat16: run_v1<c10::BFloat16>(a); break;
-    case DType::kFloat64: run_v1<double>(a); break;
+    case DType::kFloat32: run_scalar<float>(a); break;
+    case DType::kBFloat16: run_scalar<c10::BFloat16>(a); break;
+    case DType::kFloat64: run_scalar<double>(a); break;
   }
 }
 
