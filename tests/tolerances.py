@@ -69,7 +69,7 @@ FUSED_BFLOAT16 = dict(rtol=2**-7, atol=1e-6)
 
 # A whole float32 LLaMA forward pass (the tests' tiny 2-layer model), fused ops
 # vs eager: float32 reorderings (~1e-7 relative per op) carried through the
-# layers and the LM head; measured below 1e-6 on logits of size ~1.
+# layers and the LM head; measured 5.7e-6 on logits up to 5.
 FUSED_MODEL_FLOAT32 = dict(rtol=1e-5, atol=1e-5)
 
 # Prefill attention in bfloat16 (SDPA's fused CPU kernel) against the float32

@@ -1,0 +1,131 @@
+"""Offline engine throughput on a checkpoint: the workload other CPU engines are compared on.
+
+``n`` requests whose prompts are a BOS token and uniformly random token ids,
+prompt lengths uniform in ``[mean - spread, mean + spread]``, output lengths
+uniform in ``[min_output, max_output]``, generated greedily with
+``ignore_eos`` (so every request makes exactly its output length). The
+requests come from ``random.Random(seed)`` in a fixed order of draws, so any
+engine given the same seed sees the same token ids (the defaults: 64
+requests, 6 594 prompt and 6 294 output tokens). Prefix caching is off, so
+repeated runs do not hit it.
+
+It prints one JSON line: the median of ``--repeats`` timed runs after one
+short warm-up — output and total tokens per second, wall time — plus load
+time (checkpoint and engine), the first request's latency after load (the
+warm-up, which includes building or loading the C++ kernels), peak resident
+memory of the process, and the cores the engine kept busy (CPU seconds /
+wall seconds over the timed runs).
+
+    python -m paged.bench engine --model path/to/checkpoint --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import time
+
+import torch
+
+BOS_ID, FIRST_ID = 1, 3  # prompts: BOS, then ids from FIRST_ID (skips <unk>, <s>, </s>)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="Hugging Face checkpoint folder")
+    parser.add_argument("--dtype", default="bfloat16", help="float32, bfloat16, ... or auto")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's, one per core)")
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0, help="KV cache budget")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (median)")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--prompt-mean", type=int, default=100)
+    parser.add_argument("--prompt-spread", type=int, default=50)
+    parser.add_argument("--min-output", type=int, default=64)
+    parser.add_argument("--max-output", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def make_workload(num_requests, prompt_mean, prompt_spread, min_output, max_output, vocab, seed):
+    """``[(prompt token ids, output length)]``, drawn in a fixed order from one seeded generator."""
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(num_requests):
+        prompt_len = rng.randint(max(1, prompt_mean - prompt_spread), prompt_mean + prompt_spread)
+        body = [rng.randrange(FIRST_ID, vocab) for _ in range(prompt_len - 1)]
+        requests.append(([BOS_ID] + body, rng.randint(min_output, max_output)))
+    return requests
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def timed_generate(llm, requests) -> dict:
+    """One run over every request: wall seconds, CPU seconds, tokens in and out."""
+    from paged import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in requests]
+    cpu, start = _cpu_seconds(), time.perf_counter()
+    outputs = llm.generate([p for p, _ in requests], params, use_tqdm=False)
+    wall = time.perf_counter() - start
+    return {
+        "wall_s": wall,
+        "cores_used": (_cpu_seconds() - cpu) / wall,
+        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
+    }
+
+
+def run(args) -> int:
+    from paged import LLM
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    llm = LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
+              kv_cache_memory=int(args.kv_cache_gib * 2**30), enable_prefix_caching=False)
+    load_s = time.perf_counter() - start
+    requests = make_workload(args.num_requests, args.prompt_mean, args.prompt_spread, args.min_output,
+                             args.max_output, llm.model.config.vocab_size, args.seed)
+    first = timed_generate(llm, [(requests[0][0], 8)])  # warm-up: the first request after load
+    runs = [timed_generate(llm, requests) for _ in range(args.repeats)]
+    median = statistics.median(r["wall_s"] for r in runs)
+    run0 = runs[0]
+    result = {
+        "engine": "paged",
+        "model": args.model,
+        "dtype": args.dtype,
+        "requests": len(requests),
+        "vocab_size": llm.model.config.vocab_size,
+        "prompt_tokens": run0["prompt_tokens"],
+        "output_tokens": run0["output_tokens"],
+        "wall_s": round(median, 3),
+        "wall_s_all": [round(r["wall_s"], 3) for r in runs],
+        "output_tok_per_s": round(run0["output_tokens"] / median, 1),
+        "total_tok_per_s": round((run0["output_tokens"] + run0["prompt_tokens"]) / median, 1),
+        "load_s": round(load_s, 2),
+        "first_request_s": round(first["wall_s"], 2),
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
+        "cores_used": [round(r["cores_used"], 2) for r in runs],
+        "threads": torch.get_num_threads(),
+        "attention_backend": llm.engine.backend,
+        "fused_ops": os.environ.get("PAGED_FUSED_OPS", "1") != "0",
+        "cpu": _cpu_model(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
+    print(json.dumps(result), flush=True)
+    return 0
