@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from paged.step02_block_table import KVCache
-from paged.step03_attention.backends import native_decode, prefill_attention
+from paged.step03_attention.backends import native_decode, native_write, prefill_attention
 from paged.step03_attention.blockwise import blockwise_attention
 from paged.step03_attention.reference import reference_attention
 
@@ -77,13 +77,17 @@ class PagedAttention:
     def __init__(self, kv_cache: KVCache, meta: AttentionMetadata, backend: str) -> None:
         self.kv_cache, self.meta, self.backend = kv_cache, meta, backend
         self._decode = native_decode(backend) if backend in ("cpu", "cuda") else None
+        self._write = native_write(backend)
 
     # --8<-- [start:paged_attention]
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
         """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]."""
         m = self.meta
-        self.kv_cache.write(layer, k, v, m.slot_mapping)
         kc, vc = self.kv_cache.key(layer), self.kv_cache.value(layer)  # [N, B, H_kv, D]
+        if self._write is None:
+            self.kv_cache.write(layer, k, v, m.slot_mapping)
+        else:  # the C++ row copy: no index tensors, no host check of the slots
+            self._write(kc, vc, k, v, m.slot_mapping)
         if self._decode is None:  # the pure-PyTorch paths take every sequence as it comes
             fn = blockwise_attention if self.backend == "blockwise" else reference_attention
             q_lens = None if m.all_decode else m.query_lens

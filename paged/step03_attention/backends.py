@@ -33,6 +33,16 @@ def native_decode(name: str):
     return None
 
 
+def native_write(name: str):
+    """The C++ KV write of the ``cpu`` backend (a row copy per token, the same bits as
+    ``KVCache.write``), or None: other backends write through ``KVCache.write``."""
+    if name != "cpu":
+        return None
+    from paged.kernels import cpu
+
+    return cpu.write_kv if cpu.available() else None
+
+
 def resolve_backend(device: torch.device | str, requested: str | None = None) -> str:
     """The backend name to use on ``device``: ``requested``, the environment, or the fastest."""
     device = torch.device(device)
