@@ -1,4 +1,4 @@
-// PagedAttention decode on the CPU, AVX-512 (paper §4.1, Figure 5; DESIGN §3, §4).
+// PagedAttention decode on the CPU, AVX-512 (paper §4.1, Figure 5; docs/architecture.md).
 //
 // One query token per sequence attends to the sequence's K/V, which lives in
 // fixed-size physical blocks scattered over the cache; the block table says
@@ -8,7 +8,7 @@
 // softmax of the paper's equation: per block, the scores, the block's maximum,
 // a running maximum m and sum l, and the accumulator rescaled by exp(m_old - m).
 //
-// Cache layout (DESIGN §3): key_cache[b, o, h, :] is the key of slot b*B + o for
+// Cache layout (docs/architecture.md): key_cache[b, o, h, :] is the key of slot b*B + o for
 // KV head h; rows of one head inside a block are H_kv * D elements apart.
 //
 // Two implementations, named for what they are (bindings.cpp picks avx512 when
