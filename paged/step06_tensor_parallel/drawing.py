@@ -39,7 +39,7 @@ class Layout:
 
 def read_layout(folder: str | Path) -> Layout:
     """Prefill ``PROMPT`` on two ranks and read the table and every rank's cache."""
-    from paged import LLM, SamplingParams
+    from paged.step06_tensor_parallel import LLM, SamplingParams
 
     llm = LLM(model=str(folder), tensor_parallel_size=2, dtype="float32", block_size=BLOCK_SIZE,
               num_blocks=16, swap_space=0, attention_backend="reference")
