@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <tuple>
 
 #include "avx512_math.h"
@@ -246,6 +247,48 @@ int64_t argmax_row(const T* row, int64_t n) {
   return at;
 }
 
+#if defined(__AVX512F__)
+// The same answer in two vector passes: the row's maximum (a NaN anywhere
+// hands the row to argmax_row), then the first index holding it. +0 and -0
+// compare equal in both, as in torch.
+template <typename T>
+int64_t argmax_row_avx512(const T* row, int64_t n) {
+  const int64_t body = n / 16 * 16;
+  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 nan = 0;
+  for (int64_t i = 0; i < body; i += 16) {
+    const __m512 v = avx512::load16(row + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, v);
+  }
+  float m = _mm512_reduce_max_ps(best);
+  for (int64_t i = body; i < n; ++i) {
+    const float v = widen(row[i]);
+    if (std::isnan(v)) nan = 1;
+    m = std::max(m, v);
+  }
+  if (nan) return argmax_row(row, n);
+  const __m512 target = _mm512_set1_ps(m);
+  for (int64_t i = 0; i < body; i += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(avx512::load16(row + i), target, _CMP_EQ_OQ);
+    if (hit) return i + __builtin_ctz(hit);
+  }
+  for (int64_t i = body; i < n; ++i)
+    if (widen(row[i]) == m) return i;
+  return 0;  // unreachable: m is one of the row's values
+}
+#endif
+
+// torch.argmax's answer for one row, vectorized where the build allows.
+template <typename T>
+int64_t argmax_fast(const T* row, int64_t n) {
+#if defined(__AVX512F__)
+  return argmax_row_avx512(row, n);
+#else
+  return argmax_row(row, n);
+#endif
+}
+
 }  // namespace
 
 at::Tensor argmax_rows(const at::Tensor& x) {
@@ -256,8 +299,8 @@ at::Tensor argmax_rows(const at::Tensor& x) {
   int64_t* o = out.data_ptr<int64_t>();
   at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      o[t] = x.scalar_type() == at::kFloat ? argmax_row(x.data_ptr<float>() + t * x.stride(0), n)
-                                           : argmax_row(x.data_ptr<c10::BFloat16>() + t * x.stride(0), n);
+      o[t] = x.scalar_type() == at::kFloat ? argmax_fast(x.data_ptr<float>() + t * x.stride(0), n)
+                                           : argmax_fast(x.data_ptr<c10::BFloat16>() + t * x.stride(0), n);
     }
   });
   return out;

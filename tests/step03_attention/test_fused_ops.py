@@ -99,11 +99,13 @@ def test_fused_silu_and_mul_equals_eager(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fused_argmax_equals_torch_bitwise(dtype):
     """First index of the maximum on ties, and a NaN wins, exactly as torch.argmax."""
-    logits = _randn(6, 3001, dtype=dtype)
+    logits = _randn(7, 3001, dtype=dtype)  # 3001: 16-wide vector passes and a scalar tail
     logits[1, [10, 20]] = 50.0  # a tie: the first index
     logits[2, [7, 3000]] = float("nan")  # NaN: the first NaN
-    logits[3, :] = 0.0  # all equal
-    logits[4, 3000] = float("inf")
+    logits[3, :] = 0.0  # all equal, -0 first: equal to +0
+    logits[3, 0] = -0.0
+    logits[4, 3000] = float("inf")  # the maximum in the tail
+    logits[5, 3000] = float("nan")  # a NaN only in the tail
     got = cpu.load().argmax_rows(logits)
     assert torch.equal(got, logits.argmax(dim=1))
 
