@@ -1,6 +1,6 @@
 """Execute every step notebook and keep the executed copies for the docs site.
 
-Used by ``make notebooks`` (part of ``make test``). The notebooks are committed
+Used by ``make notebooks`` and ``make docs`` (part of ``make test``). The notebooks are committed
 without outputs; this runs each one once, fails on the first error, and writes
 the executed copy (outputs and plots included) to ``build/notebooks/``, where the
 docs build (``tools/mkdocs_notebooks.py``) renders it as a page. The committed
