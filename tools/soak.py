@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -158,6 +159,7 @@ class Soak:
         self.kinds: Counter = Counter()
         self.failures: list[str] = []
         self.latencies: list[tuple[float, float]] = []  # (finished at, seconds), finished requests only
+        self.cost: list[dict] = []  # per tenth of the run after warm-up (sample_cost)
         self.t0 = time.monotonic()
 
     async def one(self, http: httpx.AsyncClient, rng: random.Random) -> None:
@@ -201,6 +203,28 @@ class Soak:
     async def run(self) -> None:
         until = self.t0 + self.args.duration
         await asyncio.gather(*(self.client(i, until) for i in range(self.args.concurrency)))
+
+
+async def sample_cost(soak: Soak, proc: psutil.Process, args, windows: int = 10) -> None:
+    """Each tenth of the run after warm-up: the server's CPU time per generated token, and the load average.
+
+    Latency on a shared CPU also rises when other processes take the cores; the server's own CPU time per
+    token does not, so a rise in it would be the server slowing down (a leak, a growing structure).
+    """
+    width = (args.duration - args.warmup) / windows
+    async with httpx.AsyncClient(base_url=soak.server.url, timeout=60) as http:
+        async def tokens() -> float:
+            text = (await http.get("/metrics")).text
+            return float(next(line.split()[-1] for line in text.splitlines()
+                              if line.startswith("paged_generation_tokens_total ")))
+
+        last_cpu, last_tokens = sum(proc.cpu_times()[:2]), await tokens()
+        for _ in range(windows):
+            await asyncio.sleep(width)
+            cpu, done = sum(proc.cpu_times()[:2]), await tokens()
+            soak.cost.append({"cpu_ms_per_token": round(1000 * (cpu - last_cpu) / max(done - last_tokens, 1), 3),
+                              "tokens": int(done - last_tokens), "load_avg_1m": round(os.getloadavg()[0], 1)})
+            last_cpu, last_tokens = cpu, done
 
 
 def p99(values: list[float]) -> float:
@@ -250,6 +274,7 @@ def main(argv=None) -> int:
             task = asyncio.ensure_future(soak.run())
             await asyncio.sleep(min(args.warmup, args.duration))
             rss["after_warmup"] = proc.memory_info().rss
+            await sample_cost(soak, proc, args)
             await task
 
         asyncio.run(traffic())
@@ -290,6 +315,7 @@ def verdict(soak: Soak, m: dict[str, float], rss: dict[str, float], args) -> dic
         "rss_mib": {k: round(v / mib, 1) for k, v in rss.items()}, "rss_growth_after_warmup": round(growth, 4),
         "p99_latency_s": {"first_third": round(p99(first), 3), "last_third": round(p99(last), 3),
                           "by_tenth": windowed_p99(soak.latencies, args.warmup, args.duration, 10)},
+        "server_cost_by_tenth": soak.cost,
         "checks": checks, "pass": all(checks.values()),
     }
 
