@@ -17,9 +17,12 @@ What it does:
    lists in its queues; saves the screenshot.
 
 With ``--throughput`` it then runs ``python -m paged.bench serve`` against a
-second server (no API key: the benchmark sends none) twice without and twice
-with the page open in Chromium, alternating, and prints request throughput.
-Everything listens on 127.0.0.1 only.
+second server (no API key: the benchmark sends none) in rounds of three:
+without the page, with a poller reading ``/kv/snapshot`` as an open page does
+(the server's cost of a page opened elsewhere), and with the page open in
+Chromium on this machine (the browser competes for the same cores). It prints
+request throughput and the server's CPU seconds per request of each run, and
+the medians. Everything listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -107,10 +110,10 @@ def scripted_load(url: str, seconds: float, stop: threading.Event) -> threading.
 class Browser:
     """One headless Chromium tab over the DevTools protocol: navigate, evaluate, screenshot, errors."""
 
-    def __init__(self, chromium: str) -> None:
+    def __init__(self, chromium: str, url: str = "about:blank") -> None:
         self.profile = tempfile.mkdtemp(prefix="kv-view-chromium-")
         self.proc = subprocess.Popen([chromium, *CHROMIUM_FLAGS, "--remote-debugging-address=127.0.0.1",
-                                      "--remote-debugging-port=0", f"--user-data-dir={self.profile}", "about:blank"],
+                                      "--remote-debugging-port=0", f"--user-data-dir={self.profile}", url],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         port_file = Path(self.profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 30
@@ -212,30 +215,64 @@ def bench(url: str, num_requests: int) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["request_throughput"]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Poller:
+    """What an open page costs the server, without a browser on this machine: GET /kv/snapshot 4 times a second."""
+
+    def __init__(self, url: str) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(url,), daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str) -> None:
+        since = 0
+        with httpx.Client(base_url=url, timeout=30) as client:
+            while not self.stop.wait(0.25):
+                since = client.get(f"/kv/snapshot?since={since}").json()["last_event"]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
 def throughput(chromium: str, rounds: int, num_requests: int) -> dict:
-    """``paged.bench serve`` request throughput without and with the page open, alternating; the median
-    of the per-round ratios (with / without) resists a machine whose load changes between rounds."""
+    """``paged.bench serve`` without the page, with a poller reading /kv/snapshot as the page does, and with
+    the page open in Chromium on this machine; rounds alternate the three.
+
+    Per run: request throughput (wall clock: noisy on a shared machine) and the server's CPU seconds per
+    request (what the server spent, whatever else runs). Reported: each arm's median and the medians of
+    the per-round ratios to "without".
+    """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    arms = {"without": lambda: None, "poll": lambda: Poller(url), "chromium": lambda: Browser(chromium, url + "/kv")}
+    runs = {arm: {"req_per_s": [], "cpu_s_per_req": []} for arm in arms}
     with open(Path(tempfile.gettempdir()) / f"kv_view_bench_{port}.log", "w") as log:
         server = start_server(port, None, log)
         try:
             bench(url, num_requests)  # warm-up
-            runs: dict[str, list[float]] = {"without": [], "with": []}
             for _ in range(rounds):
-                runs["without"].append(bench(url, num_requests))
-                browser = Browser(chromium)
-                try:
-                    browser.call("Page.navigate", url=f"{url}/kv")
-                    time.sleep(2)
-                    runs["with"].append(bench(url, num_requests))
-                finally:
-                    browser.close()
+                for arm, open_page in arms.items():
+                    watcher = open_page()
+                    time.sleep(2 if watcher else 0)
+                    cpu = cpu_seconds(server.pid)
+                    runs[arm]["req_per_s"].append(bench(url, num_requests))
+                    runs[arm]["cpu_s_per_req"].append((cpu_seconds(server.pid) - cpu) / num_requests)
+                    if watcher:
+                        watcher.close()
         finally:
             server.terminate()
             server.wait(30)
-    ratios = sorted(w / wo for w, wo in zip(runs["with"], runs["without"]))
-    return {"runs": runs, "ratios_with_over_without": ratios, "median_ratio": ratios[len(ratios) // 2]}
+    median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    ratios = {arm: {key: median([x / y for x, y in zip(runs[arm][key], runs["without"][key])]) for key in runs[arm]}
+              for arm in ("poll", "chromium")}
+    return {"runs": runs, "median": {arm: {k: median(v) for k, v in r.items()} for arm, r in runs.items()},
+            "median_ratio_to_without": ratios}
 
 
 def main(argv=None) -> int:
@@ -244,7 +281,7 @@ def main(argv=None) -> int:
     p.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"),
                    help="the Chromium binary (Debian: apt-get install chromium)")
     p.add_argument("--throughput", action="store_true", help="also time paged.bench serve with and without the page")
-    p.add_argument("--rounds", type=int, default=3, help="--throughput: rounds of (without, with)")
+    p.add_argument("--rounds", type=int, default=3, help="--throughput: rounds of (without, poll, chromium)")
     p.add_argument("--num-requests", type=int, default=100, help="--throughput: requests per benchmark run")
     args = p.parse_args(argv)
     if not args.chromium:

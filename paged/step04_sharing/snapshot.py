@@ -55,7 +55,7 @@ def table_entries(table) -> list[list[int]]:
 
 
 def _request_view(req, queue: str, pool_of) -> dict:
-    """One request: its id, queue, arrival and each live sequence's table in the pool it maps."""
+    """One request: its id, queue, arrival and each sequence's table in the pool it maps (empty once finished)."""
     seqs = []
     for seq in req.seqs:
         t = seq.block_table
