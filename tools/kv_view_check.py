@@ -22,7 +22,10 @@ without the page, with a poller reading ``/kv/snapshot`` as an open page does
 (the server's cost of a page opened elsewhere), and with the page open in
 Chromium on this machine (the browser competes for the same cores). It prints
 request throughput and the server's CPU seconds per request of each run, and
-the medians. Everything listens on 127.0.0.1 only.
+the medians. With ``--cost`` it times one snapshot and its JSON in an engine
+like the check's server and in one with paged's default pool sizes (CPU time,
+so it does not depend on what else the machine runs). Everything listens on
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -275,6 +278,33 @@ def throughput(chromium: str, rounds: int, num_requests: int) -> dict:
             "median_ratio_to_without": ratios}
 
 
+def snapshot_cost(num_blocks: int, swap_space: int, rounds: int = 200) -> dict:
+    """CPU milliseconds of one snapshot and of its JSON, in an engine like the server's with 16 requests
+    (some with ``n = 2``) after 40 iterations; and what 4 snapshots a second cost, in % of one core."""
+    from paged import LLM
+    from paged.serve.kv_view import DEFAULT_MAX_PER_SECOND
+    from paged.step05_preemption import SamplingParams
+
+    engine = LLM(dtype="float32", device="cpu", block_size=8, num_blocks=num_blocks, swap_space=swap_space,
+                 preemption_mode="swap", seed=0).engine
+    for i in range(16):
+        engine.add_request(f"cmpl-{i:032x}-0", list(range(3, 40 + i)), SamplingParams(
+            n=2 if i % 3 == 0 else 1, temperature=0.8, max_tokens=100, ignore_eos=True))
+    for _ in range(40):
+        engine.step()
+    start = time.process_time()
+    for _ in range(rounds):
+        snap = engine.kv_snapshot()
+    mid = time.process_time()
+    for _ in range(rounds):
+        body = json.dumps(snap)
+    snap_ms, json_ms = (mid - start) / rounds * 1e3, (time.process_time() - mid) / rounds * 1e3
+    return {"device_blocks": num_blocks, "host_blocks": engine.swap.allocator.num_blocks,
+            "running": len(engine.running), "swapped": len(engine.swapped), "snapshot_ms": snap_ms,
+            "json_ms": json_ms, "json_bytes": len(body),
+            "percent_of_one_core": (snap_ms + json_ms) * DEFAULT_MAX_PER_SECOND / 10}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--screenshot", type=Path, help="save the page here (PNG)")
@@ -283,6 +313,7 @@ def main(argv=None) -> int:
     p.add_argument("--throughput", action="store_true", help="also time paged.bench serve with and without the page")
     p.add_argument("--rounds", type=int, default=3, help="--throughput: rounds of (without, poll, chromium)")
     p.add_argument("--num-requests", type=int, default=100, help="--throughput: requests per benchmark run")
+    p.add_argument("--cost", action="store_true", help="also time one snapshot and its JSON (small and default pools)")
     args = p.parse_args(argv)
     if not args.chromium:
         print("kv_view_check: chromium not found: apt-get install -y chromium (or pass --chromium)", file=sys.stderr)
@@ -310,6 +341,9 @@ def main(argv=None) -> int:
         return 1
     if args.throughput:
         print(json.dumps(throughput(args.chromium, args.rounds, args.num_requests)))
+    if args.cost:
+        for num_blocks, swap_space in ((96, 2**20), (2048, 256 * 2**20)):  # the check's server; paged's defaults
+            print(json.dumps(snapshot_cost(num_blocks, swap_space)))
     return 0
 
 
