@@ -2,6 +2,7 @@
 
 The C++ / CUDA sources live in ``csrc/`` at the repository root; ``setup.py`` copies them into the
 wheel as ``paged/csrc/``, where ``paged.kernels.cpu`` / ``cuda`` look when no repository is around.
+The server's live KV page (``paged/serve/static/kv.html``) is package data and must be there too.
 """
 
 import shutil
@@ -31,6 +32,7 @@ def test_wheel_contains_every_kernel_source_under_paged_csrc(tmp_path):
             name = "paged/csrc/" + path.relative_to(ROOT / "csrc").as_posix()
             assert z.read(name) == path.read_bytes(), name
         assert any(n.startswith("paged/kernels/cpu.py") for n in z.namelist())
+        assert z.read("paged/serve/static/kv.html") == (ROOT / "paged/serve/static/kv.html").read_bytes()
         metadata = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     core = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert not any(dep in line for line in core for dep in ("fastapi", "uvicorn", "matplotlib")), core
