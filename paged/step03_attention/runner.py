@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from paged.kernels.cpu import fused_ops
+from paged.models.layers import prepack_linears
 from paged.step02_block_table import KVCache
 from paged.step03_attention.attention import AttentionMetadata, PagedAttention
 from paged.step03_attention.plan import StepPlan
@@ -37,6 +38,7 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, backend: str) -> None:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
         self.device = kv_cache.data.device
+        prepack_linears(model)  # serving from here on: oneDNN-packed weights on a CPU in bfloat16
         self._generators: dict[int, torch.Generator] = {}
 
     # --8<-- [start:execute]

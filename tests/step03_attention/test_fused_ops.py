@@ -15,6 +15,8 @@ kernel instead of its math path. Levels of equality:
 * SiLU-and-mul: toleranced likewise — exp is a polynomial (AVX-512) or
   ``std::exp``, not PyTorch's, within an ulp of float32 before the rounding.
 * A whole LLaMA forward pass, fused vs eager, in float32: ``FUSED_MODEL_FLOAT32``.
+* oneDNN-packed linear weights (``prepack_linears``): a bfloat16 forward pass
+  bitwise equal to the plain GEMMs'.
 * Prefill attention: the fused SDPA kernel vs the oracle, toleranced
   (``FLOAT32``; ``PREFILL_BFLOAT16``: it rounds probabilities to bfloat16).
 
@@ -28,7 +30,7 @@ import torch
 
 from paged.kernels import cpu
 from paged.models import ContiguousAttention, load_model
-from paged.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul, silu_and_mul_eager
+from paged.models.layers import RMSNorm, RotaryEmbedding, prepack_linears, silu_and_mul, silu_and_mul_eager
 from paged.step02_block_table.kv_cache import zeros_on_demand
 from paged.step03_attention.backends import prefill_attention
 from paged.step03_attention.runner import greedy_tokens
@@ -168,6 +170,16 @@ def test_fused_llama_forward_equals_eager_float32(llama_float32, monkeypatch):
     monkeypatch.setenv("PAGED_FUSED_OPS", "0")
     eager = _logits(llama_float32, prompts)
     torch.testing.assert_close(fused, eager, **tolerances.FUSED_MODEL_FLOAT32)
+
+
+def test_prepacked_linears_equal_plain_gemms_bitwise(tmp_path, monkeypatch):
+    """Every linear of a bfloat16 LLaMA packed once: the same logits, bit for bit."""
+    model = load_model(save_checkpoint(build_hf_model("llama"), tmp_path), dtype=torch.bfloat16).model
+    prompts = [[5, 9, 11, 2, 7], [3], list(range(3, 40))]
+    plain = _logits(model, prompts)
+    monkeypatch.setenv("PAGED_PREPACK_WEIGHTS", "1")
+    assert prepack_linears(model) == 1 + 4 * model.config.num_layers  # LM head, qkv, o, gate_up, down
+    assert torch.equal(_logits(model, prompts), plain)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
