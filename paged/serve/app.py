@@ -154,7 +154,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     kv_view = KVView(llm.engine)  # its first snapshot is taken here, before the engine thread starts
     llm.engine.add_observer(kv_view.observe)
     engine.idle_observers.append(kv_view.refresh)
-    serving = OpenAIServing(engine, llm.tokenizer, llm.model.path, served_model_name,
+    serving = OpenAIServing(engine, llm.tokenizer, llm.model, served_model_name,
                             llm.engine.max_model_len, metrics)
     created = int(time.time())
 

@@ -1,79 +1,32 @@
-"""Chat messages -> one prompt: the tokenizer's chat template, or a documented default.
+"""Chat messages -> one prompt, with the model's own Jinja chat template.
 
-A Hugging Face folder may carry a Jinja ``chat_template`` in
-``tokenizer_config.json`` (a string, or a list of named templates of which
-``default`` is used). It is rendered in Jinja's sandbox with ``messages``,
-``add_generation_prompt=True``, ``bos_token`` and ``eos_token``, as
-``transformers`` does, and the result is tokenized without adding special
-tokens (the template writes its own).
+The template comes with the checkpoint (``LoadedModel.chat_template``: a
+folder's ``chat_template.jinja`` / ``tokenizer_config.json`` / ..., see
+``paged.models.chat_template``, or a GGUF file's ``tokenizer.chat_template``).
+It is rendered as transformers' ``apply_chat_template`` renders it: Jinja's
+sandbox with ``trim_blocks`` and ``lstrip_blocks``, loop controls, a
+``tojson`` that keeps non-ASCII text, ``raise_exception`` and
+``strftime_now``; the variables are ``messages``, ``add_generation_prompt``,
+``bos_token`` and ``eos_token``. The text is then tokenized without adding
+special tokens, because the template writes its own.
 
-Without a template (the demo model is a code-completion model and has none)
-the default is plain text the tokenizer adds its usual BOS to::
+The end of an assistant turn is found by rendering a sample conversation:
+whatever the template writes right after an assistant message (ChatML's
+``<|im_end|>``, Llama 3's ``<|eot_id|>``) is, when it is one special token,
+a stop token for every chat request, so a reply ends where the template's
+turn would end even if the model's EOS id is another token.
 
-    system: You are terse.
-    user: Write add(a, b).
-    assistant:
+A model without a template has no chat format to follow: ``ChatRenderer``
+is then not built, and the server answers chat requests with a 400 that
+says so (``/v1/completions`` still works).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
-from pathlib import Path
 
-DEFAULT_TEMPLATE_DOC = "one line per message, '<role>: <content>', then 'assistant:'"
-
-
-def load_chat_template(model_path: str | Path) -> tuple[str | None, dict]:
-    """The folder's chat template (or None) and its special tokens (``bos_token``, ``eos_token``)."""
-    cfg_file = Path(model_path) / "tokenizer_config.json"
-    if not cfg_file.is_file():
-        return None, {}
-    cfg = json.loads(cfg_file.read_text())
-    template = cfg.get("chat_template")
-    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    specials = {}
-    for key in ("bos_token", "eos_token"):
-        tok = cfg.get(key)
-        specials[key] = tok.get("content", "") if isinstance(tok, dict) else (tok or "")
-    return (template if isinstance(template, str) else None), specials
-
-
-class ChatRenderer:
-    """Renders chat messages into prompt token ids with one tokenizer.
-
-    Args:
-        tokenizer: a ``tokenizers.Tokenizer``.
-        model_path: the checkpoint folder (read for ``tokenizer_config.json``).
-    """
-
-    def __init__(self, tokenizer, model_path: str | Path) -> None:
-        self.tokenizer = tokenizer
-        source, self.specials = load_chat_template(model_path)
-        self.template = None
-        if source is not None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise_template_error
-            self.template = env.from_string(source)
-
-    @property
-    def kind(self) -> str:
-        return "the tokenizer's chat template" if self.template is not None else f"default ({DEFAULT_TEMPLATE_DOC})"
-
-    def render(self, messages: list[dict]) -> str:
-        """The prompt text for ``messages`` (each ``{"role", "content"}`` with text content)."""
-        if self.template is not None:
-            return self.template.render(messages=messages, add_generation_prompt=True, **self.specials)
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-
-    def encode(self, messages: list[dict]) -> tuple[str, list[int]]:
-        """Prompt text and token ids; a template's own special tokens are not doubled."""
-        text = self.render(messages)
-        ids = self.tokenizer.encode(text, add_special_tokens=self.template is None).ids
-        return text, ids
+_SENTINEL = "\x00paged-end-of-turn-probe\x00"
 
 
 class TemplateError(ValueError):
@@ -82,3 +35,66 @@ class TemplateError(ValueError):
 
 def _raise_template_error(message: str):
     raise TemplateError(f"the chat template refused the messages: {message}")
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """Jinja's ``tojson`` without its HTML escaping, as chat templates expect."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+def compile_template(source: str):
+    """A Jinja ``Template`` for ``source`` in the environment transformers renders chat templates in."""
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # jinja2 comes with torch
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_template_error
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+class ChatRenderer:
+    """Renders chat messages into prompt token ids with one tokenizer and one template.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``.
+        template: the Jinja source of the chat template.
+        special_tokens: ``{"bos_token": ..., "eos_token": ...}`` strings the template may print.
+    """
+
+    def __init__(self, tokenizer, template: str, special_tokens: dict | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.specials = {"bos_token": "", "eos_token": "", **(special_tokens or {})}
+        self.template = compile_template(template)
+        self.end_of_turn_ids = self._end_of_turn_ids()
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text for ``messages`` (each ``{"role", "content"}`` with text content)."""
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.specials)
+
+    def encode(self, messages: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+        """Prompt text and token ids; the template's own special tokens are not doubled."""
+        text = self.render(messages, add_generation_prompt)
+        return text, self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _end_of_turn_ids(self) -> list[int]:
+        """The special token the template writes right after an assistant message, as ``[id]`` (else ``[]``)."""
+        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
+        try:
+            text = self.render(probe, add_generation_prompt=False)
+        except Exception:  # a template that refuses this probe conversation simply gives no stop token
+            return []
+        after = text.partition(_SENTINEL)[2]
+        if not after:
+            return []
+        first = self.tokenizer.encode(after, add_special_tokens=False)
+        if not first.ids:
+            return []
+        token_id = first.ids[0]
+        is_special = self.tokenizer.decode([token_id], skip_special_tokens=True) == ""
+        return [token_id] if is_special else []

@@ -14,11 +14,11 @@ import os
 import re
 import sys
 
+from paged.models.default import default_model
 from paged.serve.app import DEFAULT_MAX_BODY_BYTES
 
 logger = logging.getLogger("paged.serve")
 
-DEMO_MODEL_NAME = "paged-demo"
 # CLI flag -> LLM keyword, for the engine options passed only when set
 ENGINE_OPTIONS = {
     "block_size": "--block-size", "num_blocks": "--num-blocks", "kv_cache_memory": "--kv-cache-memory",
@@ -56,9 +56,10 @@ def positive_int(text: str) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m paged.serve",
                                 description="OpenAI-compatible server over paged's engine.")
-    p.add_argument("--model", help="Hugging Face checkpoint folder (default: the bundled demo model)")
-    p.add_argument("--served-model-name", help="name clients send as 'model' (default: 'paged-demo' for "
-                   "the demo model, else --model as given)")
+    p.add_argument("--model", help="Hugging Face checkpoint folder or GGUF file (default: SmolLM2-135M-Instruct "
+                   "when `make install` fetched it, else the bundled demo model)")
+    p.add_argument("--served-model-name", help="name clients send as 'model' (default: the default model's "
+                   "name, 'SmolLM2-135M-Instruct' or 'paged-demo', else --model as given)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "float64"])
@@ -94,7 +95,7 @@ def load_llm(args):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     engine_args = {k: getattr(args, k) for k in ENGINE_OPTIONS if getattr(args, k) is not None}
     try:
-        return LLM(model=args.model, dtype=args.dtype, device=device, **engine_args)
+        return LLM(model=args.model or default_model()[0], dtype=args.dtype, device=device, **engine_args)
     except ValueError as e:
         sys.exit(f"error: {e}")
 
@@ -112,7 +113,9 @@ def main(argv: list[str] | None = None) -> None:
         llm = load_llm(args)
     except ModelLoadError as e:
         sys.exit(f"error: cannot load the model: {e}")
-    name = args.served_model_name or (args.model if args.model else DEMO_MODEL_NAME)
+    if args.model is None:
+        logger.info("no --model given: serving %s (%s)", *reversed(default_model()))
+    name = args.served_model_name or args.model or default_model()[1]
     stats = llm.engine.stats()
     logger.info("model %s (served as %r), %s, max_model_len %d", llm.model.path, name,
                 next(llm.model.model.parameters()).dtype, llm.engine.max_model_len)

@@ -64,16 +64,22 @@ class OpenAIServing:
     Args:
         engine: the ``AsyncEngine``.
         tokenizer: the model's ``tokenizers.Tokenizer`` or None.
-        model_path: the checkpoint folder (chat template).
+        model: the ``LoadedModel`` (its chat template and special tokens).
         served_model_name: the name clients must send as ``model``.
         max_model_len: the engine's context length.
         metrics: the ``ServerMetrics``.
     """
 
-    def __init__(self, engine, tokenizer, model_path, served_model_name: str, max_model_len: int, metrics) -> None:
+    def __init__(self, engine, tokenizer, model, served_model_name: str, max_model_len: int, metrics) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.chat = ChatRenderer(tokenizer, model_path) if tokenizer is not None else None
+        self.chat, self.no_chat = None, None
+        if tokenizer is None:
+            self.no_chat = "this model has no tokenizer, so chat messages cannot be rendered"
+        elif model.chat_template is None:
+            self.no_chat = "this model has no chat template, so there is no chat format to render messages in"
+        else:
+            self.chat = ChatRenderer(tokenizer, model.chat_template, model.special_tokens)
         self.model_name = served_model_name
         self.max_model_len = max_model_len
         self.metrics = metrics
@@ -102,8 +108,8 @@ class OpenAIServing:
     async def chat_completions(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self._check_model(req.model)
         if self.chat is None:
-            raise APIError("this model has no tokenizer.json, so chat messages cannot be rendered; "
-                           "use /v1/completions with token ids", param="messages")
+            raise APIError(f"{self.no_chat}; use /v1/completions instead", param="messages",
+                           code="chat_template_missing")
         try:
             text, ids = self.chat.encode([{"role": m.role, "content": m.text()} for m in req.messages])
         except ValueError as e:
@@ -114,6 +120,7 @@ class OpenAIServing:
         name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         rename = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": name}  # engine field -> chat's
         params = self._params(req, [ids], max_tokens, req.num_logprobs, rename)
+        params.stop_token_ids += [t for t in self.chat.end_of_turn_ids if t not in params.stop_token_ids]
         fmt = Formatter("chat", f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.num_logprobs)
         return await self._serve(req, raw, fmt, [ids], [text], params, rename, None)
 

@@ -1,7 +1,7 @@
 """``LLM``: offline batch generation in vLLM's shape, over this step's ``Engine``.
 
     >>> from paged.step03_attention import LLM, SamplingParams
-    >>> llm = LLM()                                          # the bundled demo model
+    >>> llm = LLM()        # SmolLM2-135M-Instruct once `make install` fetched it, else the demo model
     >>> out = llm.generate(["def add(a, b):"], SamplingParams(temperature=0, max_tokens=16))
     >>> out[0].outputs[0].text
 
@@ -12,26 +12,31 @@ so ``paged.stepNN_*.LLM`` is the engine as it stands at step NN.
 from __future__ import annotations
 
 import itertools
+import sys
 
 import torch
 from tqdm.auto import tqdm
 
-from paged.models.loader import DEFAULT_MODEL_PATH
 from paged.step03_attention.engine import Engine
 from paged.step03_attention.outputs import RequestOutput
 from paged.step03_attention.sampling_params import SamplingParams
 
 
 def default_model_path() -> str:
-    """The bundled demo model (``paged/demo/model``)."""
-    return str(DEFAULT_MODEL_PATH)
+    """SmolLM2-135M-Instruct when fetched (``paged.models.default``), else the bundled demo model; says which."""
+    from paged.models.default import default_model
+
+    path, name = default_model()
+    print(f"paged: no model given, using {name} ({path})", file=sys.stderr)
+    return path
 
 
 class LLM:
     """A model plus an engine, for generating from a list of prompts.
 
     Args:
-        model: a Hugging Face checkpoint folder; default: the bundled demo model.
+        model: a Hugging Face checkpoint folder or a GGUF file; default: SmolLM2-135M-Instruct when
+            ``make install`` fetched it, else the bundled demo model.
         dtype: ``"auto"`` (the checkpoint's), ``"float32"``, ``"bfloat16"``,
             ``"float16"`` or ``"float64"``.
         device: ``"cpu"`` or ``"cuda"``.

