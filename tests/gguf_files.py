@@ -16,7 +16,10 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 import torch
+
+from paged.models.default import chat_model_path
 
 _HF_TO_GGUF_LAYER = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -118,3 +121,11 @@ def _add_tokenizer(writer, tokenizer_json: Path) -> None:
     writer.add_bos_token_id(vocab["<|bos|>"])
     writer.add_eos_token_id(vocab["<|eos|>"])
     writer.add_add_bos_token(True)
+
+
+# SmolLM2-135M-Instruct, fetched by `make install` (paged.models.default); its tests skip without it.
+SMOLLM2 = chat_model_path()
+needs_smollm2 = pytest.mark.skipif(
+    not SMOLLM2.is_file(),
+    reason=f"SmolLM2-135M-Instruct is not fetched ({SMOLLM2}): run `make install` or `python -m paged.models.default`",
+)

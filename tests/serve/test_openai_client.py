@@ -38,15 +38,10 @@ def test_completions_equal_offline_generate_greedy(client, offline):
     assert r.usage.completion_tokens == sum(len(o.outputs[0].token_ids) for o in want)
 
 
-def test_chat_equals_offline_generate_on_the_rendered_prompt(client, offline, model_path):
+def test_chat_equals_offline_generate_on_the_rendered_prompt(client, offline):
     msgs = [{"role": "system", "content": "be terse"}, {"role": "user", "content": "add two numbers"}]
     r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=10, temperature=0)
-    from paged.serve.chat import ChatRenderer, load_chat_template
-
-    if load_chat_template(model_path)[0] is None:
-        prompt = offline.encode("system: be terse\nuser: add two numbers\nassistant:")  # the documented default
-    else:  # the model's own template
-        prompt = ChatRenderer(offline.tokenizer, model_path).encode(msgs)[1]
+    prompt = offline.encode("system: be terse\nuser: add two numbers\nassistant:")  # the demo's chat_template.jinja
     want = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0]
     assert r.object == "chat.completion"
     assert r.choices[0].message.role == "assistant"
