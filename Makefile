@@ -8,7 +8,7 @@ KATEX  := tools/katex/node_modules/.package-lock.json
 # The notebooks, executed once into build/notebooks/ whenever they or the code change.
 NB_RUN := build/notebooks/.executed
 
-.PHONY: install test docs notebooks docs-check waste clean gpu-check chat-model
+.PHONY: install test test-deep docs notebooks docs-check waste clean gpu-check chat-model
 
 install: $(STAMP) $(KATEX) chat-model
 
@@ -37,6 +37,11 @@ $(KATEX): tools/katex/package-lock.json
 test: install
 	$(PY) -m pytest -p no:cacheprovider
 	$(MAKE) docs
+
+# The property-based tests with the randomized `dev` profile: new examples on every run, ten times
+# as many as `make test` (about 20 min on 2 cores). Run it before calling a change to a step done.
+test-deep: install
+	HYPOTHESIS_PROFILE=dev $(PY) -m pytest -p no:cacheprovider --timeout 3600 -m property
 
 docs: install $(NB_RUN)
 	$(VENV)/bin/mkdocs build --strict --site-dir site

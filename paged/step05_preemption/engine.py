@@ -102,7 +102,7 @@ class PreemptingEngine(SharingEngine):
         plan = self._empty_plan()
         plan.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         budget = {"tokens": self.max_num_batched_tokens, "seqs": self.max_num_seqs}
-        ended, preempted = [], False
+        self._ended, preempted = [], False
         queue = list(self.running)  # oldest first; victims come from its end
         for req in list(self.running):
             if req not in queue:  # preempted as a victim earlier in this loop
@@ -123,12 +123,11 @@ class PreemptingEngine(SharingEngine):
                 preempted = True
             else:  # alone on the device and still too big for the pool: it can never continue
                 self._end_too_long(req)
-                ended.append(req)
         if not preempted:
             self._resume_swapped(plan, budget)
             if not self.swapped:
                 self._admit_waiting(plan, budget)
-        return plan, ended
+        return plan, self._ended
     # --8<-- [end:schedule]
 
     def _work(self, req, budget, plan) -> list | None:
@@ -219,8 +218,11 @@ class PreemptingEngine(SharingEngine):
             req = self.swapped[0]
             live = [s for s in req.seqs if not s.is_finished]
             tables = [s.block_table for s in live]
-            # its blocks back, plus one new block per sequence for the next token (at most)
-            if (SwapSpace.distinct_blocks(tables) + len(live) > self.allocator.num_free
+            # its blocks back, plus one new block per sequence for the next token (at most); a group
+            # alone on the device needs only its blocks back: if its next tokens then do not fit,
+            # the running loop ends it, where waiting for room that never comes would hang
+            reserve = len(live) if self.running else 0
+            if (SwapSpace.distinct_blocks(tables) + reserve > self.allocator.num_free
                     or len(live) > budget["seqs"] or len(live) > budget["tokens"]):
                 return
             moves = self.swap.swap_in(tables, self.allocator)
@@ -229,13 +231,21 @@ class PreemptingEngine(SharingEngine):
             self.swapped.popleft()
             self._insert(self.running, req)
             work = self._work(req, budget, plan)
-            if work is not None:
+            if work is None:
+                continue
+            if self._blocks_for(work) <= self.allocator.num_free:
                 self._run(plan, req, work, budget)
+            elif len(self.running) == 1:  # alone, its blocks back, and its next tokens still do not fit
+                self._end_too_long(req)
 
     def _admit_waiting(self, plan, budget) -> None:
         while self.waiting:
             req = self.waiting[0]
             work = self._work(req, budget, plan)
+            if work is not None and self._blocks_for(work) > self.allocator.num_blocks:
+                self.waiting.popleft()  # a recomputed group that lost its sharing: it can never fit
+                self._end_too_long(req)
+                continue
             if work is None or self._blocks_for(work) > self.allocator.num_free:
                 return
             self.waiting.popleft()
@@ -245,13 +255,17 @@ class PreemptingEngine(SharingEngine):
     # --8<-- [end:resume]
 
     def _end_too_long(self, req) -> None:
-        """A group that outgrew the whole pool on its own: end it (it can never continue)."""
+        """A group that outgrew the whole pool on its own: end it (it can never continue).
+
+        It is reported as finished (``finish_reason="length"``) by this iteration's ``step``.
+        """
         logger.warning("request %s needs more KV blocks than the cache has (%d); ending it",
                        req.request_id, self.allocator.num_blocks)
         for s in req.seqs:
             if not s.is_finished:
                 self.stops.finish(s, req.outputs[s.seq_id], "length")
         self._retire(req)
+        self._ended.append(req)
 
     # --8<-- [start:insert]
     @staticmethod
