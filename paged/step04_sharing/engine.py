@@ -220,13 +220,19 @@ class SharingEngine(Engine):
         best_live = max((outs[s.seq_id].cumulative_logprob for s in next_seqs), default=None)
         max_len = min(p.max_tokens, self.max_model_len - len(req.prompt_token_ids))
         if beam.is_done(req.finished_beams, best_live, length, k, max_len, p.length_penalty, p.early_stopping):
+            if length >= max_len:
+                self._keep_live_beams(req)
             for s in list(req.seqs):
-                if length >= max_len:
-                    h = beam.Hypothesis(list(s.output_token_ids), outs[s.seq_id].cumulative_logprob, None)
-                    h.text = self.stops.decode(h.token_ids)
-                    req.finished_beams.append(h)
                 s.finish("stop")
             req.beam_done = True
+
+    def _keep_live_beams(self, req) -> None:
+        """Every live beam, as it stands, joins the finished hypotheses (cut by length)."""
+        for s in req.seqs:
+            if not s.is_finished:
+                h = beam.Hypothesis(list(s.output_token_ids), req.outputs[s.seq_id].cumulative_logprob or 0.0, None)
+                h.text = self.stops.decode(h.token_ids)
+                req.finished_beams.append(h)
 
     def _drop(self, req, seq) -> None:
         """A beam nobody chose: free its blocks now; it leaves the request."""

@@ -261,6 +261,9 @@ class PreemptingEngine(SharingEngine):
         """
         logger.warning("request %s needs more KV blocks than the cache has (%d); ending it",
                        req.request_id, self.allocator.num_blocks)
+        if req.params.use_beam_search:  # the beams so far are its answers
+            self._keep_live_beams(req)
+            req.beam_done = True
         for s in req.seqs:
             if not s.is_finished:
                 self.stops.finish(s, req.outputs[s.seq_id], "length")
