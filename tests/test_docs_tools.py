@@ -71,16 +71,41 @@ def test_docstring_examples_run(module):
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_waste_plot_leaves_the_matplotlib_backend_alone(tmp_path):
-    """Exact: drawing the Figure 2 counterpart writes a PNG and does not switch the user's backend."""
-    from paged.bench.waste import CATEGORIES, plot
+def _plots():
+    """Each plotting function of the library with small made-up data: (name, call(path))."""
+    from paged.bench import preemption_plots, prefix, sharing, waste
+    from paged.step02_block_table import diagram
 
+    shares = {c: 1 / len(waste.CATEGORIES) for c in waste.CATEGORIES}
+    saved = {kind: {str(w): 0.2 for w in sharing.WIDTHS} for kind in ("parallel", "beam")}
+    case = {"prefix_tokens": next(iter(prefix.PAPER_SPEEDUP)), "prefill_tokens_ratio": 0.3, "speedup": 1.5,
+            "on": {"blocks_mean": 2.0}, "off": {"blocks_mean": 4.0}}
+    row = {"waiting": 1, "running": 2, "swapped": 0, "preemptions": {"swap": 1, "recompute": 0},
+           "blocks_used": 3, "swap_blocks_used": 1, "blocks_total": 4}
+    micro = {"block_size": 16, "recompute_ms": 3.0, "swap_out_ms": 1.0, "swap_in_ms": 1.0, "swap_ms": 2.0}
+    e2e = {"swap": {"normalized_latency_s": 0.1, "preemptions": {"swap": 1, "recompute": 0},
+                    "throughput_tok_s": 100.0}}
+    return [
+        ("waste.plot", lambda path: waste.plot({"paged": shares, "orca_max": shares}, "test", path)),
+        ("sharing.plot", lambda path: sharing.plot(saved, next(iter(sharing.PAPER)), path)),
+        ("prefix.plot", lambda path: prefix.plot([case], path)),
+        ("preemption_plots.plot_timeline", lambda path: preemption_plots.plot_timeline({"swap": [row]}, path, "t")),
+        ("preemption_plots.plot_figure19",
+         lambda path: preemption_plots.plot_figure19({"micro": [micro], "e2e": e2e}, path, "t")),
+        ("step02 diagram.plot", lambda path: diagram.plot(diagram.figure6()[1], 8, path)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_plots_leave_the_matplotlib_backend_alone(tmp_path, index):
+    """Exact: each library plot writes a PNG and does not switch the user's backend (a notebook's
+    later plots would come out empty)."""
+    name, call = _plots()[index]
     before = matplotlib.get_backend()
     matplotlib.use("svg")
     try:
-        shares = {c: 1 / len(CATEGORIES) for c in CATEGORIES}
-        plot({"paged": shares, "orca_max": shares}, "test", str(tmp_path / "w.png"))
-        assert matplotlib.get_backend() == "svg"
-        assert (tmp_path / "w.png").read_bytes().startswith(b"\x89PNG")
+        call(str(tmp_path / "plot.png"))
+        assert matplotlib.get_backend() == "svg", name
+        assert (tmp_path / "plot.png").read_bytes().startswith(b"\x89PNG"), name
     finally:
         matplotlib.use(before)

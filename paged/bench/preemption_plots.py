@@ -5,12 +5,10 @@ from __future__ import annotations
 
 def plot_timeline(runs: dict, path: str, title: str) -> None:
     """Queues (waiting / running / swapped) and blocks in use (device, host) per iteration, per mode."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, len(runs), figsize=(4.2 * len(runs), 4.6), sharex="col", squeeze=False)
+    fig = Figure(figsize=(4.2 * len(runs), 4.6))  # no pyplot: the caller's backend is left alone
+    axes = fig.subplots(2, len(runs), sharex="col", squeeze=False)
     for col, (mode, rows) in enumerate(runs.items()):
         x = range(1, len(rows) + 1)
         q, b = axes[0][col], axes[1][col]
@@ -30,17 +28,14 @@ def plot_timeline(runs: dict, path: str, title: str) -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_figure19(result: dict, path: str, title: str) -> None:
     """(a) swap out / in / both and recompute per block size; (b) normalized latency per mode."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9.6, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    fig = Figure(figsize=(9.6, 3.6))
+    a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     rows = result["micro"]
     xs = [r["block_size"] for r in rows]
     a.plot(xs, [r["recompute_ms"] for r in rows], "o-", color="#55a868", label="recompute")
@@ -70,4 +65,3 @@ def plot_figure19(result: dict, path: str, title: str) -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

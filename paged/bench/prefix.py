@@ -129,12 +129,10 @@ def measure(model, prefix_len: int, args) -> dict:
 
 def plot(cases: list[dict], path: str) -> None:
     """Per prefix: prefill tokens, mean blocks and throughput with caching, relative to without."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig = Figure(figsize=(6.4, 3.6))  # no pyplot: the caller's backend is left alone
+    ax = fig.subplots()
     metrics = [("prefill tokens computed", lambda c: c["prefill_tokens_ratio"]),
                ("blocks held (mean)", lambda c: c["on"]["blocks_mean"] / c["off"]["blocks_mean"]),
                ("throughput", lambda c: c["speedup"])]
@@ -155,7 +153,6 @@ def plot(cases: list[dict], path: str) -> None:
     ax.set_ylim(0, max(4.0, 1.2 * max(c["speedup"] for c in cases)))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -176,12 +176,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plot(result: dict, trace: str, path: str) -> None:
     """Two groups of bars (parallel sampling, beam search) beside the paper's range."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig = Figure(figsize=(6.4, 3.6))  # no pyplot: the caller's backend is left alone
+    ax = fig.subplots()
     colors = {"parallel": "#4c72b0", "beam": "#dd8452"}
     for g, kind in enumerate(("parallel", "beam")):
         xs = [g * 4 + i for i in range(len(WIDTHS))]
@@ -201,7 +199,6 @@ def plot(result: dict, trace: str, path: str) -> None:
     ax.legend(fontsize=8, loc="upper left", frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:

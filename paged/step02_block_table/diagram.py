@@ -69,24 +69,24 @@ def render_text(requests: list[Request], num_blocks: int) -> str:
 
 
 def plot(requests: list[Request], num_blocks: int, path: str | Path, title: str = "") -> None:
-    """Draw logical blocks → physical blocks as a PNG (matplotlib, imported here only)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Draw logical blocks → physical blocks as a PNG (matplotlib, imported here only; no pyplot,
+    so the caller's backend is left alone)."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
     b = requests[0][1].block_size
     colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
     rows_left = sum(t.num_blocks + 1 for _, t, _ in requests) + len(requests)
     height = max(rows_left, num_blocks) * 0.42 + 0.9
-    fig, ax = plt.subplots(figsize=(2 * b * 0.95 + 4.6, height))
+    fig = Figure(figsize=(2 * b * 0.95 + 4.6, height))
+    ax = fig.subplots()
     cell, x_phys = 0.95, b * 0.95 + 2.2
 
     def row(x, y, words, color, label):
         for j in range(b):
             word = words[j] if j < len(words) else ""
-            ax.add_patch(plt.Rectangle((x + j * cell, y), cell, 0.8, facecolor=color if word else "white",
-                                       alpha=0.35 if word else 1.0, edgecolor="black", lw=0.8))
+            ax.add_patch(Rectangle((x + j * cell, y), cell, 0.8, facecolor=color if word else "white",
+                                   alpha=0.35 if word else 1.0, edgecolor="black", lw=0.8))
             ax.text(x + (j + 0.5) * cell, y + 0.4, word, ha="center", va="center", fontsize=7)
         ax.text(x - 0.1, y + 0.4, label, ha="right", va="center", fontsize=7)
 
@@ -118,7 +118,6 @@ def plot(requests: list[Request], num_blocks: int, path: str | Path, title: str 
     if title:
         ax.set_title(title, fontsize=10)
     fig.savefig(path, dpi=150, bbox_inches="tight")
-    plt.close(fig)
 
 
 # --8<-- [start:figures]
