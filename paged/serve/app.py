@@ -223,7 +223,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
 
     @app.get("/kv/snapshot", include_in_schema=False)
     async def kv_snapshot(since: int = 0):
-        return kv_view.read(since)
+        return Response(kv_view.read(since), media_type="application/json")
 
     @app.get("/", tags=["server"], summary="What this server serves")
     async def root() -> Index:

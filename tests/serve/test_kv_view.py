@@ -12,6 +12,7 @@
   pools, queues and stats but no prompt text.
 """
 
+import json
 import tempfile
 
 import httpx
@@ -41,6 +42,15 @@ class FakeClock:
 @pytest.fixture(scope="module")
 def model():
     return load_model(save_checkpoint(build_hf_model("llama"), tempfile.mkdtemp()), dtype=torch.float64)
+
+
+def _read(view, since: int) -> dict:
+    return json.loads(view.read(since))
+
+
+def as_json(records: list) -> list:
+    """``records`` as they read back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(records))
 
 
 def _engine(model) -> PreemptingEngine:
@@ -74,22 +84,22 @@ def test_event_log_equals_engine_events_in_scenario_order(model):
     """Exact: the log is the engine's records of every iteration, numbered 1..n; the scenario's order holds."""
     view = KVView(_engine(model), max_events=10_000)
     recorded = _run_scenario(_engine(model), view)
-    log = view.read(since=0)["events"]
-    assert [(e["kind"], e["request_id"], e["seq_id"], e["detail"]) for e in log] == recorded
+    log = _read(view, 0)["events"]
+    assert [[e["kind"], e["request_id"], e["seq_id"], e["detail"]] for e in log] == as_json(recorded)
     assert [e["n"] for e in log] == list(range(1, len(log) + 1))
     assert [e["step"] for e in log] == sorted(e["step"] for e in log)
     keys = [(e["kind"], e["request_id"]) for e in log]
     positions = [keys.index(k) for k in SCENARIO]  # ValueError if the scenario missed a step
     assert positions == sorted(positions), positions
-    assert view.read(since=log[-1]["n"])["events"] == []
+    assert _read(view, log[-1]["n"])["events"] == []
 
 
 def test_event_log_keeps_the_newest_when_full(model):
     """Exact: with ``max_events=5`` the log holds the last five records, numbered as before."""
     view = KVView(_engine(model), max_events=5)
     recorded = _run_scenario(_engine(model), view)
-    log = view.read(since=0)["events"]
-    assert [(e["kind"], e["request_id"], e["seq_id"], e["detail"]) for e in log] == recorded[-5:]
+    log = _read(view, 0)["events"]
+    assert [[e["kind"], e["request_id"], e["seq_id"], e["detail"]] for e in log] == as_json(recorded[-5:])
     assert [e["n"] for e in log] == list(range(len(recorded) - 4, len(recorded) + 1))
 
 
@@ -108,8 +118,9 @@ def test_snapshots_only_while_watched_and_at_most_max_per_second(model):
     clock.now += 0.25
     engine.step()
     taken = view.latest
-    assert taken is not first and taken["step"] == 3
-    assert taken["queues"]["running"] == [0] and taken["requests"][0]["id"] == "a"
+    snap = _read(view, 0)
+    assert taken is not first and snap["step"] == 3
+    assert snap["queues"]["running"] == [0] and snap["requests"][0]["id"] == "a"
     view.refresh(engine)
     assert view.latest is not taken
     clock.now += 5.0  # nobody read for WATCH_TIMEOUT_S
