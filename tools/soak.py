@@ -16,7 +16,14 @@ the soak passes when
 * the server's resident memory at the end is within ``--rss-tolerance`` of its
   value after warm-up,
 * the p99 latency of the last third of the run is at most ``--p99-drift``
-  times that of the first third (after warm-up): no upward drift.
+  times that of the first third (after warm-up): no upward drift;
+* the server's CPU time per generated token in the last three tenths is at
+  most 1.25 times that of the first three (latency on a shared CPU also
+  follows the other processes' load; this figure does not).
+
+The swap pool is small (``--swap-space 8MiB``): the KV and swap pools are
+backed by memory only as their pages are first written, so with a large pool
+the resident memory keeps growing, boundedly, long after warm-up.
 
 It prints one JSON summary (request counts, preemptions, memory, latencies)
 and exits 1 when a check fails.
@@ -232,6 +239,14 @@ def p99(values: list[float]) -> float:
     return values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan")
 
 
+def cost_ratio(cost: list[dict]) -> float:
+    """The server's CPU time per token in the last three tenths over that in the first three."""
+    if len(cost) < 6:
+        return 1.0
+    per_token = [c["cpu_ms_per_token"] for c in cost]
+    return sum(per_token[-3:]) / sum(per_token[:3])
+
+
 def windowed_p99(latencies: list[tuple[float, float]], start: float, end: float, windows: int) -> list[float]:
     """p99 latency of each of ``windows`` equal spans of [start, end): the drift, for the eye."""
     width = (end - start) / windows
@@ -257,13 +272,18 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=float, default=60.0, help="seconds before the memory baseline (default 60)")
     p.add_argument("--concurrency", type=int, default=24, help="clients sending back to back (default 24)")
     p.add_argument("--num-blocks", type=int, default=96, help="KV pool in blocks of 8 (default 96: preemption)")
+    p.add_argument("--swap-space", default="8MiB",
+                   help="host swap pool (default 8MiB). The KV and swap pools are backed by memory only as their "
+                        "pages are first written, so a large pool would grow the server's RSS long after warm-up "
+                        "without any leak; a small one bounds that growth (8 MiB, about 2 %%)")
     p.add_argument("--rss-tolerance", type=float, default=0.05, help="allowed RSS growth after warm-up (5 %%)")
     p.add_argument("--p99-drift", type=float, default=1.5,
                    help="allowed ratio of the last third's p99 to the first third's (default 1.5)")
     args = p.parse_args(argv)
 
     server = Server(str(DEFAULT_MODEL_PATH), ["--block-size", "8", "--num-blocks", str(args.num_blocks),
-                                              "--max-num-seqs", "64", "--seed", "0", "--log-level", "warning"],
+                                              "--max-num-seqs", "64", "--seed", "0", "--log-level", "warning",
+                                              "--swap-space", args.swap_space],
                     env={"PAGED_API_KEY": API_KEY})
     try:
         proc = psutil.Process(server.proc.pid)
@@ -302,6 +322,7 @@ def verdict(soak: Soak, m: dict[str, float], rss: dict[str, float], args) -> dic
         "no_block_used_at_end": used == 0 and swapped == 0,
         "rss_within_tolerance": growth <= args.rss_tolerance,
         "p99_not_drifting": p99(last) <= args.p99_drift * p99(first),
+        "cpu_per_token_not_drifting": cost_ratio(soak.cost) <= 1.25,
     }
     mib = 2**20
     return {
