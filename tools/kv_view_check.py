@@ -68,7 +68,7 @@ def free_port() -> int:
 
 def start_server(port: int, api_key: str | None, log) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "paged.serve", "--model", str(ROOT / "paged" / "demo" / "model"),
-           "--port", str(port), "--dtype", "float32", "--device", "cpu",
+           "--served-model-name", "paged-demo", "--port", str(port), "--dtype", "float32", "--device", "cpu",
            "--block-size", "8", "--num-blocks", "96", "--swap-space", "1MiB", "--preemption-mode", "swap",
            "--max-num-seqs", "32", "--seed", "0"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
