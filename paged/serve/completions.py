@@ -97,10 +97,8 @@ class OpenAIServing:
             else:
                 prompts.append(None)
                 ids.append(p)
-        if req.echo and req.logprobs is not None:
-            raise APIError("echo with logprobs would need prompt logprobs, which this engine does not "
-                           "compute; drop one of them", param="echo", code="unsupported_parameter")
-        params = self._params(req, ids, req.max_tokens, req.logprobs, rename={})
+        prompt_logprobs = req.logprobs if req.echo else None  # echo with logprobs: the prompt's too
+        params = self._params(req, ids, req.max_tokens, req.logprobs, rename={}, prompt_logprobs=prompt_logprobs)
         fmt = Formatter("completion", f"cmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.logprobs)
         echo = [self._prompt_text(p, i) for p, i in zip(prompts, ids)] if req.echo else None
         return await self._serve(req, raw, fmt, ids, prompts, params, {}, echo)
@@ -130,7 +128,7 @@ class OpenAIServing:
             raise APIError(f"model {model!r} does not exist; this server serves {self.model_name!r} "
                            "(GET /v1/models)", 404, param="model", code="model_not_found")
 
-    def _params(self, req, ids, max_tokens, logprobs, rename):
+    def _params(self, req, ids, max_tokens, logprobs, rename, prompt_logprobs=None):
         """The request's ``SamplingParams``; ``rename`` maps engine field names to this endpoint's."""
         prompt_param = rename.get("prompt", "prompt")
         max_tokens_name = rename.get("max_tokens", "max_tokens")
@@ -144,7 +142,7 @@ class OpenAIServing:
                            f"({longest} prompt tokens + {max_tokens} > max_model_len {self.max_model_len}), "
                            f"got {max_tokens}", param=max_tokens_name, code="context_length_exceeded")
         try:
-            params = req.sampling_params(max_tokens, logprobs)
+            params = req.sampling_params(max_tokens, logprobs, prompt_logprobs)
         except RequestError as e:
             raise from_request_error(e, rename) from None
         if req.stream and (params.use_beam_search or params.best_of > params.n):
@@ -176,9 +174,11 @@ class OpenAIServing:
             return Response(status_code=499)  # the client is gone; nobody reads this
         choices, completion_tokens = [], 0
         for i, rid in enumerate(rids):
+            prompt_lp = finals[rid].prompt_logprobs
+            echoed = (ids[i], prompt_lp) if echo and prompt_lp is not None else None
             for c in finals[rid].outputs:
                 text = (echo[i] if echo else "") + c.text
-                choices.append(fmt.choice(i * params.n + c.index, text, c))
+                choices.append(fmt.choice(i * params.n + c.index, text, c, echoed))
                 completion_tokens += len(c.token_ids)
         return json_response(fmt.response(choices, sum(map(len, ids)), completion_tokens))
 
@@ -216,6 +216,8 @@ class OpenAIServing:
         sent_tokens: dict[int, int] = {}
         offsets: dict[int, int] = {}
         ended: set[int] = set()  # choices whose last chunk is sent
+        # echo with logprobs: the echo chunk waits for the prompt logprobs, which come with the first output
+        echo_pending = set(range(len(rids))) if echo and params.prompt_logprobs is not None else set()
         try:
             for i in range(len(rids)):
                 for j in range(n):
@@ -224,7 +226,7 @@ class OpenAIServing:
                     offsets[index] = len(echo[i]) if echo else 0
                     if fmt.kind == "chat":
                         yield fmt.chunk(index, None, role=True)
-                    elif echo:
+                    elif echo and i not in echo_pending:
                         yield fmt.chunk(index, echo[i])
             pos = {rid: i for i, rid in enumerate(rids)}
             while len(finals) < len(rids):
@@ -233,8 +235,14 @@ class OpenAIServing:
                     yield fmt.error_chunk(f"the engine failed: {out}")
                     break
                 timing.observe(out)
+                i = pos[out.request_id]
+                if i in echo_pending and out.prompt_logprobs is not None:
+                    echo_pending.discard(i)
+                    lp = fmt.logprobs(ids[i], out.prompt_logprobs)
+                    for j in range(n):
+                        yield fmt.chunk(i * n + j, echo[i], lp)
                 for c in out.outputs:
-                    index = pos[out.request_id] * n + c.index
+                    index = i * n + c.index
                     if index in ended:
                         continue
                     if c.finish_reason is None:

@@ -5,8 +5,9 @@ unknown fields are refused, so a misspelt ``max_token`` is an error, not a
 silently ignored wish. Bounds on sampling fields are checked once, by
 ``SamplingParams`` (its messages name the field and the bound); what only the
 server knows — the context left for ``max_tokens``, streaming with ranked
-outputs — is checked in ``completions.py``. OpenAI fields this engine does not
-implement are accepted only at their neutral value (``presence_penalty: 0``).
+outputs — is checked in ``completions.py``. Structured output has four
+spellings (OpenAI's ``response_format``, vLLM's ``guided_json``,
+``guided_regex``, ``guided_choice``); a request may use one of them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from paged import SamplingParams
 from paged.serve.errors import APIError
 from paged.step04_sharing.engine import MAX_BEST_OF
+from paged.step03_attention.errors import RequestError
+from paged.step03_attention.structured import GuidedDecodingParams
 
 Number = StrictFloat  # accepts 1 and 1.5, refuses "1" and true
 MAX_LOGPROBS = SamplingParams.MAX_LOGPROBS
@@ -51,6 +54,24 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema (``strict`` is always honoured)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: StrictStr
+    description: StrictStr | None = None
+    json_schema: dict = Field(alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: plain text, any JSON object, or JSON valid against a schema."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _Sampling(BaseModel):
     """Fields both endpoints share."""
 
@@ -72,25 +93,25 @@ class _Sampling(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
-    # OpenAI fields this engine does not implement: accepted at their neutral value only
-    presence_penalty: Number = 0.0
-    frequency_penalty: Number = 0.0
-    logit_bias: dict[str, Number] | None = None
+    presence_penalty: Number = Field(0.0, **bounds(minimum=-2, maximum=2))
+    frequency_penalty: Number = Field(0.0, **bounds(minimum=-2, maximum=2))
+    repetition_penalty: Number = Field(1.0, **bounds(exclusive_minimum=0))
+    logit_bias: dict[str, Annotated[Number, Field(**bounds(minimum=-100, maximum=100))]] | None = None
+    min_p: Number = Field(0.0, **bounds(minimum=0, maximum=1))
+    bad_words: list[NonEmpty] | None = None
+    response_format: ResponseFormat | None = None
+    guided_json: dict | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
 
     @model_validator(mode="after")
-    def _neutral_only(self):
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) != 0:
-                raise APIError(f"{name} is not supported by this engine; omit it or send 0", param=name,
-                               code="unsupported_parameter")
-        if self.logit_bias:
-            raise APIError("logit_bias is not supported by this engine; omit it", param="logit_bias",
-                           code="unsupported_parameter")
+    def _stream_options_need_stream(self):
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed with stream: true", param="stream_options")
         return self
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+                        ) -> SamplingParams:
         """The engine's ``SamplingParams``; raises ``RequestError`` naming a field and its bound."""
         temperature = self.temperature if self.temperature is not None else (0.0 if self.use_beam_search else 1.0)
         return SamplingParams(
@@ -98,7 +119,48 @@ class _Sampling(BaseModel):
             max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
             stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos, seed=self.seed,
             logprobs=logprobs, use_beam_search=self.use_beam_search, length_penalty=self.length_penalty,
+            prompt_logprobs=prompt_logprobs, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            logit_bias=self._token_biases(), min_p=self.min_p, bad_words=self.bad_words,
+            guided_decoding=self._guided_decoding(),
         )
+
+    def _token_biases(self) -> dict[int, float] | None:
+        """``logit_bias`` with its keys (token ids as JSON strings, as OpenAI sends them) as ints."""
+        if not self.logit_bias:
+            return None
+        keys = [k for k in self.logit_bias if not k.strip().isdigit()]
+        if keys:
+            raise APIError(f"logit_bias keys must be token ids (decimal strings like \"50256\"), got {keys[:5]}",
+                           param="logit_bias", code="invalid_value")
+        return {int(k): bias for k, bias in self.logit_bias.items()}
+
+    def _guided_decoding(self) -> GuidedDecodingParams | None:
+        """The one structured-output field given, as the engine's ``GuidedDecodingParams``."""
+        given = [f for f in ("response_format", "guided_json", "guided_regex", "guided_choice")
+                 if getattr(self, f) is not None and not (f == "response_format" and self.response_format.type == "text")]
+        if len(given) > 1:
+            raise APIError(f"give at most one of response_format, guided_json, guided_regex, guided_choice; "
+                           f"got {given}", param=given[1], code="invalid_value")
+        if not given:
+            return None
+        field = given[0]
+        if field == "response_format":
+            fmt = self.response_format
+            if fmt.type == "json_object":
+                spec = dict(json_object=True)
+            elif fmt.json_schema is None:
+                raise APIError("response_format of type json_schema needs json_schema: {name, schema}",
+                               param="response_format", code="invalid_value")
+            else:
+                spec = dict(json=fmt.json_schema.json_schema)
+        else:
+            spec = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice"}[field]
+            spec = {spec: getattr(self, field)}
+        try:
+            return GuidedDecodingParams(**spec)
+        except RequestError as e:
+            raise APIError(f"{field}: {e}", param=field, code="invalid_value") from None
 
     @property
     def include_usage(self) -> bool:
@@ -154,7 +216,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))
-    response_format: dict | None = None
     tools: list | None = None
     tool_choice: StrictStr | None = None
 
@@ -164,9 +225,6 @@ class ChatCompletionRequest(_Sampling):
             raise APIError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-        if self.response_format not in (None, {"type": "text"}):
-            raise APIError("response_format: only {\"type\": \"text\"} is supported", param="response_format",
-                           code="unsupported_parameter")
         if self.tools or self.tool_choice not in (None, "none"):
             raise APIError("tools are not supported by this engine", param="tools", code="unsupported_parameter")
         return self

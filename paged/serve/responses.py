@@ -249,9 +249,11 @@ class Formatter:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     # -- logprobs ------------------------------------------------------------------
-    def logprobs(self, token_ids: list[int], entries: list[dict] | None,
+    def logprobs(self, token_ids: list[int], entries: list[dict | None] | None,
                  text_offset: int = 0) -> CompletionLogprobs | ChatLogprobs | None:
-        """Logprobs of ``token_ids`` in the endpoint's format, or None when not requested."""
+        """Logprobs of ``token_ids`` in the endpoint's format, or None when not requested.
+
+        An entry may be None (an echoed prompt's first token has no logprob): it shows as null."""
         if self.num_logprobs is None or entries is None:
             return None
         if self.kind == "chat":
@@ -265,9 +267,9 @@ class Formatter:
         for tok, entry in zip(token_ids, entries):
             text = self.token_text(tok)
             out.tokens.append(text)
-            out.token_logprobs.append(entry[tok])
-            top = sorted(entry.items(), key=lambda kv: -kv[1])[: self.num_logprobs]
-            out.top_logprobs.append({self.token_text(t): lp for t, lp in top})
+            out.token_logprobs.append(entry[tok] if entry is not None else None)
+            top = sorted(entry.items(), key=lambda kv: -kv[1])[: self.num_logprobs] if entry is not None else None
+            out.top_logprobs.append({self.token_text(t): lp for t, lp in top} if top is not None else None)
             out.text_offset.append(text_offset)
             text_offset += len(text)
         return out
@@ -277,9 +279,13 @@ class Formatter:
         return TopLogprob(token=text, logprob=logprob, bytes=token_bytes(self.tokenizer, token_id, text))
 
     # -- whole responses -------------------------------------------------------------
-    def choice(self, index: int, text: str, completion) -> CompletionChoice | ChatChoice:
-        """One finished choice of a non-streamed response."""
-        lp = self.logprobs(completion.token_ids, completion.logprobs)
+    def choice(self, index: int, text: str, completion, echoed=None) -> CompletionChoice | ChatChoice:
+        """One finished choice of a non-streamed response; ``echoed``: ``(prompt token ids, prompt
+        logprobs)`` whose logprobs come first (``echo`` with ``logprobs``)."""
+        if echoed is not None and completion.logprobs is not None:
+            lp = self.logprobs(echoed[0] + completion.token_ids, echoed[1] + completion.logprobs)
+        else:
+            lp = self.logprobs(completion.token_ids, completion.logprobs)
         if self.kind == "chat":
             return ChatChoice(index=index, message=AssistantMessage(content=text), logprobs=lp,
                               finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)

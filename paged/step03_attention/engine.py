@@ -41,6 +41,10 @@ from paged.step03_attention.plan import StepPlan
 from paged.step03_attention.request import Request, StopChecker
 from paged.step03_attention.runner import ModelRunner
 from paged.step03_attention.sampling_params import SamplingParams
+from paged.step03_attention.sampling_state import (
+    SamplingState, attach_contexts, check_against_model, collect_prompt_logprobs,
+)
+from paged.step03_attention.structured import GrammarCompiler
 
 logger = logging.getLogger("paged")
 
@@ -125,6 +129,7 @@ class Engine:
         self.observers: list = []  # called as fn(engine, plan, results) after each iteration
         self.events: list[EngineEvent] = []  # the last iteration's decisions (events.py)
         self._new_events: list[EngineEvent] = []  # recorded since the last iteration ended
+        self._grammar_compiler: GrammarCompiler | None = None  # built with the first grammar request
 
     def add_observer(self, fn) -> None:
         """Call ``fn(engine, plan, results)`` after every iteration, between iterations.
@@ -161,6 +166,7 @@ class Engine:
         if not prompt_token_ids:
             raise RequestError("the prompt is empty: give at least one token", param="prompt", bound=1)
         vocab = self.model.config.vocab_size
+        check_against_model(params, vocab, self.model.tokenizer)
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt",
@@ -277,7 +283,9 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns the requests that advanced or finished in it."""
         plan, ended = self._schedule()
+        attach_contexts(plan, self.running, self._sampling_state)
         results = self.runner.execute(plan)
+        collect_prompt_logprobs(self.running, results, self._sampling_state)
         self.generation_tokens_total += len(results)
         touched = {r.request_id: r for r in ended}
         for req in list(self.running):
@@ -290,6 +298,17 @@ class Engine:
             observe(self, plan, results)
         return [r.to_output() for r in touched.values()]
     # --8<-- [end:step]
+
+    def _sampling_state(self, req: Request) -> SamplingState:
+        """``req``'s penalties, bans and grammars state, made when first needed."""
+        if req.sampling_state is None:
+            p = req.params
+            if p.guided_decoding is not None and self._grammar_compiler is None:
+                self._grammar_compiler = GrammarCompiler(self.model.tokenizer, self.model.config.vocab_size,
+                                                         self.model.eos_token_ids)
+            req.sampling_state = SamplingState(p, self.model.eos_token_ids, self.model.tokenizer,
+                                               self._grammar_compiler)
+        return req.sampling_state
 
     def _process(self, req: Request, results: dict) -> bool:
         """Record the tokens ``req``'s sequences drew; True if any did."""

@@ -45,3 +45,6 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (step04)
+    # with SamplingParams.prompt_logprobs: None for the first prompt token, then {token id: logprob}
+    # of the most likely tokens and the prompt's own at each position
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -10,8 +10,12 @@ to every tensor-parallel worker.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from paged.step03_attention.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from paged.step03_attention.logits_processors import SamplingContext
 
 
 # --8<-- [start:stepplan]
@@ -28,6 +32,10 @@ class StepPlan:
     ``seeds[s]`` seeds the sequence's generator the first time the worker sees
     it; the worker keeps that generator until the sequence id appears in
     ``finished_seq_ids``, so sampling state survives preemption.
+
+    ``contexts`` holds, by sequence id, the history and grammar mask of the
+    sequences whose requests use penalties, biases, bans, grammars or prompt
+    logprobs (``sampling_state.py``); it is empty for a plain batch.
     """
 
     seq_ids: list[int] = field(default_factory=list)
@@ -45,6 +53,7 @@ class StepPlan:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     finished_seq_ids: list[int] = field(default_factory=list)
+    contexts: dict[int, SamplingContext] = field(default_factory=dict)  # seq id -> its SamplingContext
 # --8<-- [end:stepplan]
 
     @property

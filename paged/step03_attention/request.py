@@ -28,6 +28,11 @@ class Request:
     arrival: int  # FCFS order
     seqs: list[Sequence] = field(default_factory=list)
     outputs: dict[int, CompletionOutput] = field(default_factory=dict)  # seq_id -> output
+    sampling_state: object = None  # a SamplingState when its params process logits (made by the engine)
+
+    @property
+    def prompt_logprobs(self) -> list | None:
+        return self.sampling_state.prompt_logprobs if self.sampling_state is not None else None
 
     @property
     def finished(self) -> bool:
@@ -36,7 +41,8 @@ class Request:
     def to_output(self) -> RequestOutput:
         completions = [self.outputs[s.seq_id] for s in self.seqs]
         return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished
+            self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 

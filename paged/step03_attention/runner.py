@@ -3,12 +3,13 @@
 It owns the model and the ``KVCache`` and makes no memory decisions. Each
 iteration: the plan's lists become tensors once; one forward pass runs over
 every scheduled token of every sequence (prompts and decodes packed together);
-logits are computed only for the rows that sample; one vectorised sampling
+logits are computed only for the rows that sample (and, for a request that
+asks for prompt logprobs, for its prompt's rows); one vectorised sampling
 call draws a token for each of them. The only device-to-host transfer is the
 sampled ids (and log-probabilities when asked).
 
-Greedy fast path: when every row is greedy and asks for no log-probabilities,
-the draw is the argmax of each row, taken straight from the logits in their
+Greedy fast path: when every row is greedy and asks for no log-probabilities
+(and the plan carries no ``SamplingContext``: no penalty, bias, ban or grammar), the draw is the argmax of each row, taken straight from the logits in their
 own dtype (one fused pass on a CPU) instead of through the sampler's float32
 copy. Widening bfloat16 to float32 is exact, so the tokens are the sampler's
 bit for bit (``tests/step03_attention/test_fused_ops.py``).
@@ -23,7 +24,7 @@ from paged.models.layers import prepack_linears
 from paged.step02_block_table import KVCache
 from paged.step03_attention.attention import AttentionMetadata, PagedAttention
 from paged.step03_attention.plan import StepPlan
-from paged.step03_attention.sampler import SampleResult, num_top_logprobs, sample
+from paged.step03_attention.sampler import SampleResult, num_top_logprobs, prompt_logprob_entries, sample
 
 
 class ModelRunner:
@@ -40,6 +41,8 @@ class ModelRunner:
         self.device = kv_cache.data.device
         prepack_linears(model)  # serving from here on: oneDNN-packed weights on a CPU in bfloat16
         self._generators: dict[int, torch.Generator] = {}
+        # seq id -> {position: prompt logprob entry}, gathered chunk by chunk until the sequence samples
+        self._prompt_logprobs: dict[int, dict[int, dict[int, float]]] = {}
 
     # --8<-- [start:execute]
     def execute(self, plan: StepPlan) -> dict[int, SampleResult]:
@@ -47,6 +50,7 @@ class ModelRunner:
         self.execute_memory_ops(plan)
         for seq_id in plan.finished_seq_ids:
             self._generators.pop(seq_id, None)
+            self._prompt_logprobs.pop(seq_id, None)
         if not plan.seq_ids:
             return {}
         meta = AttentionMetadata.build(
@@ -57,21 +61,57 @@ class ModelRunner:
         with torch.inference_mode():
             hidden = self.model(input_ids, positions, PagedAttention(self.kv_cache, meta, self.backend))
             rows = self._sample_rows(plan)  # (seq_id, token row, params, seed)
-            if not rows:
+            spans = self._prompt_logprob_spans(plan) if plan.contexts else []
+            if not rows and not spans:
                 return {}
-            idx = torch.tensor([r[1] for r in rows], device=self.device)
-            logits = self.model.compute_logits(hidden[idx])  # [S', V]
-            return self._draw(logits, rows)
+            extra = [t for _, first, n, _ in spans for t in range(first, first + n)]
+            idx = torch.tensor([r[1] for r in rows] + extra, device=self.device)
+            logits = self.model.compute_logits(hidden[idx])  # [S' (+ prompt rows), V]
+            return self._draw(logits, rows, plan)
     # --8<-- [end:execute]
 
-    def _draw(self, logits: torch.Tensor, rows: list) -> dict[int, SampleResult]:
-        """One vectorised sampling call over the rows' logits ``[S', V]`` (under tensor parallelism,
-        only rank 0 draws)."""
-        if all(p.greedy and num_top_logprobs(p) is None for _, _, p, _ in rows):
+    def _draw(self, logits: torch.Tensor, rows: list, plan: StepPlan) -> dict[int, SampleResult]:
+        """One vectorised sampling call over the rows' logits ``[S', V]``, then any prompt logprobs
+        in the rows after them (under tensor parallelism, only rank 0 draws)."""
+        if not plan.contexts and all(p.greedy and num_top_logprobs(p) is None for _, _, p, _ in rows):
             tokens = greedy_tokens(logits).tolist()
             return {r[0]: SampleResult(t) for r, t in zip(rows, tokens)}
-        results = sample(logits, [r[2] for r in rows], [self._generator(r[0], r[3]) for r in rows])
-        return {r[0]: res for r, res in zip(rows, results)}
+        contexts = [plan.contexts.get(r[0]) for r in rows] if plan.contexts else None
+        results = sample(logits[:len(rows)], [r[2] for r in rows], [self._generator(r[0], r[3]) for r in rows],
+                         contexts) if rows else []
+        out = {r[0]: res for r, res in zip(rows, results)}
+        if plan.contexts:
+            self._gather_prompt_logprobs(logits[len(rows):], plan, out)
+        return out
+
+    def _prompt_logprob_spans(self, plan: StepPlan) -> list[tuple[int, int, int, int]]:
+        """``(seq_id, first token row, rows, first position)`` of each chunk whose logits give prompt
+        logprobs: the positions whose next token is still a prompt token."""
+        spans, start = [], 0
+        for s, q_len in enumerate(plan.query_lens):
+            ctx = plan.contexts.get(plan.seq_ids[s])
+            if ctx is not None and ctx.prompt_logprobs:
+                pos = plan.positions[start]
+                n = min(q_len, len(ctx.prompt_token_ids) - 1 - pos)
+                if n > 0:
+                    spans.append((plan.seq_ids[s], start, n, pos))
+            start += q_len
+        return spans
+
+    def _gather_prompt_logprobs(self, logits: torch.Tensor, plan: StepPlan, results: dict) -> None:
+        """Keep each chunk's prompt logprobs; hand the whole list over with the sequence's first draw."""
+        row = 0
+        for seq_id, _, n, pos in self._prompt_logprob_spans(plan):
+            ctx = plan.contexts[seq_id]
+            k = plan.sampling_params[plan.seq_ids.index(seq_id)].prompt_logprobs
+            entries = prompt_logprob_entries(logits[row:row + n], ctx.prompt_token_ids[pos + 1:pos + 1 + n], k)
+            self._prompt_logprobs.setdefault(seq_id, {}).update(zip(range(pos, pos + n), entries))
+            row += n
+        for seq_id, res in results.items():
+            ctx = plan.contexts.get(seq_id)
+            if ctx is not None and ctx.prompt_logprobs:
+                got = self._prompt_logprobs.pop(seq_id, {})
+                res.prompt_logprobs = [None] + [got[p] for p in range(len(ctx.prompt_token_ids) - 1)]
 
     def _sample_rows(self, plan: StepPlan) -> list[tuple[int, int, object, int]]:
         """Which sequence draws from which packed token row: each sampling sequence's last token."""

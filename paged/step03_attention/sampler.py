@@ -1,9 +1,11 @@
 """Sampling, vectorised over the batch (docs/architecture.md, StepPlan).
 
 One call turns the logits of every sequence that samples this iteration into
-one token each. Greedy rows take the argmax; the other rows apply temperature,
-top-k and top-p together as tensor operations, and then draw from their own
-``torch.Generator``. Each request owns its generator (seeded from
+one token each. Rows that carry a ``SamplingContext`` first go through the
+penalties, biases, bans and grammar masks of ``logits_processors.py``; a batch
+without any skips that entirely. Greedy rows take the argmax; the other rows
+apply temperature, min-p, top-k and top-p together as tensor operations, and
+then draw from their own ``torch.Generator``. Each request owns its generator (seeded from
 ``SamplingParams.seed``), so what a request samples never depends on which
 other requests share the batch: the draw for a row uses only that row's
 generator, in the same order, whatever the batch.
@@ -14,7 +16,8 @@ exponential race). It needs one vector of uniforms per row and no
 data-dependent loop.
 
 Log-probabilities, when asked, are those of the model's distribution
-(``log_softmax`` of the raw logits), as vLLM returns them.
+(``log_softmax`` of the raw logits, before any penalty or mask), as vLLM
+returns them; ``prompt_logprobs`` gives the same for the prompt's tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from paged.step03_attention.logits_processors import SamplingContext, process_logits
 from paged.step03_attention.sampling_params import SamplingParams
 
 
@@ -33,6 +37,8 @@ class SampleResult:
     token_id: int
     logprob: float | None = None  # of token_id under the model's distribution
     top_logprobs: dict[int, float] | None = None  # the k most likely tokens
+    # per prompt token: None for the first, then {token: logprob} of the k most likely and the prompt's own
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 def num_top_logprobs(p: SamplingParams) -> int | None:
@@ -50,10 +56,15 @@ def num_top_logprobs(p: SamplingParams) -> int | None:
 
 # --8<-- [start:filter]
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Temperature, top-k and top-p on rows of [S, V] logits -> probabilities [S, V]."""
+    """Temperature, min-p, top-k and top-p on rows of [S, V] logits -> probabilities [S, V]."""
     dev = logits.device
     temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=dev)
     logits = logits / temps.unsqueeze(1)
+    min_p = [p.min_p for p in params]
+    if max(min_p) > 0:  # keep tokens at least min_p times as likely as the most likely one
+        probs = logits.softmax(dim=1)
+        floor = torch.tensor(min_p, dtype=probs.dtype, device=dev).unsqueeze(1) * probs.amax(dim=1, keepdim=True)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     vocab = logits.shape[1]
     top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
     top_p = [p.top_p for p in params]
@@ -71,13 +82,21 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
 # --8<-- [end:filter]
 
 
+def _upcast(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32 (softmax and sorting need the range); others unchanged."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
 def sample(
     logits: torch.Tensor,  # [S, V]
     params: list[SamplingParams],
     generators: list[torch.Generator],
+    contexts: list[SamplingContext | None] | None = None,
 ) -> list[SampleResult]:
-    """One token per row. ``generators[i]`` is row i's own generator (CPU)."""
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    """One token per row. ``generators[i]`` is row i's own generator (CPU); ``contexts[i]`` its
+    history and grammar when its params process logits (None: no row does)."""
+    raw = _upcast(logits)
+    logits = process_logits(raw, params, contexts) if contexts else raw
     tokens = logits.argmax(dim=1)  # greedy rows keep this
     # --8<-- [start:draw]
     sampled = [i for i, p in enumerate(params) if not p.greedy]
@@ -93,15 +112,27 @@ def sample(
     want = [i for i, p in enumerate(params) if num_top_logprobs(p) is not None]
     results = [SampleResult(t) for t in token_list]
     if want:
-        rows = torch.tensor(want, device=logits.device)
-        logp = logits[rows].log_softmax(dim=1)  # [S', V]
-        chosen = logp.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
-        k = max(num_top_logprobs(params[i]) for i in want)
-        top_v, top_i = logp.topk(k, dim=1) if k > 0 else (None, None)
+        rows = torch.tensor(want, device=raw.device)
+        chosen, tops = logprobs_of(raw[rows], tokens[rows], [num_top_logprobs(params[i]) for i in want])
         for j, i in enumerate(want):
-            results[i].logprob = chosen[j]
-            n = num_top_logprobs(params[i])
-            results[i].top_logprobs = (
-                dict(zip(top_i[j, :n].tolist(), top_v[j, :n].tolist())) if n else {}
-            )
+            results[i].logprob, results[i].top_logprobs = chosen[j], tops[j]
     return results
+
+
+def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, ks: list[int]) -> tuple[list, list]:
+    """Per row of ``logits`` [R, V]: the log-probability of ``token_ids[r]`` and ``{token: logprob}``
+    of its ``ks[r]`` most likely tokens (both under ``log_softmax(logits)``)."""
+    logp = logits.log_softmax(dim=1)
+    chosen = logp.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
+    k = max(ks)
+    top_v, top_i = logp.topk(k, dim=1) if k > 0 else (None, None)
+    tops = [dict(zip(top_i[r, :n].tolist(), top_v[r, :n].tolist())) if n else {} for r, n in enumerate(ks)]
+    return chosen, tops
+
+
+def prompt_logprob_entries(logits: torch.Tensor, next_token_ids: list[int], k: int) -> list[dict[int, float]]:
+    """Prompt logprobs of one chunk: row ``r`` of ``logits`` predicts ``next_token_ids[r]``;
+    each entry holds the ``k`` most likely tokens and the prompt's own."""
+    targets = torch.tensor(next_token_ids, device=logits.device)
+    chosen, tops = logprobs_of(_upcast(logits), targets, [k] * len(next_token_ids))
+    return [{**top, tok: lp} for tok, lp, top in zip(next_token_ids, chosen, tops)]

@@ -3,13 +3,29 @@
 Validation happens here, at construction, so a bad request is refused before
 it touches the engine: every error is a ``RequestError`` (a ``ValueError``)
 whose ``param`` is the field and whose message names the value and the bound.
+What needs the model — logit-bias token ids below the vocabulary size, a
+tokenizer for ``bad_words`` and grammars — the engine checks when the request
+arrives.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from paged.step03_attention.errors import RequestError
+from paged.step03_attention.structured import GuidedDecodingParams
+
+
+def bad(name: str, value, rule: str, bound=None) -> None:
+    """Refuse ``value`` for field ``name``: the message states the rule, ``param`` names the field."""
+    raise RequestError(f"{name} must be {rule}, got {value!r}", param=name, bound=bound)
+
+
+def number_in(value, lo: float, hi: float) -> bool:
+    """A real number (not a bool, not NaN) in [lo, hi]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
 
 
 @dataclass
@@ -31,7 +47,24 @@ class SamplingParams:
             depend on what else is in the batch.
         logprobs: if set, return the log-probability of each sampled token and
             of the ``logprobs`` most likely tokens at each position (0..20).
+        prompt_logprobs: if set, also the log-probability of every prompt token
+            (after the first) and the ``prompt_logprobs`` most likely tokens at
+            its position (0..20), computed during prefill.
         use_beam_search, length_penalty, early_stopping: beam search (step04).
+        presence_penalty: subtracted once from the logit of every token already
+            generated (OpenAI's definition), in [-2, 2].
+        frequency_penalty: subtracted from each token's logit once per time it
+            was generated, in [-2, 2].
+        repetition_penalty: divides the positive logits and multiplies the
+            negative ones of every token of the prompt or the output (the
+            multiplicative penalty of Keskar et al. 2019); 1 is off, > 0.
+        logit_bias: ``{token id: bias}`` added to those logits, bias in [-100, 100].
+        min_p: drop tokens whose probability is below ``min_p`` times the most
+            likely token's (after temperature), in [0, 1].
+        bad_words: words never generated: the last token of each word's
+            tokenization is banned whenever the tokens before it were just generated.
+        guided_decoding: a ``GuidedDecodingParams`` (JSON schema, JSON object,
+            regex or choice) the output must follow.
     """
 
     n: int = 1
@@ -49,8 +82,18 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    min_p: float = 0.0
+    bad_words: list[str] | None = None
+    guided_decoding: GuidedDecodingParams | None = None
 
     MAX_LOGPROBS = 20
+    MAX_LOGIT_BIAS = 100.0
+    MAX_ADDITIVE_PENALTY = 2.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -60,11 +103,9 @@ class SamplingParams:
         if self.best_of is None:
             self.best_of = self.n
         self._check()
+        self._check_logit_processing()
 
     def _check(self) -> None:
-        def bad(name, value, rule, bound=None):
-            raise RequestError(f"{name} must be {rule}, got {value!r}", param=name, bound=bound)
-
         if not isinstance(self.n, int) or self.n < 1:
             bad("n", self.n, "an integer >= 1", 1)
         if not isinstance(self.best_of, int) or self.best_of < self.n:
@@ -95,6 +136,58 @@ class SamplingParams:
             bad("length_penalty", self.length_penalty, "a number")
         if self.early_stopping not in (True, False, "never"):
             bad("early_stopping", self.early_stopping, "True, False or 'never'")
+
+    def _check_logit_processing(self) -> None:
+        """Bounds of the penalties, biases, bans and grammars (vLLM's and OpenAI's)."""
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= self.MAX_LOGPROBS
+        ):
+            bad("prompt_logprobs", self.prompt_logprobs, f"None or an integer in [0, {self.MAX_LOGPROBS}]",
+                (0, self.MAX_LOGPROBS))
+        limit = self.MAX_ADDITIVE_PENALTY
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not number_in(getattr(self, name), -limit, limit):
+                bad(name, getattr(self, name), f"a number in [-{limit:g}, {limit:g}]", (-limit, limit))
+        rp = self.repetition_penalty
+        if not number_in(rp, 0.0, math.inf) or rp == 0.0 or math.isinf(rp):
+            bad("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 disables it)", 0.0)
+        if not number_in(self.min_p, 0.0, 1.0):
+            bad("min_p", self.min_p, "a number in [0, 1]", (0.0, 1.0))
+        bias = self.logit_bias or {}
+        if not isinstance(bias, dict) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in bias):
+            bad("logit_bias", self.logit_bias, "a dict {token id (int >= 0): bias}")
+        hi = self.MAX_LOGIT_BIAS
+        outside = {t: b for t, b in bias.items() if not number_in(b, -hi, hi)}
+        if outside:
+            bad("logit_bias", outside, f"biases in [-{hi:g}, {hi:g}]", (-hi, hi))
+        if self.bad_words is not None and (
+            not isinstance(self.bad_words, list) or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)
+        ):
+            bad("bad_words", self.bad_words, "a list of non-empty strings")
+        g = self.guided_decoding
+        if g is not None:
+            if not isinstance(g, GuidedDecodingParams):
+                bad("guided_decoding", g, "a GuidedDecodingParams")
+            if self.use_beam_search:
+                bad("use_beam_search", True, "False with guided_decoding (beams rank unconstrained extensions)")
+            if self.min_tokens:
+                bad("min_tokens", self.min_tokens, "0 with guided_decoding (the grammar decides where the text ends)")
+            if self.ignore_eos:
+                bad("ignore_eos", self.ignore_eos, "False with guided_decoding (the grammar ends with EOS)")
+
+    @cached_property
+    def processes_logits(self) -> bool:
+        """Whether the sampler needs this request's history or grammar (a ``SamplingContext``).
+
+        False for every request that sets none of the penalties, biases, bans,
+        grammars, ``min_tokens`` or prompt logprobs: those rows take the plain
+        path, with no per-row work at all.
+        """
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or self.logit_bias or self.bad_words or self.guided_decoding is not None
+            or self.min_tokens or self.prompt_logprobs is not None
+        )
 
     @property
     def greedy(self) -> bool:

@@ -45,17 +45,22 @@ class BlockManager:
     def num_free(self) -> int:
         return self.allocator.num_free
 
-    def new_table(self) -> CowBlockTable:
-        return CowBlockTable(self.allocator, self.block_size)
+    def new_table(self, reuse_cached: bool = True) -> CowBlockTable:
+        """An empty table; with ``reuse_cached=False`` its prompt maps no cached block."""
+        table = CowBlockTable(self.allocator, self.block_size)
+        table.reuse_cached = reuse_cached
+        return table
 
     # --8<-- [start:prompt]
     def _cacheable_blocks(self, prompt: list[int]) -> int:
         """Full prompt blocks that lie wholly before the block of the last prompt token."""
         return (len(prompt) - 1) // self.block_size
 
-    def blocks_needed_for_prompt(self, prompt: list[int], num_new: int | None = None) -> int:
-        """Free blocks ``allocate_prompt(…, num_new)`` would consume (hits on parked blocks count)."""
-        hit_blocks = self._hits(prompt) if self.caching else []
+    def blocks_needed_for_prompt(self, prompt: list[int], num_new: int | None = None,
+                                 reuse_cached: bool = True) -> int:
+        """Free blocks ``allocate_prompt(…, num_new)`` would consume (hits on parked blocks count)
+        for a table whose ``reuse_cached`` is as given."""
+        hit_blocks = self._hits(prompt) if self.caching and reuse_cached else []
         cached = len(hit_blocks) * self.block_size
         upto = len(prompt) if num_new is None else min(len(prompt), cached + num_new)
         total = -(-upto // self.block_size)
@@ -81,7 +86,7 @@ class BlockManager:
         reference taken here given back.
         """
         hashes, parent, b = [], None, self.block_size
-        if self.caching:
+        if self.caching and table.reuse_cached:
             for i in range(self._cacheable_blocks(prompt)):
                 tokens = tuple(prompt[i * b:(i + 1) * b])
                 block = self.allocator.lookup(parent, tokens)

@@ -28,7 +28,11 @@ class CowBlockTable(BlockTable):
 
     ``append`` returns slots as before; any copy it needed is queued in
     ``pending_copies`` until the engine takes it (``take_copies``).
+    ``reuse_cached`` False makes the prefix cache map none of its prompt's
+    blocks (a request that wants prompt logprobs needs every prompt row computed).
     """
+
+    reuse_cached = True
 
     def __init__(self, allocator, block_size: int) -> None:
         super().__init__(allocator, block_size)

@@ -21,6 +21,8 @@ Extends: ``paged.step03_attention.Engine`` (block tables come from the
 
 from __future__ import annotations
 
+import dataclasses
+
 from paged.step02_block_table import Sequence, SequenceStatus
 from paged.step03_attention import Engine
 from paged.step03_attention.errors import RequestError
@@ -63,7 +65,7 @@ class GroupRequest(Request):
                 outs = [CompletionOutput(i, o.text, o.token_ids, o.cumulative_logprob, o.logprobs,
                                          o.finish_reason, o.stop_reason) for i, o in enumerate(outs)]
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
-                             self.finished, self.num_cached_tokens)
+                             self.finished, self.num_cached_tokens, self.prompt_logprobs)
 
     def _beam_outputs(self) -> list[CompletionOutput]:
         chosen = beam.best(self.finished_beams, self.params.n, self.params.length_penalty)
@@ -113,7 +115,7 @@ class SharingEngine(Engine):
             raise RequestError("beam search is deterministic: set temperature=0 "
                                f"(got {params.temperature})", param="temperature", bound=0)
         single = params.n == 1 and params.best_of == 1 and not params.use_beam_search
-        relaxed = params if single else type(params)(max_tokens=params.max_tokens)
+        relaxed = params if single else dataclasses.replace(params, n=1, best_of=1, use_beam_search=False)
         super().check_request(prompt_token_ids, relaxed)
 
     def _new_request(self, request_id, prompt, prompt_token_ids, params, seed, arrival):
@@ -123,10 +125,13 @@ class SharingEngine(Engine):
         return req
 
     def _new_seq(self, req, token_ids, index, table=None):
-        return super()._new_seq(req, token_ids, index, table or self.block_manager.new_table())
+        # a request that wants prompt logprobs computes its whole prompt: cached blocks have no logits
+        table = table or self.block_manager.new_table(reuse_cached=req.params.prompt_logprobs is None)
+        return super()._new_seq(req, token_ids, index, table)
 
     def _prompt_blocks_needed(self, req) -> int:
-        return self.block_manager.blocks_needed_for_prompt(req.prompt_token_ids)
+        return self.block_manager.blocks_needed_for_prompt(req.prompt_token_ids,
+                                                           reuse_cached=req.seqs[0].block_table.reuse_cached)
 
     # -- planning ---------------------------------------------------------------
     def _plan(self, admitted):

@@ -147,7 +147,8 @@ class PreemptingEngine(SharingEngine):
         bm, need = self.block_manager, 0
         for seq, n in work:
             t = seq.block_table
-            need += bm.blocks_needed_for_prompt(seq.token_ids, n) if t.num_tokens == 0 else t.slots_for(n)
+            need += bm.blocks_needed_for_prompt(seq.token_ids, n, t.reuse_cached) if t.num_tokens == 0 \
+                else t.slots_for(n)
         return need
 
     def _run(self, plan, req, work, budget) -> None:

@@ -23,7 +23,7 @@ from paged.step05_preemption import PreemptingModelRunner
 class ShardRunner(PreemptingModelRunner):
     """Step05's runner on a worker rank: everything but the sampling."""
 
-    def _draw(self, logits, rows):
+    def _draw(self, logits, rows, plan):
         return {}
 
 

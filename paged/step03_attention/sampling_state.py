@@ -1,0 +1,114 @@
+"""The engine's side of logit processing: per-request history, bad words, grammars, prompt logprobs.
+
+The runner samples from plain data, so everything a penalty, a ban or a
+grammar needs is gathered here, on the scheduler's side, once per iteration:
+``attach_contexts`` puts one ``SamplingContext`` into the plan for every live
+sequence of every running request whose ``SamplingParams.processes_logits``.
+Requests without such options cost one attribute read each; a plan without
+contexts is the plain path.
+
+Prompt log-probabilities come back with the first token a request draws
+(``SampleResult.prompt_logprobs``); ``collect_prompt_logprobs`` keeps them
+on the request, which asks for them only until it has them, so a request
+recomputed after preemption does not compute them twice.
+"""
+
+from __future__ import annotations
+
+from paged.step03_attention.errors import RequestError
+from paged.step03_attention.logits_processors import SamplingContext
+from paged.step03_attention.plan import StepPlan
+from paged.step03_attention.sampling_params import SamplingParams
+from paged.step03_attention.structured import GrammarCompiler, GrammarMatcher
+
+
+def check_against_model(params: SamplingParams, vocab_size: int, tokenizer) -> None:
+    """What ``SamplingParams`` cannot check alone: token ids in the vocabulary, a tokenizer when needed."""
+    outside = [t for t in (params.logit_bias or {}) if t >= vocab_size]
+    if outside:
+        raise RequestError(f"logit_bias token ids must be in [0, {vocab_size}) (the model's vocabulary), "
+                           f"got {outside[:5]}", param="logit_bias", bound=(0, vocab_size))
+    for name in ("bad_words", "guided_decoding"):
+        if getattr(params, name) and tokenizer is None:
+            raise RequestError(f"{name} needs the model's tokenizer (tokenizer.json), and this model has none",
+                               param=name)
+
+
+def bad_word_token_ids(words: list[str], tokenizer) -> list[list[int]]:
+    """Each bad word as the model writes it, alone and after a space (both spellings are banned)."""
+    ids = []
+    for word in words:
+        for spelling in (word, " " + word.lstrip()):
+            tokens = tokenizer.encode(spelling, add_special_tokens=False).ids
+            if tokens and tokens not in ids:
+                ids.append(tokens)
+    return ids
+
+
+class SamplingState:
+    """One request's logit-processing state, kept by the engine while the request lives.
+
+    Args:
+        params: the request's ``SamplingParams``.
+        eos_token_ids: the model's end-of-sequence ids (banned before ``min_tokens``).
+        tokenizer: the model's tokenizer (bad words), or None.
+        compiler: a ``GrammarCompiler`` when the request has a grammar, else None.
+    """
+
+    def __init__(self, params: SamplingParams, eos_token_ids, tokenizer, compiler: GrammarCompiler | None) -> None:
+        self.params = params
+        self.stop_ids = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids)))
+        self.bad_words = bad_word_token_ids(params.bad_words, tokenizer) if params.bad_words else []
+        self.compiler = compiler
+        self.matchers: dict[int, GrammarMatcher] = {}  # seq id -> its position in the grammar
+        self.prompt_logprobs: list | None = None  # once computed
+
+    # --8<-- [start:context]
+    def context(self, seq, computes_prompt: bool) -> SamplingContext:
+        """The sampler's view of ``seq`` for this iteration (its grammar brought up to date first)."""
+        p, out = self.params, seq.output_token_ids
+        ctx = SamplingContext(output_token_ids=list(out))
+        want_prompt_logprobs = computes_prompt and p.prompt_logprobs is not None and self.prompt_logprobs is None
+        if p.repetition_penalty != 1.0 or want_prompt_logprobs:
+            ctx.prompt_token_ids = seq.prompt_token_ids
+        ctx.prompt_logprobs = want_prompt_logprobs
+        if len(out) < p.min_tokens:
+            ctx.banned_token_ids = list(self.stop_ids)
+        for word in self.bad_words:
+            if out[len(out) - len(word) + 1:] == word[:-1]:  # the word's other tokens end the output
+                ctx.banned_token_ids.append(word[-1])
+        if p.guided_decoding is not None:
+            matcher = self.matchers.get(seq.seq_id)
+            if matcher is None:  # a new sequence (or a sample forked before its first token)
+                matcher = self.matchers[seq.seq_id] = self.compiler.matcher(p.guided_decoding)
+            matcher.sync(out)
+            ctx.allowed_bitmask = matcher.bitmask()
+        return ctx
+    # --8<-- [end:context]
+
+
+def attach_contexts(plan: StepPlan, requests, state_of) -> None:
+    """Put a ``SamplingContext`` for every live sequence of ``requests`` that process logits into ``plan``.
+
+    ``state_of(request)`` returns the request's ``SamplingState``. A request's
+    first sequence computes its prompt; parallel samples forked from it get
+    their own contexts (and grammar matchers) from their first draw on.
+    """
+    for req in requests:
+        if not req.params.processes_logits:
+            continue
+        state = state_of(req)
+        for i, seq in enumerate(req.seqs):
+            if not seq.is_finished:
+                plan.contexts[seq.seq_id] = state.context(seq, computes_prompt=i == 0)
+
+
+def collect_prompt_logprobs(requests, results: dict, state_of) -> None:
+    """Keep the prompt logprobs that came back with a request's first draw."""
+    for req in requests:
+        if req.params.prompt_logprobs is None:
+            continue
+        state = state_of(req)
+        res = results.get(req.seqs[0].seq_id) if req.seqs else None
+        if state.prompt_logprobs is None and res is not None and res.prompt_logprobs is not None:
+            state.prompt_logprobs = res.prompt_logprobs
