@@ -166,7 +166,7 @@ class Engine:
         if not prompt_token_ids:
             raise RequestError("the prompt is empty: give at least one token", param="prompt", bound=1)
         vocab = self.model.config.vocab_size
-        check_against_model(params, vocab, self.model.tokenizer)
+        check_against_model(params, vocab, self.model.tokenizer, self._grammars)
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt",
@@ -299,15 +299,18 @@ class Engine:
         return [r.to_output() for r in touched.values()]
     # --8<-- [end:step]
 
+    def _grammars(self) -> GrammarCompiler:
+        """The grammar compiler for this model's tokenizer, built with the first structured request."""
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.model.tokenizer, self.model.config.vocab_size,
+                                                     self.model.eos_token_ids)
+        return self._grammar_compiler
+
     def _sampling_state(self, req: Request) -> SamplingState:
         """``req``'s penalties, bans and grammars state, made when first needed."""
         if req.sampling_state is None:
-            p = req.params
-            if p.guided_decoding is not None and self._grammar_compiler is None:
-                self._grammar_compiler = GrammarCompiler(self.model.tokenizer, self.model.config.vocab_size,
-                                                         self.model.eos_token_ids)
-            req.sampling_state = SamplingState(p, self.model.eos_token_ids, self.model.tokenizer,
-                                               self._grammar_compiler)
+            compiler = self._grammars() if req.params.guided_decoding is not None else None
+            req.sampling_state = SamplingState(req.params, self.model.eos_token_ids, self.model.tokenizer, compiler)
         return req.sampling_state
 
     def _process(self, req: Request, results: dict) -> bool:

@@ -22,8 +22,10 @@ from paged.step03_attention.sampling_params import SamplingParams
 from paged.step03_attention.structured import GrammarCompiler, GrammarMatcher
 
 
-def check_against_model(params: SamplingParams, vocab_size: int, tokenizer) -> None:
-    """What ``SamplingParams`` cannot check alone: token ids in the vocabulary, a tokenizer when needed."""
+def check_against_model(params: SamplingParams, vocab_size: int, tokenizer, grammars) -> None:
+    """What ``SamplingParams`` cannot check alone: token ids in the vocabulary, a tokenizer when
+    needed, and a grammar that compiles against this tokenizer (``grammars()``: the engine's
+    ``GrammarCompiler``), so that nothing fails once the request runs."""
     outside = [t for t in (params.logit_bias or {}) if t >= vocab_size]
     if outside:
         raise RequestError(f"logit_bias token ids must be in [0, {vocab_size}) (the model's vocabulary), "
@@ -32,6 +34,8 @@ def check_against_model(params: SamplingParams, vocab_size: int, tokenizer) -> N
         if getattr(params, name) and tokenizer is None:
             raise RequestError(f"{name} needs the model's tokenizer (tokenizer.json), and this model has none",
                                param=name)
+    if params.guided_decoding is not None:
+        grammars().matcher(params.guided_decoding)
 
 
 def bad_word_token_ids(words: list[str], tokenizer) -> list[list[int]]:

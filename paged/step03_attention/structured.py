@@ -117,8 +117,12 @@ class GrammarCompiler:
         import llguidance
 
         self.vocab_size = vocab_size
-        self._tokenizer = llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size,
-                                                 eos_token=list(eos_token_ids) or None)
+        try:
+            self._tokenizer = llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size,
+                                                     eos_token=list(eos_token_ids) or None)
+        except Exception as e:  # a tokenizer llguidance cannot read: no grammar can run on this model
+            raise RequestError(f"guided_decoding is not available for this model's tokenizer: {e}",
+                               param="guided_decoding") from None
 
     def matcher(self, spec: GuidedDecodingParams) -> GrammarMatcher:
         import llguidance

@@ -46,7 +46,7 @@ def _run(model, prompt, **params):
     return drain(engine, [("r", prompt, SamplingParams(**params))])["r"]
 
 
-def _contiguous_logits(model, tokens: list[int]) -> torch.Tensor:
+def contiguous_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits at every position of ``tokens``, one forward pass over contiguous K/V."""
     attn = ContiguousAttention(model.config.num_layers)
     attn.begin([0], [len(tokens)])
@@ -56,10 +56,10 @@ def _contiguous_logits(model, tokens: list[int]) -> torch.Tensor:
 
 
 def test_penalties_match_a_contiguous_loop_applying_them_by_hand(model, prompt):
-    rep, freq, pres, steps = 1.3, 0.4, 0.3, 16
+    rep, freq, pres, steps = 1.3, 0.4, 0.3, 12
     out = []
     for _ in range(steps):
-        logits = _contiguous_logits(model, prompt + out)[-1].tolist()
+        logits = contiguous_logits(model, prompt + out)[-1].tolist()
         counts = Counter(out)
         for t in set(prompt) | set(out):
             logits[t] = logits[t] / rep if logits[t] > 0 else logits[t] * rep
@@ -103,11 +103,9 @@ def test_min_tokens_holds_back_eos(model, prompt):
     assert held.finish_reason == "stop"
 
 
-def test_prompt_logprobs_equal_contiguous_log_softmax(model, prompt):
-    k = 3
-    out = _run(model, prompt, temperature=0, max_tokens=1, prompt_logprobs=k)
-    want = _contiguous_logits(model, prompt).log_softmax(dim=-1)  # row p predicts token p + 1
-    got = out.prompt_logprobs
+def assert_prompt_logprobs_match(model, prompt: list[int], got: list, k: int) -> None:
+    """``got`` is the contiguous forward pass's log-softmax: top-k ids and every value (``FLOAT64``)."""
+    want = contiguous_logits(model, prompt).log_softmax(dim=-1)  # row p predicts token p + 1
     assert len(got) == len(prompt) and got[0] is None
     for p in range(1, len(prompt)):
         entry, row = got[p], want[p - 1]
@@ -115,6 +113,11 @@ def test_prompt_logprobs_equal_contiguous_log_softmax(model, prompt):
         assert set(entry) == set(top.indices.tolist()) | {prompt[p]}
         for tok, lp in entry.items():
             torch.testing.assert_close(torch.tensor(lp, dtype=torch.float64), row[tok], **FLOAT64)
+
+
+def test_prompt_logprobs_equal_contiguous_log_softmax(model, prompt):
+    out = _run(model, prompt, temperature=0, max_tokens=1, prompt_logprobs=3)
+    assert_prompt_logprobs_match(model, prompt, out.prompt_logprobs, 3)
 
 
 def test_logit_bias_outside_the_vocabulary_is_refused(model, prompt):
