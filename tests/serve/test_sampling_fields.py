@@ -93,11 +93,12 @@ def test_chat_json_schema_validates_with_parallel_samples(client):
 
 
 def test_completions_json_object_and_stream(client):
-    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=96, temperature=0,
+    prompt = 'data = {"name": "x", "id": 1}\nother = '  # a prompt after which the demo model closes its strings
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=96, temperature=0,
                                   extra_body={"response_format": {"type": "json_object"}})
-    assert isinstance(json.loads(r.choices[0].text), dict)
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].text), dict)
     streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=96, temperature=0, stream=True,
+        model=MODEL, prompt=prompt, max_tokens=96, temperature=0, stream=True,
         extra_body={"response_format": {"type": "json_object"}}) if c.choices)
     assert streamed == r.choices[0].text
 

@@ -8,8 +8,9 @@ orders, and a chunk boundary changes which keys one call sees):
 * prefix caching: a prompt whose blocks are all cached is computed again
   (``num_cached_tokens == 0``) when it asks for prompt logprobs — a cached
   block has no logits — while the same prompt without them still hits the cache;
-* preemption: requests preempted mid-prefill or after it (swap and recompute)
-  return the same prompt logprobs, and a recomputed request does not lose them.
+* preemption: requests preempted while decoding (swap and recompute) keep the
+  prompt logprobs of their first pass, and a recomputed request does not compute
+  them again.
 """
 
 import pytest
@@ -58,7 +59,7 @@ def test_cached_prefix_is_recomputed_for_prompt_logprobs(model, prompt):
 def test_preemption_keeps_prompt_logprobs(model, prompt, mode):
     reqs = [(f"r{i}", prompt[i:], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, prompt_logprobs=K))
             for i in range(4)]
-    engine = PreemptingEngine(model, block_size=8, num_blocks=14, max_num_batched_tokens=16, preemption_mode=mode)
+    engine = PreemptingEngine(model, block_size=8, num_blocks=14, preemption_mode=mode)
     outs = drain(engine, reqs)
     assert engine.preemptions[mode] > 0, "the pool was not small enough to preempt"
     for rid, ids, _ in reqs:
