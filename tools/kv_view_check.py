@@ -286,7 +286,7 @@ def snapshot_cost(num_blocks: int, swap_space: int, rounds: int = 200) -> dict:
     from paged.serve.kv_view import DEFAULT_MAX_PER_SECOND
     from paged.step05_preemption import SamplingParams
 
-    engine = LLM(dtype="float32", device="cpu", block_size=8, num_blocks=num_blocks, swap_space=swap_space,
+    engine = LLM(model=str(ROOT / "paged" / "demo" / "model"), dtype="float32", device="cpu", block_size=8, num_blocks=num_blocks, swap_space=swap_space,
                  preemption_mode="swap", seed=0).engine
     for i in range(16):
         engine.add_request(f"cmpl-{i:032x}-0", list(range(3, 40 + i)), SamplingParams(
