@@ -7,11 +7,12 @@ The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 ``-ffp-contract=off`` keeps every product rounded where the source says, as
 PyTorch's own operations round it) into
 ``$PAGED_EXTENSIONS_DIR`` (default ``~/.cache/paged/torch_extensions``), in a
-folder named after the torch version and the CPU's features, so a cache shared
-between machines never hands one CPU code built for another. Later
-imports reuse the build; ninja rebuilds only when a source changed, and
-cpp_extension's lock file keeps concurrent processes (pytest workers) from
-building at once.
+folder named after the torch version, the CPU's features and a hash of the
+sources, so a cache shared between machines never hands one CPU code built for
+another, nor one checkout a library built from another's sources. Later imports
+reuse the build, and cpp_extension's lock file keeps concurrent processes
+(pytest workers) from building at once; a lock older than ``STALE_LOCK_S`` was
+left by a killed build and is removed.
 
 If the build fails, ``load()`` warns once and returns ``None``, and
 ``paged_attention_decode`` falls back to gathering each sequence's blocks and
@@ -36,6 +37,7 @@ import hashlib
 import os
 import platform
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -70,24 +72,53 @@ def _cpu_key() -> str:
     return f"{torch.backends.cpu.get_cpu_capability().lower()}-{digest}"
 
 
-def _build_dir() -> Path:
+def _source_key(src: Path) -> str:
+    """A hash of every file in ``csrc/cpu``: changed sources (another checkout, a later commit)
+    build into a folder of their own, so a stale library is never loaded in their place."""
+    digest = hashlib.sha1()
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(src).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:8]
+
+
+def _build_dir(src: Path) -> Path:
     base = os.environ.get("PAGED_EXTENSIONS_DIR") or Path.home() / ".cache" / "paged" / "torch_extensions"
     version = torch.__version__.replace("+", "_")
-    path = Path(base) / f"paged_cpu-torch{version}-{_cpu_key()}"
+    path = Path(base) / f"paged_cpu-torch{version}-{_cpu_key()}-src{_source_key(src)}"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# A build takes a minute or two; torch's lock file names no owner, so one left by a process
+# killed mid-build would make every later process wait forever. Older than this, it is stale.
+STALE_LOCK_S = 15 * 60
+
+
+def _clear_stale_lock(build_dir: Path) -> None:
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        warnings.warn(f"paged: removing a stale kernel build lock ({lock}, {age / 60:.0f} min old: "
+                      "a build was killed)", RuntimeWarning, stacklevel=3)
+        lock.unlink(missing_ok=True)
 
 
 def _build(verbose: bool):
     from torch.utils import cpp_extension
 
     src = _source_dir()
+    build_dir = _build_dir(src)
+    _clear_stale_lock(build_dir)
     return cpp_extension.load(
         name="paged_cpu",
         sources=[str(src / name) for name in _SOURCES],
         extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
         extra_ldflags=["-fopenmp"],
-        build_directory=str(_build_dir()),
+        build_directory=str(build_dir),
         verbose=verbose,
     )
 

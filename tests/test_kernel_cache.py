@@ -1,0 +1,28 @@
+"""The CPU kernel's build folder: keyed by the sources, and never blocked by a dead build's lock."""
+
+import os
+import time
+
+import pytest
+
+from paged.kernels import cpu
+
+
+def test_the_build_folder_changes_with_the_sources(tmp_path):
+    (tmp_path / "a.cpp").write_text("int f() { return 1; }")
+    before = cpu._source_key(tmp_path)
+    assert cpu._source_key(tmp_path) == before  # the same sources, the same folder
+    (tmp_path / "a.cpp").write_text("int f() { return 2; }")
+    assert cpu._source_key(tmp_path) != before
+
+
+def test_a_stale_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    lock = tmp_path / "lock"
+    lock.touch()
+    cpu._clear_stale_lock(tmp_path)
+    assert lock.exists(), "a build in progress holds this lock"
+    old = time.time() - cpu.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    with pytest.warns(RuntimeWarning, match="stale kernel build lock"):
+        cpu._clear_stale_lock(tmp_path)
+    assert not lock.exists()
