@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, event, given, note, settings, strategies as 
 from paged.models import load_model
 from paged.step02_block_table import KVCache
 from paged.step05_preemption import PreemptingEngine, SamplingParams
+from tests.engine_loop import drain
 from tests.hf_models import build_hf_model, save_checkpoint
 from tests.tolerances import FLOAT64
 
@@ -99,28 +100,17 @@ def run(model, workload, **engine_kwargs):
                                         cfg.head_dim, torch.float64)
     engine = PreemptingEngine(model, attention_backend="reference", swap_space=blocks * per_block,
                               **engine_kwargs)  # a host pool as large as the device pool, not 256 MiB
-    for rid, prompt, params in workload:
-        engine.add_request(rid, prompt, SamplingParams(**params))
-    done, steps = {}, 0
-    while engine.has_unfinished():
-        steps += 1
-        assert steps < 3000, "the engine did not finish (a hang)"
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = [(o.token_ids, o.logprobs) for o in out.outputs]
-    assert engine.allocator.num_used == 0, "device blocks leaked"
+    finished = drain(engine, [(rid, prompt, SamplingParams(**params)) for rid, prompt, params in workload],
+                     max_steps=3000)  # fails on a hang or a leaked device block
     assert engine.swap.allocator.num_used == 0, "host blocks leaked"
-    assert sorted(done) == sorted(rid for rid, _, _ in workload), "a request never finished"
+    assert sorted(finished) == sorted(rid for rid, _, _ in workload), "a request never finished"
+    done = {rid: [(o.token_ids, o.logprobs) for o in out.outputs] for rid, out in finished.items()}
     return done, engine
 
 
 def _logprob_values(logprobs):
-    """The floats of one completion's logprobs (sampled token's, then the top-k's), in order."""
-    values = []
-    for position in logprobs or []:
-        for token, value in sorted(position.items()):
-            values.append((token, value))
-    return values
+    """``(token, logprob)`` of every position of one completion, each position's tokens sorted."""
+    return [item for position in logprobs or [] for item in sorted(position.items())]
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

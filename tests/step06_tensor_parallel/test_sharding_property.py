@@ -151,8 +151,10 @@ def test_the_thread_group_really_combines_partial_results():
         out[rank] = (group.all_reduce(x.clone()), group.all_gather(x, dim=0))
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     for summed, gathered in out:
         assert torch.equal(summed, torch.tensor([3.0, 3.0], dtype=torch.float64))
         assert torch.equal(gathered, torch.tensor([1.0, 1.0, 2.0, 2.0], dtype=torch.float64))
