@@ -19,6 +19,7 @@ layout, once, instead of at every GEMM.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 
@@ -28,6 +29,8 @@ from torch import nn
 
 from paged.kernels.cpu import fused_ops
 from paged.models.config import ModelConfig
+
+logger = logging.getLogger("paged")
 
 
 class MergedLinear(nn.Linear):
@@ -195,13 +198,27 @@ def prepack_linears(model: nn.Module) -> int:
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.bfloat16]
     setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
     size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
-    if setting == "0" or (setting != "1" and size > PREPACK_MAX_BYTES) or not torch.backends.mkldnn.is_available():
+    if setting == "0" or (setting != "1" and size > PREPACK_MAX_BYTES) or not linears or not _can_prepack():
         return 0
     for module in linears:
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PREPACK_BATCH_HINT)
         module.forward = functools.partial(_packed_linear, packed, module.bias)
     return len(linears)
+
+
+@functools.cache
+def _can_prepack() -> bool:
+    """Whether this CPU's oneDNN packs bfloat16 weights: it needs AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT, and refuses on an AVX2-only CPU; then the plain GEMMs run."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), PREPACK_BATCH_HINT)
+    except RuntimeError as err:
+        logger.info("bfloat16 weight prepacking is not available on this CPU (%s); plain GEMMs run", err)
+        return False
+    return True
 
 
 def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:

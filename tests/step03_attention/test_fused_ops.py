@@ -30,6 +30,7 @@ import torch
 
 from paged.kernels import cpu
 from paged.models import ContiguousAttention, load_model
+from paged.models import layers
 from paged.models.layers import RMSNorm, RotaryEmbedding, prepack_linears, silu_and_mul, silu_and_mul_eager
 from paged.step02_block_table.kv_cache import zeros_on_demand
 from paged.step03_attention.backends import prefill_attention
@@ -178,8 +179,21 @@ def test_prepacked_linears_equal_plain_gemms_bitwise(tmp_path, monkeypatch):
     prompts = [[5, 9, 11, 2, 7], [3], list(range(3, 40))]
     plain = _logits(model, prompts)
     monkeypatch.setenv("PAGED_PREPACK_WEIGHTS", "1")
-    assert prepack_linears(model) == 1 + 4 * model.config.num_layers  # LM head, qkv, o, gate_up, down
+    # LM head, qkv, o, gate_up, down; on a CPU whose oneDNN cannot pack bfloat16 (AVX2 only) none
+    # is packed and the plain GEMMs run: the same assertion on the logits then covers that fallback
+    packable = layers._can_prepack()
+    assert prepack_linears(model) == (1 + 4 * model.config.num_layers if packable else 0)
     assert torch.equal(_logits(model, prompts), plain)
+
+
+def test_prepacking_falls_back_to_plain_gemms_where_the_cpu_cannot_pack(tmp_path, monkeypatch):
+    """A CPU that cannot pack: nothing is packed, nothing fails, the logits are the same bit for bit."""
+    model = load_model(save_checkpoint(build_hf_model("llama"), tmp_path), dtype=torch.bfloat16).model
+    plain = _logits(model, [[5, 9, 11]])
+    monkeypatch.setenv("PAGED_PREPACK_WEIGHTS", "1")
+    monkeypatch.setattr(layers, "_can_prepack", lambda: False)
+    assert prepack_linears(model) == 0
+    assert torch.equal(_logits(model, [[5, 9, 11]]), plain)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
