@@ -1,4 +1,4 @@
-"""Issue 11: the Orca reservation modes inside the engine, the serving client, and smoke runs of the
+"""The Orca reservation modes inside the engine (``paged.bench.reservation``), the serving client, and smoke runs of the
 ``throughput`` and ``hf`` benchmarks.
 
 Reservation accounting is exact (integers); the client's timings are checked against a fake server
@@ -15,7 +15,9 @@ from paged.bench import e2e, hf, serve, throughput
 from paged.bench.__main__ import main as bench_main
 from paged.models.random_llama import load_random_llama
 from paged.step03_attention import SamplingParams
-from paged.step05_preemption import LLM, PreemptingEngine, ReservingEngine
+from paged.bench.reservation import ReservingEngine
+from paged.step03_attention.errors import RequestError
+from paged.step05_preemption import PreemptingEngine
 
 B, CONTEXT = 4, 64
 
@@ -87,25 +89,34 @@ def test_reservation_outputs_equal_paged_and_never_preempt(model):
 
 def test_reservation_refuses_what_can_never_fit_and_bad_modes(model):
     eng = _engine(model, "orca-max", num_blocks=15)  # a 16-block chunk cannot be placed in 15 blocks
-    with pytest.raises(ValueError, match="can never hold"):
+    with pytest.raises(RequestError, match="can never hold") as err:
         eng.add_request("a", [3, 4], _params(2))
+    assert (err.value.param, err.value.bound) == ("max_tokens", 15)
     assert not eng.has_unfinished()
     with pytest.raises(ValueError, match="memory must be one of"):
         _engine(model, "orca")
     with pytest.raises(ValueError, match="prefix"):
         _engine(model, "orca-max", enable_prefix_caching=True)
-    assert type(_engine(model, "paged")).__mro__[2] is PreemptingEngine
 
 
-def test_llm_memory_setting(tmp_path):
-    from paged.models.random_llama import random_llama
+def test_paged_mode_plans_exactly_as_the_preempting_engine(model):
+    """``memory="paged"`` adds nothing to admission: every plan of a run that preempts is equal
+    (same sequences, positions, slots, block tables, swaps) to ``PreemptingEngine``'s."""
+    def plans(engine):
+        seen = []
+        engine.add_observer(lambda e, plan, results: seen.append(
+            (plan.seq_ids, plan.positions, plan.slot_mapping, plan.block_tables, plan.blocks_to_swap_out,
+             plan.blocks_to_swap_in, plan.blocks_to_copy)))
+        for i in range(6):
+            engine.add_request(str(i), [3 + i] * (5 + i), _params(12 + i, n=1 + i % 2, best_of=1 + i % 2,
+                                                                  temperature=0.7, seed=i))
+        while engine.has_unfinished():
+            engine.step()
+        return seen, sum(engine.preemptions.values())
 
-    path = random_llama(tmp_path / "m", max_position_embeddings=CONTEXT)
-    llm = LLM(str(path), memory="orca-pow2", block_size=B, num_blocks=32)
-    assert llm.engine.memory == "orca-pow2"
-    out = llm.generate([[3, 4, 5]], _params(3), use_tqdm=False)
-    assert len(out[0].outputs[0].token_ids) == 3
-    assert type(LLM(str(path), block_size=B, num_blocks=32).engine) is PreemptingEngine
+    got, preempted = plans(_engine(model, "paged", num_blocks=12))
+    want, _ = plans(PreemptingEngine(model, block_size=B, num_blocks=12, max_model_len=CONTEXT))
+    assert preempted > 0 and got == want
 
 
 # -- the serving client against a fake server with known timings ----------------------------------

@@ -140,3 +140,28 @@ def test_layering_check_sees_an_upward_import_inside_a_function(tmp_path):
         assert upward_imports(models) == ["paged/models/x.py:1 imports paged.step02_block_table.KVCache"]
     finally:
         PAGED = saved
+
+
+# -- one scheduler: each step overrides only the hooks of its own idea ----------------------------
+SCHEDULER = ("_schedule", "_fit_to_budget", "_blocks_needed", "_take_slots", "_give_slots", "_evict",
+             "_admit", "_admissible", "_insert", "_end", "_check_group")
+
+
+def _overrides(cls) -> set[str]:
+    return {name for name in SCHEDULER if name in vars(cls)}
+
+
+def test_layering_the_scheduler_loop_is_written_once_and_each_step_overrides_its_hooks():
+    """The table of docs/architecture.md, as code: a step that rewrites the loop (``_schedule``)
+    or a hook of another step's idea fails here."""
+    from paged.bench.reservation import ReservingEngine
+    from paged.step03_attention import Engine
+    from paged.step04_sharing import SharingEngine
+    from paged.step05_preemption import PreemptingEngine
+    from paged.step06_tensor_parallel import TensorParallelEngine
+
+    assert _overrides(Engine) == set(SCHEDULER)
+    assert _overrides(SharingEngine) == {"_blocks_needed", "_take_slots", "_give_slots", "_end", "_check_group"}
+    assert _overrides(PreemptingEngine) == {"_fit_to_budget", "_evict", "_admit"}
+    assert _overrides(TensorParallelEngine) == set()
+    assert _overrides(ReservingEngine) == {"_admissible"}

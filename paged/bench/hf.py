@@ -36,7 +36,7 @@ import torch
 
 from paged.bench import e2e
 from paged.step03_attention import SamplingParams
-from paged.step05_preemption import ReservingEngine
+from paged.bench.reservation import ReservingEngine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

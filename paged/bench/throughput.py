@@ -7,7 +7,7 @@ three reservation sizings; a system's throughput is the highest rate it
 sustains before latency explodes. Its Orca is a separate implementation, so
 scheduling and kernels differ too. Here every system is the same step05
 engine (same kernels, runner, FCFS scheduler, budgets, block pool) with a
-different ``memory=`` setting (``paged.step05_preemption.reservation``), so
+different ``memory=`` setting (``paged.bench.reservation``), so
 the ratios isolate memory management.
 
 How a run works: the workload (``paged.bench.e2e``: a trace with lengths
@@ -47,7 +47,7 @@ import torch
 
 from paged.bench import e2e
 from paged.step03_attention import SamplingParams
-from paged.step05_preemption import ReservingEngine
+from paged.bench.reservation import ReservingEngine
 
 SYSTEMS = ("paged", "orca-oracle", "orca-pow2", "orca-max")
 LABELS = {"paged": "vLLM (paged)", "orca-oracle": "Orca (Oracle)", "orca-pow2": "Orca (Pow2)",

@@ -15,8 +15,10 @@ One request may now own several sequences:
 Copy-on-write pairs gathered from every table while planning go into the
 plan's ``blocks_to_copy``. Greedy, sampled and beam requests share one batch.
 
-Extends: ``paged.step03_attention.Engine`` (block tables come from the
-``BlockManager``; prompts may fork; outputs may rank).
+Extends: ``paged.step03_attention.Engine`` — the scheduler is step03's; this
+step overrides its hooks ``_blocks_needed`` and ``_take_slots`` (prefix
+lookups), ``_give_slots`` (forks and copy-on-write) and ``_end`` (beams), and
+block tables come from the ``BlockManager``; outputs may rank.
 """
 
 from __future__ import annotations
@@ -107,16 +109,14 @@ class SharingEngine(Engine):
         return snapshot_html(self.kv_snapshot())
 
     # -- requests -------------------------------------------------------------
-    def check_request(self, prompt_token_ids, params) -> None:
+    def _check_group(self, params) -> None:
+        """Groups are allowed: up to ``MAX_BEST_OF`` sequences; beams are deterministic."""
         if params.best_of > MAX_BEST_OF:
             raise RequestError(f"best_of (or n) must be <= {MAX_BEST_OF}, got {params.best_of}",
                                param="best_of", bound=MAX_BEST_OF)
         if params.use_beam_search and params.temperature != 0:
             raise RequestError("beam search is deterministic: set temperature=0 "
                                f"(got {params.temperature})", param="temperature", bound=0)
-        single = params.n == 1 and params.best_of == 1 and not params.use_beam_search
-        relaxed = params if single else dataclasses.replace(params, n=1, best_of=1, use_beam_search=False)
-        super().check_request(prompt_token_ids, relaxed)
 
     def _new_request(self, request_id, prompt, prompt_token_ids, params, seed, arrival):
         req = GroupRequest(request_id, prompt, prompt_token_ids, params, seed, arrival)
@@ -129,41 +129,62 @@ class SharingEngine(Engine):
         table = table or self.block_manager.new_table(reuse_cached=req.params.prompt_logprobs is None)
         return super()._new_seq(req, token_ids, index, table)
 
-    def _prompt_blocks_needed(self, req) -> int:
-        return self.block_manager.blocks_needed_for_prompt(req.prompt_token_ids,
-                                                           reuse_cached=req.seqs[0].block_table.reuse_cached)
+    # -- scheduler hooks: prefix lookups, forks, copy-on-write ------------------
+    def _blocks_needed(self, work) -> int:
+        """As step03, but a sequence with no K/V yet (a new prompt or a recomputation) maps its
+        cached prompt blocks first: a hit on a block in use takes no free block."""
+        need = 0
+        for seq, n in work:
+            table = seq.block_table
+            if table.num_tokens == 0:
+                need += self.block_manager.blocks_needed_for_prompt(seq.token_ids, n, table.reuse_cached)
+            else:
+                need += table.slots_for(n)
+        return need
 
-    # -- planning ---------------------------------------------------------------
-    def _plan(self, admitted):
-        plan = super()._plan(admitted)
-        for req in self.running:
-            for seq in req.seqs:
-                self._take_copies(plan, req, seq)
-        return plan
+    # --8<-- [start:take_slots]
+    def _take_slots(self, req, seq, n):
+        """A sequence with no K/V yet maps the cached blocks of its prompt, then gets slots for the rest."""
+        table = seq.block_table
+        if table.num_tokens > 0:
+            return super()._take_slots(req, seq, n)
+        cached, slots = self.block_manager.allocate_prompt(table, seq.token_ids, n)
+        if not seq.output_token_ids:  # the prompt's first computation (not a recomputation)
+            req.num_cached_tokens = cached
+        return cached, slots, cached
+    # --8<-- [end:take_slots]
 
-    def _take_copies(self, plan, req, seq) -> None:
-        """Move ``seq``'s queued copy-on-write pairs into the plan (and ``engine.events``)."""
-        for src, dst in seq.block_table.take_copies():
-            plan.blocks_to_copy.append((src, dst))
-            self._record("cow", req, seq, src=src, dst=dst)
+    # --8<-- [start:give_slots]
+    def _give_slots(self, plan, req, work, budget) -> None:
+        """As step03; then a finished prompt forks its parallel samples (they map its blocks), and
+        every copy-on-write a table queued goes into the plan's ``blocks_to_copy``."""
+        super()._give_slots(plan, req, work, budget)
+        if self._fans_out(req):
+            parent = req.seqs[0]
+            for i in range(1, req.params.best_of):
+                child = self._fork(req, parent, index=i)
+                plan.fanout.append((parent.seq_id, child.seq_id, sample_seed(req.seed, i)))
+        for seq in req.seqs:
+            for src, dst in seq.block_table.take_copies():
+                plan.blocks_to_copy.append((src, dst))
+                self._record("cow", req, seq, src=src, dst=dst)
+    # --8<-- [end:give_slots]
+
+    def _fans_out(self, req) -> bool:
+        """A parallel-sampling request whose prompt completes in this plan, its samples not yet forked."""
+        p, seqs = req.params, req.seqs
+        return (p.best_of > 1 and not p.use_beam_search and len(seqs) == 1 and not seqs[0].output_token_ids
+                and seqs[0].block_table.num_tokens == seqs[0].num_tokens)
+
+    def _end(self, req, reason) -> None:
+        """As step03; a beam search ended early keeps its live beams, as they stand, as its answers."""
+        if req.params.use_beam_search and not req.beam_done:
+            self._keep_live_beams(req)
+            req.beam_done = True
+        super()._end(req, reason)
 
     def _empty_plan(self):
         return SharingStepPlan()
-
-    # --8<-- [start:start_prompt]
-    def _start_prompt(self, plan, req) -> None:
-        """Map cached blocks, compute the rest once, and fork the parallel samples."""
-        seq = req.seqs[0]
-        seq.status = SequenceStatus.RUNNING
-        cached, slots = self.block_manager.allocate_prompt(seq.block_table, seq.prompt_token_ids)
-        req.num_cached_tokens = cached
-        self._record_growth(req, seq, 0, cached // self.block_size)
-        self._add(plan, req, seq, seq.prompt_token_ids[cached:], cached, slots)
-        if not req.params.use_beam_search:
-            for i in range(1, req.params.best_of):
-                child = self._fork(req, seq, index=i)
-                plan.fanout.append((seq.seq_id, child.seq_id, sample_seed(req.seed, i)))
-    # --8<-- [end:start_prompt]
 
     def _fork(self, req, parent: Sequence, index: int) -> Sequence:
         child = self._new_seq(req, parent.prompt_token_ids, index, self.block_manager.fork(parent.block_table))
