@@ -101,7 +101,7 @@ def compiled(tmp_path_factory) -> dict:
 
 @needs_nvcc
 def test_cuda_compile_sources_exist():
-    """The kernels this issue needs are the ones compiled below."""
+    """The kernels the CUDA path needs are the ones compiled below."""
     names = {p.name for p in KERNELS}
     assert {"paged_attention_v1.cu", "paged_attention_v2.cu", "cache_ops.cu"} <= names, names
 

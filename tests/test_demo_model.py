@@ -1,4 +1,4 @@
-"""The bundled demo model (issue 9): the shipped folder is a real, working checkpoint.
+"""The bundled demo model: the shipped folder is a real, working checkpoint.
 
 What is proven here, against ``paged/demo/model`` as committed:
 
@@ -15,7 +15,7 @@ What is proven here, against ``paged/demo/model`` as committed:
   measure of ``paged.demo.evaluate.parse_rate`` (128 seeded samples at temperature 0.8,
   64 new tokens at most, each trimmed to the prompt's top-level block, against 128
   same-length random-token completions) must give a one-sided Fisher p below
-  ``PARSE_RATE_P_MAX``. The prompt is the issue's, not chosen by its result.
+  ``PARSE_RATE_P_MAX``. The prompt was fixed before its result was seen, not chosen by it.
 
 The corpus split and the tokenizer are also checked on their own, on the local stdlib.
 """

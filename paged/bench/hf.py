@@ -18,8 +18,8 @@ one after the other in the same process, each timed by ``--clock``:
   same number of KV tokens (``num_blocks x block_size``), when the installed
   version has it; otherwise (or if it fails) the reason is printed.
 
-Reported: output tokens/s of each, and paged's ratio to each. The issue's
-goal: paged >= 3x static ``generate`` at equal memory.
+Reported: output tokens/s of each, and paged's ratio to each. The goal:
+paged >= 3x static ``generate`` at equal memory.
 
 Examples:
     python -m paged.bench hf

@@ -1,4 +1,4 @@
-"""``python -m paged.bench kernel --json`` on a tiny grid: the JSON contract of issue 4 item 5.
+"""``python -m paged.bench kernel --json`` on a tiny grid: its JSON contract.
 
 Times are not checked (they are noise on a tiny grid); the shape of the last
 line is, and the kernel's output is checked against contiguous SDPA on every case.

@@ -1,4 +1,4 @@
-"""The CUDA kernels of ``csrc/cuda`` against the oracle and plain indexing (issue 5).
+"""The CUDA kernels of ``csrc/cuda`` against the oracle and plain indexing.
 
 Every test here needs a CUDA GPU (marked ``cuda``, skipped without one). The same
 semantics are tested without a GPU on the reference, block-wise and C++ paths;
