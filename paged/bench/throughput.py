@@ -46,8 +46,8 @@ import numpy as np
 import torch
 
 from paged.bench import e2e
-from paged.step03_attention import SamplingParams
 from paged.bench.reservation import ReservingEngine
+from paged.step03_attention import SamplingParams
 
 SYSTEMS = ("paged", "orca-oracle", "orca-pow2", "orca-max")
 LABELS = {"paged": "vLLM (paged)", "orca-oracle": "Orca (Oracle)", "orca-pow2": "Orca (Pow2)",

@@ -1,26 +1,17 @@
 """The first engine: iteration-level (Orca-style) FCFS batching over paged KV (paper §4.5).
 
-Every iteration (``step``) the scheduler (``_schedule``) fills one ``StepPlan``:
+Every iteration (``step``):
 
-1. each running request, oldest first, gets slots for its pending tokens (a
-   sequence's tokens without K/V yet: the newest one when decoding) — a new
-   block only when its last block is full (§4.3). When the free blocks do not
-   cover it, the newest running request is evicted until they do; step03
-   cannot preempt, so eviction ends the request with
-   ``finish_reason="kv_cache_exhausted"`` and frees its blocks;
-2. if nobody was evicted, waiting requests are admitted first-come-first-served
-   while free blocks and the budgets cover their prompts (a request that
-   cannot fit blocks the ones behind it);
-3. the ``ModelRunner`` runs the plan — prompts and decodes packed into one
-   forward pass — and the sampled tokens are recorded; a finished sequence
-   leaves the batch and frees its blocks at once.
-
-The scheduler is one skeleton that later steps extend by overriding its hooks,
-never the loop: ``_fit_to_budget`` (which tokens this iteration), ``_blocks_needed``
-and ``_take_slots`` (where they go), ``_give_slots`` (into the plan), ``_evict``
-(who makes room, and how), ``_admit`` / ``_admissible`` (who starts), ``_end``.
-Step04 adds forks, copy-on-write and prefix lookups; step05 adds preemption,
-swapping and chunked prefill.
+1. the scheduler (``scheduler.py``) decides the ``StepPlan``: running requests
+   first, each with slots for its next token (a new block only when its last
+   block is full); when no block is free, step03 cannot preempt, so it ends
+   the newest running request with ``finish_reason="kv_cache_exhausted"`` and
+   frees its blocks; then waiting requests are admitted FCFS while free blocks
+   and the budgets cover their prompts;
+2. the ``ModelRunner`` runs the plan — prompts and decodes packed into one
+   forward pass;
+3. the sampled tokens are recorded; a finished sequence leaves the batch and
+   frees its blocks at once.
 
 The engine is plain Python over plain data: the runner is the only place
 tensors live.
@@ -34,17 +25,13 @@ finished, aborted; ``events.py`` gives each kind's ``detail``).
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 import itertools
 import logging
 import random
 from collections import deque
 
-import torch
-
 from paged.step01_allocator import BlockAllocator
-from paged.step02_block_table import BlockTable, KVCache, Sequence, SequenceStatus
+from paged.step02_block_table import BlockTable, KVCache, Sequence
 from paged.step03_attention.backends import resolve_backend
 from paged.step03_attention.errors import RequestError
 from paged.step03_attention.events import EngineEvent
@@ -54,8 +41,12 @@ from paged.step03_attention.request import Request, StopChecker
 from paged.step03_attention.runner import ModelRunner
 from paged.step03_attention.sampling_params import SamplingParams
 from paged.step03_attention.sampling_state import (
-    SamplingState, attach_contexts, check_against_model, collect_prompt_logprobs,
+    SamplingState,
+    attach_contexts,
+    check_against_model,
+    collect_prompt_logprobs,
 )
+from paged.step03_attention.scheduler import Scheduler
 from paged.step03_attention.structured import GrammarCompiler
 
 logger = logging.getLogger("paged")
@@ -63,15 +54,7 @@ logger = logging.getLogger("paged")
 DEFAULT_KV_CACHE_MEMORY = 512 * 2**20  # bytes, when neither a budget nor a block count is given
 
 
-@dataclasses.dataclass
-class Budget:
-    """What is left of one iteration's budgets while the scheduler fills its plan."""
-
-    tokens: int  # of max_num_batched_tokens
-    seqs: int  # of max_num_seqs
-
-
-class Engine:
+class Engine(Scheduler):
     """Iteration-level batching engine over a paged KV cache.
 
     Args:
@@ -164,17 +147,6 @@ class Engine:
 
     def remove_observer(self, fn) -> None:
         self.observers.remove(fn)
-
-    def _record(self, kind: str, req: Request, seq: Sequence | None = None, **detail) -> None:
-        """Note one scheduling decision for ``engine.events`` (see ``events.py``)."""
-        self._new_events.append(EngineEvent(kind, req.request_id, None if seq is None else seq.seq_id, detail))
-
-    def _record_growth(self, req: Request, seq: Sequence, first: int, cached: int = 0) -> None:
-        """An ``allocated`` event for the blocks ``seq``'s table gained from index ``first`` on;
-        its first ``cached`` of them came from the prefix cache."""
-        blocks = seq.block_table.blocks
-        if len(blocks) > first:
-            self._record("allocated", req, seq, blocks=blocks[first + cached:], cached=blocks[first:first + cached])
 
     def _num_kv_heads(self, cfg) -> int:
         """KV heads this process caches: all of them (step06's driver caches only its shard's)."""
@@ -345,142 +317,6 @@ class Engine:
                 self.stops.record(seq, req.outputs[seq.seq_id], results[seq.seq_id], req.params)
                 drew = True
         return drew
-
-    # -- the scheduler: one skeleton, hooks that later steps override -----------
-    # --8<-- [start:schedule]
-    def _schedule(self) -> tuple[StepPlan, list[Request]]:
-        """Decide one iteration: the plan, and the requests ended while deciding it.
-
-        Running groups go first, oldest first: each gets its pending tokens if
-        the budgets allow (``_fit_to_budget``), after free blocks are made for
-        them by evicting the newest running groups (``_evict``). Then, unless
-        someone was evicted, waiting requests are admitted (``_admit``).
-        """
-        plan = self._empty_plan()
-        plan.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
-        budget = Budget(tokens=self.max_num_batched_tokens, seqs=self.max_num_seqs)
-        self._ended = []
-        evicted = False
-        queue = deque(self.running)  # oldest first; victims come from its end
-        while queue:
-            req = queue.popleft()
-            work = self._fit_to_budget(req, budget, plan)
-            if work is None:
-                continue
-            while self._blocks_needed(work) > self.allocator.num_free:
-                victim = queue.pop() if queue else req
-                self._evict(victim, plan)
-                evicted = True
-                if victim is req:
-                    break
-            else:
-                self._give_slots(plan, req, work, budget)
-        if not evicted:  # no newcomer may take the room an older request just lost
-            self._admit(plan, budget)
-        return plan, self._ended
-    # --8<-- [end:schedule]
-
-    def _fit_to_budget(self, req: Request, budget: Budget, plan: StepPlan) -> list | None:
-        """``[(seq, tokens to compute)]`` for ``req`` this iteration, or None if the budgets say not now.
-
-        A sequence's pending tokens are those without K/V yet: the whole prompt
-        of a new request, the newest token of a decoding one. Step03 computes a
-        request's pending tokens all at once (step05 splits a long prompt).
-        """
-        live = [s for s in req.seqs if not s.is_finished]
-        pending = [s.num_tokens - s.block_table.num_tokens for s in live]
-        if not live or len(live) > budget.seqs or sum(pending) > budget.tokens:
-            return None
-        return list(zip(live, pending))
-
-    def _blocks_needed(self, work: list) -> int:
-        """Free blocks that giving ``work`` its slots would take. Changes nothing."""
-        return sum(seq.block_table.slots_for(n) for seq, n in work)
-
-    # --8<-- [start:evict]
-    def _evict(self, req: Request, plan: StepPlan) -> None:
-        """Make room by taking ``req`` off the device. Step03 cannot preempt: it ends the request
-        (``finish_reason="kv_cache_exhausted"``); step05 swaps it out or recomputes it later."""
-        logger.warning("KV cache exhausted: ended request %s (step05 adds preemption)", req.request_id)
-        self._end(req, "kv_cache_exhausted")
-    # --8<-- [end:evict]
-
-    def _end(self, req: Request, reason: str) -> None:
-        """End every live sequence of ``req`` with ``reason`` and free its blocks now;
-        this iteration's ``step`` reports it as finished."""
-        for seq in req.seqs:
-            if not seq.is_finished:
-                self.stops.finish(seq, req.outputs[seq.seq_id], reason)
-        self._retire(req)
-        self._ended.append(req)
-
-    # --8<-- [start:admit]
-    def _admit(self, plan: StepPlan, budget: Budget) -> None:
-        """FCFS: start waiting requests while the budgets and free blocks cover their prompts.
-
-        A request that does not fit blocks the ones behind it (no overtaking).
-        """
-        while self.waiting:
-            req = self.waiting[0]
-            work = self._fit_to_budget(req, budget, plan)
-            if work is None:
-                return
-            if self._blocks_needed(work) > self.allocator.num_blocks:  # more than the whole pool
-                self.waiting.popleft()
-                logger.warning("request %s needs more KV blocks than the cache has (%d); ending it",
-                               req.request_id, self.allocator.num_blocks)
-                self._end(req, "length")
-                continue
-            if not self._admissible(req, work):
-                return
-            self.waiting.popleft()
-            self._insert(self.running, req)
-            self._record("admitted", req)
-            self._give_slots(plan, req, work, budget)
-    # --8<-- [end:admit]
-
-    def _admissible(self, req: Request, work: list) -> bool:
-        """May ``req`` start now? When the free blocks cover its first slots (paged: nothing
-        is reserved ahead; a contiguous-reservation baseline asks more here)."""
-        return self._blocks_needed(work) <= self.allocator.num_free
-
-    # --8<-- [start:insert]
-    @staticmethod
-    def _insert(queue, req: Request) -> None:
-        """Put ``req`` into ``queue`` in arrival order (FCFS, also across preemptions)."""
-        i = bisect.bisect([r.arrival for r in queue], req.arrival)
-        queue.insert(i, req)
-    # --8<-- [end:insert]
-
-    # --8<-- [start:give_slots]
-    def _give_slots(self, plan: StepPlan, req: Request, work: list, budget: Budget) -> None:
-        """Give each sequence of ``req`` slots for its tokens and put them into the plan.
-
-        A sequence samples its next token only when none of its tokens is left
-        without K/V (the last chunk of a prompt, or a decode).
-        """
-        for seq, n in work:
-            table = seq.block_table
-            first = len(table.blocks)
-            start, slots, cached = self._take_slots(req, seq, n)
-            self._record_growth(req, seq, first, cached // self.block_size)
-            seq.status = SequenceStatus.RUNNING
-            # a decode feeds just the newest token: no need to build the whole token list
-            tokens = [seq.last_token_id] if start == seq.num_tokens - 1 else seq.token_ids[start:table.num_tokens]
-            self.prompt_tokens_total += max(0, min(table.num_tokens, seq.num_prompt_tokens) - start)
-            plan.add(seq.seq_id, tokens, start, slots, table.num_tokens, table.blocks,
-                     sample=table.num_tokens == seq.num_tokens, params=req.params, seed=req.seed)
-            budget.tokens -= len(tokens)
-            budget.seqs -= 1
-    # --8<-- [end:give_slots]
-
-    def _take_slots(self, req: Request, seq: Sequence, n: int) -> tuple[int, list[int], int]:
-        """Slots for ``seq``'s next ``n`` tokens: ``(position of the first, slots, tokens found cached)``.
-
-        Step03: new blocks only when the last one is full (step04 maps cached prompt blocks first).
-        """
-        start = seq.block_table.num_tokens
-        return start, seq.block_table.append(n), 0
 
     def _retire(self, req: Request) -> None:
         """A finished or aborted request: free every block now, drop it from the queues."""

@@ -23,9 +23,7 @@ block tables come from the ``BlockManager``; outputs may rank.
 
 from __future__ import annotations
 
-import dataclasses
-
-from paged.step02_block_table import Sequence, SequenceStatus
+from paged.step02_block_table import Sequence
 from paged.step03_attention import Engine
 from paged.step03_attention.errors import RequestError
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
