@@ -187,10 +187,9 @@ def make_engine(cost: CostModel, system: str, prefix_caching: bool = True, max_l
     """The replay engine of ``system`` on ``cost``'s GPU: its KV blocks, its swap space, vLLM's budgets."""
     model = stand_in_model(max_len)
     kw = {} if system != "paged" else {"enable_prefix_caching": prefix_caching}
-    per_block = 2 * cost.block_size * 2  # bytes of a stand-in block (1 layer, 1 head of 1, float16)
     return ReplayEngine(model, cost=cost, memory=system, block_size=cost.block_size, num_blocks=cost.num_blocks(),
                         max_model_len=max_len, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                        swap_space=cost.num_swap_blocks() * per_block, **kw)
+                        swap_blocks=cost.num_swap_blocks(), **kw)
 
 
 def run_one(cost, system, panel, rate, seed) -> dict:

@@ -35,6 +35,7 @@ import torch
 from paged.bench import throughput
 from paged.models.config import ModelConfig
 from paged.models.loader import LoadedModel
+from paged.step02_block_table import KVCache
 from paged.step03_attention.sampler import SampleResult, num_top_logprobs
 
 VOCAB = 32000  # token ids drawn by the stand-in: 3 .. VOCAB - 1 (clear of BOS 1 and EOS 2)
@@ -100,10 +101,11 @@ class ReplayRunner:
     def _draw(seq_id: int, seed: int, position: int, params) -> SampleResult:
         k = num_top_logprobs(params)
         if params.use_beam_search:  # distinct proposals, best first: the beams' search tree
-            tops, lp = {}, 0.0
-            for j in range(k):
-                lp += math.log1p(-0.999 * (mix(seed, seq_id, position, j) >> 11) / 2**53)  # exponential gaps
-                tok = token_for(seed, position, (seq_id << 8) + j)
+            tops, lp, x = {}, 0.0, mix(seed, seq_id, position)
+            for _ in range(k):  # a linear congruential stream from the hash: cheap, deterministic
+                x = (x * 6364136223846793005 + 1442695040888963407) & _MASK
+                lp += math.log1p(-0.999 * (x >> 32) / 2**32)  # exponential gaps between ranks
+                tok = 3 + ((x >> 8) & 0xFFFFFF) % (VOCAB - 3)
                 while tok in tops:
                     tok = 3 + (tok - 2) % (VOCAB - 3)
                 tops[tok] = lp
@@ -122,14 +124,21 @@ class ReplayEngine(throughput.ReservingEngine):
 
     Args:
         cost: a ``replay_cost.CostModel``, or None (a clock that stands still: tests of scheduling).
+        swap_blocks: host blocks for swapped-out sequences (the engine's ``swap_space`` counts
+            bytes, and a stand-in block is a few bytes).
         **kwargs: as ``ReservingEngine`` (``memory=``, ``block_size``, ``num_blocks``, ...).
     """
 
     runner_class = ReplayRunner
 
-    def __init__(self, model, *, cost=None, **kwargs) -> None:
+    def __init__(self, model, *, cost=None, swap_blocks: int = 0, **kwargs) -> None:
+        if "swap_space" in kwargs:
+            raise TypeError("ReplayEngine takes swap_blocks (host blocks), not swap_space (bytes)")
+        c = model.config
+        per_block = KVCache.bytes_per_block(c.num_layers, kwargs.get("block_size", 16), c.num_kv_heads,
+                                            c.head_dim, next(model.model.parameters()).dtype)
         kwargs.setdefault("attention_backend", "reference")  # nothing runs attention: build no kernel
-        super().__init__(model, **kwargs)
+        super().__init__(model, swap_space=swap_blocks * per_block, **kwargs)
         self.runner.cost = cost
 
     @property
