@@ -130,3 +130,6 @@ figures: install
 		{ date -u; $(PY) -m paged.bench throughput --trace alpaca --decoding $$d --num-requests 60 \
 			--plot $(FIG)/bench_fig14_$$d.png --json; } >$(FIG)/bench_fig14_$$d.txt || exit 1; done
 	{ date -u; $(PY) -m paged.bench hf --json; } >$(FIG)/bench_hf.txt
+	for f in 12 14 16 17 18; do \
+		{ date -u; $(PY) -m paged.bench replay --figure $$f --plot $(FIG)/replay_fig$$f.png --json; } \
+			>$(FIG)/replay_fig$$f.txt || exit 1; done

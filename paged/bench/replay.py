@@ -21,8 +21,8 @@ normalized latency, mean batched requests (at the highest rate, where every
 system is saturated), and the highest rate whose normalized latency stays
 under 2x the lowest one measured at the lowest rate.
 
-Rates: fractions (``FRACTIONS``) of paged's capacity, measured first with
-every request at t = 0, so each system's knee is bracketed.
+Rates: fractions (``FRACTIONS``; fewer for Figure 14) of paged's capacity,
+measured first with every request at t = 0, so each system's knee is bracketed.
 
 Figures (``--figure``):
 
@@ -67,14 +67,18 @@ from paged.step03_attention import SamplingParams
 
 FIGURES = (12, 13, 14, 16, 17, 18)
 FRACTIONS = (0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0)  # x paged's all-at-once capacity
+# Figure 14's six panels replay beam search, the slowest to schedule: fewer rates, still around every knee
+FRACTIONS_BY_FIGURE = {14: (0.2, 0.35, 0.5, 0.75, 1.0, 1.5)}
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ORCAS = ("orca-oracle", "orca-pow2", "orca-max")
 # Where the paper's Figure 12a / 12d curves start (s/token) at their lowest rates: read off the
 # plots by eye (the paper prints no number); the replay is checked against it within LOW_LOAD_FACTOR.
 PAPER_LOW_LOAD = 0.04
 LOW_LOAD_FACTOR = 2.0
-# Figure 18b's fixed rates: a fraction of paged's B=16 capacity, below its knee.
-FIG18_FRACTION = 0.5
+# Figure 18b's fixed rates: paged's B=16 capacity (every request at t=0), about where its latency turns up.
+FIG18_FRACTION = 1.0
+# Figure 18a, the paper's paged kernel (us) where the plot can be read: (batch, context) -> latency.
+FIG18A_PAPER_US = {(8, 256): 230, (32, 256): 225}
 
 
 @dataclass
@@ -99,8 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-gpus", type=int, default=None, help="tensor-parallel GPUs (default: the paper's)")
     parser.add_argument("--num-requests", type=int, default=1000, help="requests per run (default 1000)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
-    parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)),
-                        help="request rates as fractions of paged's capacity, comma-separated")
+    parser.add_argument("--fractions", default=None,
+                        help="request rates as fractions of paged's capacity, comma-separated (default "
+                             f"{','.join(map(str, FRACTIONS))}; Figure 14: "
+                             f"{','.join(map(str, FRACTIONS_BY_FIGURE[14]))})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the traces, prompts and arrivals")
     parser.add_argument("--plot", metavar="PATH", help="write the figure's curves (PNG)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -274,13 +280,15 @@ def figure18(args, cost_for, panel_list) -> dict:
     """Figure 18a (the cost model's kernel times) and 18b (block size sweep at one rate per trace)."""
     cost = cost_for(args.model or "opt-13b", 16)
     print("Figure 18a: one paged-attention call (one layer of OPT-13B) in the cost model")
-    print(f"{'batch':>6}{'context':>9}{'model us':>10}")
+    print(f"{'batch':>6}{'context':>9}{'model us':>10}{'paper us':>10}")
     for batch in (8, 32):
         for ctx in (64, 128, 256):
             t = (cost.iteration_time([1] * batch, [ctx] * batch) - cost.iteration_time([1] * batch, [0] * batch))
-            print(f"{batch:>6}{ctx:>9}{t / cost.model.num_layers * 1e6:>10.1f}")
+            print(f"{batch:>6}{ctx:>9}{t / cost.model.num_layers * 1e6:>10.1f}"
+                  f"{FIG18A_PAPER_US.get((batch, ctx), '-'):>10}")
     print(f"(calibrated on the paper's point: batch {FIG18A_POINT['batch']}, context {FIG18A_POINT['context']}: "
-          f"{FIG18A_POINT['latency_s'] * 1e6:.0f} us)\n")
+          f"{FIG18A_POINT['latency_s'] * 1e6:.0f} us; at batch 8 the paper's kernel is not bandwidth bound, "
+          "which the model leaves out)\n")
     out = {}
     for panel in panel_list:
         base = cost_for(panel.model, 16)
@@ -303,12 +311,25 @@ def figure18(args, cost_for, panel_list) -> dict:
     return out
 
 
+def _cpu() -> str:
+    """This machine's CPU model and core count (what the wall times were measured on)."""
+    import os
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        name = "?"
+    return f"{name}, {os.cpu_count()} cores"
+
+
 def run(args: argparse.Namespace) -> int:
     prog = "python -m paged.bench replay"
     try:
         if args.num_requests < 1 or args.block_size < 1:
             raise ValueError("--num-requests and --block-size must be >= 1")
-        fractions = sorted(float(f) for f in args.fractions.split(","))
+        text = args.fractions or ",".join(map(str, FRACTIONS_BY_FIGURE.get(args.figure, FRACTIONS)))
+        fractions = sorted(float(f) for f in text.split(","))
         if len(fractions) < 2 or fractions[0] <= 0:
             raise ValueError(f"--fractions needs two or more positive numbers, got {args.fractions!r}")
         panel_list = panels(args.figure, args)
@@ -330,7 +351,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     started = time.perf_counter()
     print(f"replay of the paper's Figure {args.figure}: the step05 engine's scheduler with a stand-in model, "
-          "on a modelled GPU (not measured on this machine)")
+          f"on a modelled GPU (not measured on this machine); run on {_cpu()}")
     record = {"figure": args.figure, "gpu": args.gpu, "model": args.model, "num_requests": args.num_requests,
               "panels": {}}
     if args.figure == 18:
