@@ -39,8 +39,9 @@ Figures (``--figure``):
   earlier ShareGPT-like rounds plus the new prompt) cut to its last 1,024
   tokens, and an answer of at most 1,024 tokens; paged vs the three Orcas.
 * **18** — block size vs normalized latency (Figure 18b), paged only, on
-  ShareGPT and Alpaca at one fixed rate each; plus the cost model's attention
-  kernel times against Figure 18a.
+  ShareGPT and Alpaca at one fixed rate each (``FIG18_FRACTION``: about
+  paged's knee at B = 16); plus the cost model's attention kernel times
+  against Figure 18a.
 
 Examples:
     python -m paged.bench replay --figure 12
@@ -75,8 +76,10 @@ ORCAS = ("orca-oracle", "orca-pow2", "orca-max")
 # plots by eye (the paper prints no number); the replay is checked against it within LOW_LOAD_FACTOR.
 PAPER_LOW_LOAD = 0.04
 LOW_LOAD_FACTOR = 2.0
-# Figure 18b's fixed rates: paged's B=16 capacity (every request at t=0), about where its latency turns up.
-FIG18_FRACTION = 1.0
+# Figure 18b's fixed rates, as fractions of paged's B=16 capacity (every request at t=0): where the
+# replayed Figure 12 puts paged's B=16 knee (2.86 of 2.82 req/s on ShareGPT, 105 of 60 on Alpaca),
+# so that a block size that wastes memory shows in the latency.
+FIG18_FRACTION = {"sharegpt": 1.0, "alpaca": 1.75}
 # Figure 18a, the paper's paged kernel (us) where the plot can be read: (batch, context) -> latency.
 FIG18A_PAPER_US = {(8, 256): 230, (32, 256): 225}
 
@@ -102,6 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="paper model (default: the figure's, OPT-13B or LLaMA-13B for 16)")
     parser.add_argument("--num-gpus", type=int, default=None, help="tensor-parallel GPUs (default: the paper's)")
     parser.add_argument("--num-requests", type=int, default=1000, help="requests per run (default 1000)")
+    parser.add_argument("--max-num-seqs", type=int, default=256,
+                        help="sequences one iteration may compute (default 256, vLLM's)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     parser.add_argument("--fractions", default=None,
                         help="request rates as fractions of paged's capacity, comma-separated (default "
@@ -189,18 +194,19 @@ def panels(figure: int, args) -> list[Panel]:
 
 
 # -- runs --------------------------------------------------------------------------------
-def make_engine(cost: CostModel, system: str, prefix_caching: bool = True, max_len: int = 2048) -> ReplayEngine:
+def make_engine(cost: CostModel, system: str, prefix_caching: bool = True, max_len: int = 2048,
+                max_num_seqs: int = 256) -> ReplayEngine:
     """The replay engine of ``system`` on ``cost``'s GPU: its KV blocks, its swap space, vLLM's budgets."""
     model = stand_in_model(max_len)
     kw = {} if system != "paged" else {"enable_prefix_caching": prefix_caching}
     return ReplayEngine(model, cost=cost, memory=system, block_size=cost.block_size, num_blocks=cost.num_blocks(),
                         max_model_len=max_len, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                        swap_blocks=cost.num_swap_blocks(), **kw)
+                        max_num_seqs=max_num_seqs, swap_blocks=cost.num_swap_blocks(), **kw)
 
 
-def run_one(cost, system, panel, rate, seed) -> dict:
+def run_one(cost, system, panel, rate, seed, max_num_seqs: int = 256) -> dict:
     """One replay of ``panel`` by ``system`` at ``rate``: the throughput metrics, plus wall time."""
-    engine = make_engine(cost, system, panel.prefix_caching)
+    engine = make_engine(cost, system, panel.prefix_caching, max_num_seqs=max_num_seqs)
     arrivals = throughput.poisson_arrivals(len(panel.jobs), rate, seed)
     t0 = time.perf_counter()
     m = throughput.replay(engine, panel.jobs, arrivals, panel.params, lambda: engine.elapsed)
@@ -219,9 +225,9 @@ def _row(system, rate, m) -> str:
             f"{m['preemptions']:>9d}{m['iterations']:>9d}{m['wall_s']:>8.1f}")
 
 
-def sweep(cost, panel: Panel, fractions, seed) -> dict:
+def sweep(cost, panel: Panel, fractions, seed, max_num_seqs: int = 256) -> dict:
     """Every system of ``panel`` at rates bracketing the knees; the per-system summary."""
-    cap = run_one(cost, "paged", panel, float("inf"), seed)
+    cap = run_one(cost, "paged", panel, float("inf"), seed, max_num_seqs)
     capacity = len(panel.jobs) / cap["makespan"]
     rates = [round(f * capacity, 4) for f in fractions]
     print(f"paged capacity, every request at t=0: {capacity:.3f} req/s ({cap['wall_s']:.1f} s wall); "
@@ -230,7 +236,7 @@ def sweep(cost, panel: Panel, fractions, seed) -> dict:
     results = {s: {} for s in panel.systems}
     for rate in rates:
         for s in panel.systems:
-            results[s][rate] = m = run_one(cost, s, panel, rate, seed)
+            results[s][rate] = m = run_one(cost, s, panel, rate, seed, max_num_seqs)
             print(_row(s, rate, m), flush=True)
     low = rates[0]
     threshold = throughput.THRESHOLD_FACTOR * min(results[s][low]["normalized_latency"] for s in panel.systems)
@@ -292,15 +298,16 @@ def figure18(args, cost_for, panel_list) -> dict:
     out = {}
     for panel in panel_list:
         base = cost_for(panel.model, 16)
-        cap = run_one(base, "paged", panel, float("inf"), args.seed)
-        rate = round(FIG18_FRACTION * len(panel.jobs) / cap["makespan"], 3)
-        print(f"== Figure 18b, {panel.name}: paged at {rate} req/s ({FIG18_FRACTION} x its B=16 capacity)")
+        cap = run_one(base, "paged", panel, float("inf"), args.seed, args.max_num_seqs)
+        fraction = FIG18_FRACTION[panel.name]
+        rate = round(fraction * len(panel.jobs) / cap["makespan"], 3)
+        print(f"== Figure 18b, {panel.name}: paged at {rate} req/s ({fraction} x its B=16 capacity)")
         head = f"{'block':>6}{'blocks':>8}{'norm. lat':>11}{'batched':>9}{'preempt':>9}{'wall s':>8}"
         print(head + "\n" + "-" * len(head))
         rows = {}
         for b in BLOCK_SIZES:
             c = cost_for(panel.model, b)
-            m = run_one(c, "paged", panel, rate, args.seed)
+            m = run_one(c, "paged", panel, rate, args.seed, args.max_num_seqs)
             rows[b] = {"normalized_latency": m["normalized_latency"], "mean_batched_requests":
                        m["mean_batched_requests"], "num_blocks": c.num_blocks(), "wall_s": m["wall_s"]}
             print(f"{b:>6}{c.num_blocks():>8}{m['normalized_latency']:>11.4f}{m['mean_batched_requests']:>9.1f}"
@@ -326,8 +333,8 @@ def _cpu() -> str:
 def run(args: argparse.Namespace) -> int:
     prog = "python -m paged.bench replay"
     try:
-        if args.num_requests < 1 or args.block_size < 1:
-            raise ValueError("--num-requests and --block-size must be >= 1")
+        if min(args.num_requests, args.block_size, args.max_num_seqs) < 1:
+            raise ValueError("--num-requests, --block-size and --max-num-seqs must be >= 1")
         text = args.fractions or ",".join(map(str, FRACTIONS_BY_FIGURE.get(args.figure, FRACTIONS)))
         fractions = sorted(float(f) for f in text.split(","))
         if len(fractions) < 2 or fractions[0] <= 0:
@@ -369,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
         cost = cost_for(p.model, args.block_size)
         print(f"\n== {p.name}: {e2e.describe(p.jobs)}")
         print(cost.describe())
-        out = sweeps[p.name] = sweep(cost, p, fractions, args.seed)
+        out = sweeps[p.name] = sweep(cost, p, fractions, args.seed, args.max_num_seqs)
         ratios = print_summary(p, out)
         low = out["low_load"]
         if args.figure in (12, 13):
