@@ -367,7 +367,8 @@ def run(args: argparse.Namespace) -> int:
         record["wall_s"] = time.perf_counter() - started
         print(f"wall time: {record['wall_s']:.0f} s")
         if args.plot:
-            plot18(record["panels"], args.plot)
+            c = cost_for(args.model or "opt-13b", 16)
+            plot18(record["panels"], args.plot, f"{c.model.name}, {c.num_gpus} x {c.gpu.name}")
         if args.json:
             print(json.dumps(record))
         return 0
@@ -431,7 +432,7 @@ def plot(sweeps: dict, panel_list: list[Panel], args) -> None:
     plt.close(fig)
 
 
-def plot18(panels_out: dict, path: str) -> None:
+def plot18(panels_out: dict, path: str, hardware: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -446,7 +447,7 @@ def plot18(panels_out: dict, path: str) -> None:
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("normalized latency (s/token)")
     ax.legend(fontsize=8)
-    ax.set_title("Figure 18b, replayed on a modelled A100 (OPT-13B)", fontsize=9)
+    ax.set_title(f"Figure 18b, replayed on a modelled GPU: {hardware}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -31,12 +31,12 @@ Where the numbers come from:
   450 GB/s each way; H200: 141 GB at 4.8 TB/s, H100's compute).
 * **Attention efficiency**: the paper's Figure 18a measures its paged
   attention kernel at about 225 us for a batch of 32 sequences of 256 tokens
-  (OPT-13B's 40 heads of 128, one layer, A100). Those sequences' keys and
+  (taken as one layer of OPT-13B, 40 heads of 128, on the A100-40GB). Those sequences' keys and
   values are 32 x 256 x 2 x 5120 x 2 bytes = 168 MB, which take 108 us at the
   HBM peak: the kernel streams K/V at ``ATTENTION_EFFICIENCY`` = 0.48 of the
   peak. That ratio is computed below from those numbers, not fitted.
-* **Memory-bound decoding**: the paper's premise (§2.3, §3) that a decode
-  iteration is bound by reading the weights: OPT-13B's 25.7 GB take 16.5 ms
+* **Memory-bound decoding**: the paper's premise that a decode iteration
+  is bound by memory bandwidth, not compute: OPT-13B's 25.7 GB take 16.5 ms
   at 1,555 GB/s whether the batch is 4 or 40, which the roofline reproduces.
 * **Overhead**: ``HOST_S`` (scheduling, input preparation, sampling in
   Python: 2 ms) plus ``KERNELS_PER_LAYER`` (10) launches of ``LAUNCH_S`` (5 us,
