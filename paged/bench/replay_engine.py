@@ -23,6 +23,13 @@ id -> ``SampleResult``) without computing anything:
 The stand-in "model" (``stand_in_model``) has one layer, one KV head of one
 dimension and a tiny parameter, so the KV cache tensor the engine allocates
 for the paper's thousand blocks is a few kilobytes; nothing reads it.
+
+Preemption uses the engine's ``"auto"`` rule unchanged. It ranks recompute
+against swap by the model's parameter count, and the stand-in has one
+parameter, so a single sequence is always recomputed and a group (parallel
+samples, beams) swapped while the host pool has room: vLLM's own default
+policy. The clock charges each choice as the paper's hardware would: the
+recomputed tokens as prefill, the swapped blocks over PCIe.
 """
 
 from __future__ import annotations
