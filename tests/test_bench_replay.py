@@ -14,8 +14,8 @@ import json
 import pytest
 
 from paged.bench import replay_cost, throughput
-from paged.bench._threads import torch_threads
 from paged.bench.__main__ import main as bench_main
+from paged.bench._threads import torch_threads
 from paged.bench.replay_cost import CostModel, attention_pairs
 from paged.bench.replay_engine import ReplayEngine, ReplayRunner, stand_in_model
 from paged.models.random_llama import load_random_llama
@@ -70,7 +70,6 @@ def test_replay_plans_equal_a_real_runs_plans(model, memory, mode, num_blocks):
     kw = dict(memory=memory, block_size=B, num_blocks=num_blocks, max_model_len=CONTEXT,
               max_num_batched_tokens=16, preemption_mode=mode, seed=0, attention_backend="reference")
     real = throughput.ReservingEngine(model, swap_space=_swap_bytes(model, 8), **kw)
-    stand_in = stand_in_model(CONTEXT)
     fake = ReplayEngine(stand_in_model(CONTEXT), swap_blocks=8, **kw)
     assert real.swap.allocator.num_blocks == fake.swap.allocator.num_blocks == 8
     expected, got = _plans(real), _plans(fake)
@@ -89,7 +88,7 @@ def test_beam_search_replays_with_distinct_ranked_proposals():
     for _ in range(2):
         eng = ReplayEngine(stand_in_model(CONTEXT), block_size=B, num_blocks=64, max_model_len=CONTEXT)
         seen = []
-        eng.add_observer(lambda e, plan, results: seen.append(results))
+        eng.add_observer(lambda e, plan, results, seen=seen: seen.append(results))
         eng.add_request("beam", list(range(3, 10)), params)
         while eng.has_unfinished():
             outs = eng.step()
@@ -156,7 +155,7 @@ def test_cost_model_tensor_parallel_splits_bytes_and_adds_all_reduce():
     assert four.iteration_time(q, c) == pytest.approx(four.overhead() + body / 4 + reduce, rel=1e-12)
 
 
-def test_runner_time_is_the_cost_of_each_plan(model):
+def test_runner_time_is_the_cost_of_each_plan():
     cost = CostModel.build("opt-13b", block_size=B)
     eng = ReplayEngine(stand_in_model(CONTEXT), cost=cost, block_size=B, num_blocks=64, max_model_len=CONTEXT)
     total = []

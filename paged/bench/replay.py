@@ -64,7 +64,6 @@ from paged.bench import e2e, throughput
 from paged.bench.replay_cost import FIG18A_POINT, GPUS, MAX_NUM_BATCHED_TOKENS, MODELS, CostModel
 from paged.bench.replay_engine import VOCAB, ReplayEngine, stand_in_model
 from paged.bench.traces import synthetic_trace
-from paged.step03_attention import SamplingParams
 
 FIGURES = (12, 13, 14, 16, 17, 18)
 FRACTIONS = (0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0)  # x paged's all-at-once capacity
