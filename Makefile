@@ -133,3 +133,5 @@ figures: install
 	for f in 12 14 16 17 18; do \
 		{ date -u; $(PY) -m paged.bench replay --figure $$f --plot $(FIG)/replay_fig$$f.png --json; } \
 			>$(FIG)/replay_fig$$f.txt || exit 1; done
+	{ date -u; $(PY) -m paged.bench replay --figure 14 --max-num-seqs 1024 --json; } \
+		>$(FIG)/replay_fig14_seqs1024.txt
