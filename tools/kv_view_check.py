@@ -47,17 +47,31 @@ import httpx
 import websocket
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: paged is importable
+from paged.serve.kv_view import WATCH_TIMEOUT_S  # noqa: E402
 API_KEY = "kv-view-check"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--window-size=1400,1000"]
-# in the page: the owners drawn on cells, and the requests listed in the queues
-READ_PAGE = """JSON.stringify({
-  owners: [...document.querySelectorAll('.cell[data-owner]')].map(c => c.dataset.owner),
-  listed: [...document.querySelectorAll('.chip')].map(c => c.dataset.request),
-  shared: document.querySelectorAll('.cell.shared').length,
-  host: document.querySelectorAll('.cell[data-pool="host"][data-owner]').length,
-  events: document.getElementById('events').textContent.split('\\n').filter(Boolean).length,
-  status: document.getElementById('status').textContent})"""
+# in the page: what each canvas cell shows (and whether its pixel agrees), and the requests listed in the queues
+READ_PAGE = """JSON.stringify((() => {
+  const out = {owners: [], shared: 0, host: 0, cells: 0, unlike: [],
+               listed: [...document.querySelectorAll('.chip')].map(c => c.dataset.request),
+               events: [...document.getElementById('events').children].reduce((t, b) => t + Number(b.dataset.lines), 0),
+               status: document.getElementById('status').textContent};
+  for (const [name, g] of Object.entries(window.kvPage ? kvPage.grids : {})) {
+    const ctx = g.canvas.getContext('2d');
+    g.drawn.forEach((d, c) => {
+      out.cells++;
+      if (d.owner) { out.owners.push(d.owner); if (name === 'host') out.host++; }
+      if (d.shared) out.shared++;
+      const [x, y] = kvPage.cellXY(g, c);
+      const px = ctx.getImageData(Math.round((x + 7) * g.dpr), Math.round((y + 7) * g.dpr), 1, 1).data;
+      const grey = px[0] === 0xe8 && px[1] === 0xe8 && px[2] === 0xe8 && px[3] === 255;
+      if (grey !== (d.kind === 'free')) out.unlike.push(`${name} ${c} ${d.kind}`);
+    });
+  }
+  return out;
+})())"""
 
 
 def free_port() -> int:
@@ -187,10 +201,11 @@ def check_page(chromium: str, url: str, screenshot: Path | None, timeout_s: floa
         # pick a request, for its block table: a swapped one if any, else the newest running one
         browser.evaluate("(document.querySelector('.queue:nth-child(3) .chip') || "
                          "[...document.querySelectorAll('.queue:nth-child(2) .chip')].pop())?.click()")
-        time.sleep(0.5)  # a few more polls, then read once more for the verdict
-        seen = json.loads(browser.evaluate(READ_PAGE))
+        time.sleep(0.2)  # the next frame draws its table and outlines its blocks
         if screenshot is not None:
             browser.screenshot(screenshot)
+        time.sleep(0.5)  # a few more polls, then read once more for the verdict
+        seen = json.loads(browser.evaluate(READ_PAGE))
         browser.evaluate("0")  # collect the events that arrived meanwhile
         seen["errors"] = browser.errors
         return seen
@@ -201,6 +216,8 @@ def check_page(chromium: str, url: str, screenshot: Path | None, timeout_s: floa
 def verdict(seen: dict) -> list[str]:
     """What is wrong with the page's reading (empty: it passed)."""
     problems = [f"console error: {e}" for e in seen["errors"]]
+    if seen["unlike"]:
+        problems.append(f"canvas pixels disagree with the cells' data (free grey or not): {seen['unlike'][:5]}")
     if not seen["owners"]:
         problems.append("no cell is owned by a live request")
     strangers = set(seen["owners"]) - set(seen["listed"])
@@ -225,58 +242,123 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` and every live process below it (Chromium's renderer, GPU, network...)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_seconds(p)
+        except OSError:
+            continue
+        todo.extend(children.get(p, []))
+    return total
+
+
 class Poller:
-    """What an open page costs the server, without a browser on this machine: GET /kv/snapshot 4 times a second."""
+    """What an open page costs the server, without a browser on this machine: reads ``/kv/snapshot`` as the
+    page does (``since`` its last event, ``have`` its snapshot, again after the answer's ``poll_ms``)."""
 
     def __init__(self, url: str) -> None:
         self.stop = threading.Event()
+        self.reads, self._cpu = 0, 0.0
         self.thread = threading.Thread(target=self._run, args=(url,), daemon=True)
         self.thread.start()
 
     def _run(self, url: str) -> None:
-        since = 0
+        since, have, wait = 0, 0, 0.0
         with httpx.Client(base_url=url, timeout=30) as client:
-            while not self.stop.wait(0.25):
-                since = client.get(f"/kv/snapshot?since={since}").json()["last_event"]
+            while not self.stop.wait(wait):
+                start = time.thread_time()
+                answer = client.get(f"/kv/snapshot?since={since}&have={have}").json()
+                since, have, wait = answer["last_event"], answer["number"], answer["poll_ms"] / 1000
+                self.reads += 1
+                self._cpu += time.thread_time() - start
+
+    def cpu_seconds(self) -> float:
+        return self._cpu
 
     def close(self) -> None:
         self.stop.set()
         self.thread.join(30)
 
 
+class PageInBrowser(Browser):
+    """The page open in headless Chromium on this machine; its CPU is every Chromium process's."""
+
+    def __init__(self, chromium: str, url: str) -> None:
+        super().__init__(chromium, url + "/kv")
+
+    def cpu_seconds(self) -> float:
+        return tree_cpu_seconds(self.proc.pid)
+
+
+def snapshot_ms_total(url: str) -> float:
+    """The server's CPU milliseconds spent on KV snapshots so far (the engine thread's, as ``/kv/snapshot`` says)."""
+    return httpx.get(f"{url}/kv/snapshot?since={2**62}", timeout=30).json()["cost"]["total_ms"]
+
+
+ARMS = ("without", "poll", "chromium")
+
+
 def throughput(chromium: str, rounds: int, num_requests: int) -> dict:
     """``paged.bench serve`` without the page, with a poller reading /kv/snapshot as the page does, and with
-    the page open in Chromium on this machine; rounds alternate the three.
+    the page open in Chromium on this machine, alternating within each round; the order rotates from round
+    to round so that each arm runs first, second and third equally often.
 
-    Per run: request throughput (wall clock: noisy on a shared machine) and the server's CPU seconds per
-    request (what the server spent, whatever else runs). Reported: each arm's median and the medians of
-    the per-round ratios to "without".
+    Per run: request throughput (wall clock: noisy on a shared machine), the server's CPU milliseconds per
+    request (what the server spent, whatever else runs), the watcher's (the poller's thread, or every
+    Chromium process), the share of the bench's wall time the engine thread spent on snapshots, and the
+    1-minute load average before the run. Reported: each arm's median, and the median, lowest and highest
+    of the per-round ratios to the same round's "without" run.
     """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    arms = {"without": lambda: None, "poll": lambda: Poller(url), "chromium": lambda: Browser(chromium, url + "/kv")}
-    runs = {arm: {"req_per_s": [], "cpu_s_per_req": []} for arm in arms}
+    makers = {"without": lambda: None, "poll": lambda: Poller(url), "chromium": lambda: PageInBrowser(chromium, url)}
+    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     with open(Path(tempfile.gettempdir()) / f"kv_view_bench_{port}.log", "w") as log:
         server = start_server(port, None, log)
         try:
             bench(url, num_requests)  # warm-up
-            for _ in range(rounds):
-                for arm, open_page in arms.items():
-                    watcher = open_page()
-                    time.sleep(2 if watcher else 0)
-                    cpu = cpu_seconds(server.pid)
-                    runs[arm]["req_per_s"].append(bench(url, num_requests))
-                    runs[arm]["cpu_s_per_req"].append((cpu_seconds(server.pid) - cpu) / num_requests)
+            for r in range(rounds):
+                for arm in ARMS[r % 3:] + ARMS[:r % 3]:
+                    watcher = makers[arm]()
+                    time.sleep(WATCH_TIMEOUT_S + 1)  # the last arm's watching has ended; this one's page is drawn
+                    load = os.getloadavg()[0]
+                    spent = snapshot_ms_total(url) if watcher else 0.0
+                    cpu, watcher_cpu, start = cpu_seconds(server.pid), watcher.cpu_seconds() if watcher else 0, time.monotonic()
+                    rps = bench(url, num_requests)
+                    wall = time.monotonic() - start
+                    run = {"req_per_s": rps, "server_cpu_ms_per_req": (cpu_seconds(server.pid) - cpu) / num_requests * 1e3,
+                           "watcher_cpu_ms_per_req": 0.0, "snapshot_share": 0.0, "load_1min": load}
                     if watcher:
+                        run["watcher_cpu_ms_per_req"] = (watcher.cpu_seconds() - watcher_cpu) / num_requests * 1e3
+                        run["snapshot_share"] = (snapshot_ms_total(url) - spent) / (wall * 1e3)
                         watcher.close()
+                    runs[arm].append(run)
+                    print(json.dumps({"round": r, "arm": arm, **{k: round(v, 4) for k, v in run.items()}}),
+                          file=sys.stderr, flush=True)
         finally:
             server.terminate()
             server.wait(30)
-    median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
-    ratios = {arm: {key: median([x / y for x, y in zip(runs[arm][key], runs["without"][key])]) for key in runs[arm]}
-              for arm in ("poll", "chromium")}
-    return {"runs": runs, "median": {arm: {k: median(v) for k, v in r.items()} for arm, r in runs.items()},
-            "median_ratio_to_without": ratios}
+    median = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2  # noqa: E731
+    summary = {arm: {key: median([run[key] for run in runs[arm]]) for key in runs[arm][0]} for arm in ARMS}
+    ratios = {}
+    for arm in ("poll", "chromium"):
+        ratios[arm] = {}
+        for key in ("req_per_s", "server_cpu_ms_per_req"):
+            per_round = [w[key] / o[key] for w, o in zip(runs[arm], runs["without"])]
+            ratios[arm][key] = {"median": median(per_round), "min": min(per_round), "max": max(per_round)}
+    return {"rounds": rounds, "num_requests": num_requests, "runs": runs, "median": summary,
+            "ratio_to_without": ratios}
 
 
 def snapshot_cost(num_blocks: int, swap_space: int, rounds: int = 200) -> dict:

@@ -10,7 +10,7 @@
 ``GET /metrics``       Prometheus text (see ``metrics.py``)
 ``GET /openapi.json``  the OpenAPI document, ``GET /docs`` its Swagger UI page
 ``GET /kv``            the live KV cache page (``static/kv.html``, see ``kv_view.py``)
-``GET /kv/snapshot``   its data: the latest KV snapshot and the events after ``?since=``
+``GET /kv/snapshot``   its data: the latest KV snapshot (unless ``?have=`` it) and the events after ``?since=``
 =====================  =====================================================
 
 Each route declares its response models and error statuses, and each body
@@ -222,8 +222,8 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
         return HTMLResponse(page())
 
     @app.get("/kv/snapshot", include_in_schema=False)
-    async def kv_snapshot(since: int = 0):
-        return Response(kv_view.read(since), media_type="application/json")
+    async def kv_snapshot(since: int = 0, have: int = 0):
+        return Response(kv_view.read(since, have), media_type="application/json")
 
     @app.get("/", tags=["server"], summary="What this server serves")
     async def root() -> Index:

@@ -5,8 +5,11 @@
   engine's observer: the view's log equals the engine's ``events`` of every
   iteration, in order, and the scenario's key events come out in the order
   they happened. A short log keeps exactly the newest events.
-* Snapshots are taken only while someone reads, at most ``max_per_second``
-  (a fake clock), and always when the engine loop goes idle.
+* Snapshots are taken only while someone reads and only after a read asked
+  for one, at most ``max_per_second`` and no more often than the CPU budget
+  allows (fake clocks for time and cost), and always when the engine loop
+  goes idle. A reader that holds the latest snapshot gets only the new
+  events; the advised poll interval grows once the engine has been busy.
 * The server (``tests/serve/conftest.py``, with an API key) serves the page
   openly, guards ``/kv/snapshot`` with the key, and the snapshot carries the
   pools, queues and stats but no prompt text.
@@ -32,10 +35,13 @@ SCENARIO = [("admitted", "pair"), ("cow", "pair"), ("admitted", "late"), ("preem
 
 
 class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
+    """Seconds that move only when a test moves them, or by ``tick`` at every reading (a cost clock)."""
+
+    def __init__(self, tick: float = 0.0) -> None:
+        self.now, self.tick = 100.0, tick
 
     def __call__(self) -> float:
+        self.now += self.tick
         return self.now
 
 
@@ -44,8 +50,8 @@ def model():
     return load_model(save_checkpoint(build_hf_model("llama"), tempfile.mkdtemp()), dtype=torch.float64)
 
 
-def _read(view, since: int) -> dict:
-    return json.loads(view.read(since))
+def _read(view, since: int, have: int = 0) -> dict:
+    return json.loads(view.read(since, have))
 
 
 def as_json(records: list) -> list:
@@ -106,7 +112,7 @@ def test_event_log_keeps_the_newest_when_full(model):
 def test_snapshots_only_while_watched_and_at_most_max_per_second(model):
     """Exact: no snapshot unwatched; one per 1/max_per_second of the (fake) clock; refresh takes one now."""
     engine, clock = _engine(model), FakeClock()
-    view = KVView(engine, max_per_second=4, clock=clock)
+    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())  # snapshots cost nothing
     engine.add_observer(view.observe)
     engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     first = view.latest
@@ -119,7 +125,7 @@ def test_snapshots_only_while_watched_and_at_most_max_per_second(model):
     engine.step()
     taken = view.latest
     snap = _read(view, 0)
-    assert taken is not first and snap["step"] == 3
+    assert taken is not first and snap["step"] == 3 and snap["number"] == view.number == 2
     assert snap["queues"]["running"] == [0] and snap["requests"][0]["id"] == "a"
     view.refresh(engine)
     assert view.latest is not taken
@@ -127,6 +133,71 @@ def test_snapshots_only_while_watched_and_at_most_max_per_second(model):
     kept = view.latest
     engine.step()
     assert view.latest is kept
+
+
+def test_snapshots_only_after_a_read_asked_for_one(model):
+    """Exact: watched and due, a snapshot is taken once per read, not once per interval."""
+    engine, clock = _engine(model), FakeClock()
+    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
+    engine.add_observer(view.observe)
+    engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    view.read()
+    clock.now += 0.25
+    engine.step()
+    assert view.number == 2  # the first was taken at construction
+    for _ in range(3):  # still watched, due every time, but nobody read since
+        clock.now += 0.25
+        engine.step()
+    assert view.number == 2
+    view.read()
+    engine.step()
+    assert view.number == 3
+
+
+def test_cpu_budget_spaces_snapshots_by_their_cost(model):
+    """Exact: a snapshot costing 5 ms of (fake) CPU is followed by the next no sooner than 5 ms / 1 % = 0.5 s."""
+    engine, clock = _engine(model), FakeClock()
+    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock(tick=0.005))
+    assert view.cost_s == pytest.approx(0.005, abs=1e-12) and view.spacing == pytest.approx(0.5, abs=1e-9)
+    engine.add_observer(view.observe)
+    engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    view.read()
+    clock.now += 0.25  # the rate limit alone would allow one now
+    engine.step()
+    assert view.number == 1
+    clock.now += 0.25
+    engine.step()
+    assert view.number == 2
+    cost = _read(view, 0)["cost"]
+    assert cost == {"snapshot_ms": 5.0, "total_ms": 10.0, "snapshots": 2}
+
+
+def test_reader_holding_the_latest_gets_events_only_and_busy_slows_the_poll(model):
+    """Exact: ``have`` = the latest number answers ``unchanged`` with the new events and no snapshot keys; a
+    full answer is the latest snapshot's text; ``poll_ms`` is 250 until the engine has stepped for 1 s
+    without a pause, then 1000, and 250 again once it went idle."""
+    engine, clock = _engine(model), FakeClock()
+    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
+    engine.add_observer(view.observe)
+    full = _read(view, 0)
+    assert full["number"] == 1 and full["poll_ms"] == 250 and not full["busy"]
+    assert {k: v for k, v in full.items() if k in json.loads(view.latest)} == json.loads(view.latest)
+    engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    engine.step()  # admits "a": events, but no snapshot (not due yet)
+    same = _read(view, 0, have=1)
+    assert same["unchanged"] is True and same["number"] == 1 and "pools" not in same and "requests" not in same
+    assert [e["kind"] for e in same["events"]] == [e["kind"] for e in _read(view, 0)["events"]]
+    assert "admitted" in [e["kind"] for e in same["events"]]
+    clock.now += 0.99
+    engine.step()  # snapshot 2, taken 0.99 s after the engine started stepping
+    assert _read(view, 0)["poll_ms"] == 250
+    clock.now += 0.01
+    engine.step()
+    busy = _read(view, 0, have=2)
+    assert busy["busy"] is True and busy["poll_ms"] == 1000 and busy["unchanged"] is True
+    view.refresh(engine)  # the engine loop went idle
+    idle = _read(view, 0, have=2)
+    assert idle["busy"] is False and idle["poll_ms"] == 250 and idle["number"] == 3 and "pools" in idle
 
 
 def test_kv_page_is_open_and_snapshot_needs_the_key(server):
@@ -149,6 +220,10 @@ def test_kv_snapshot_carries_ids_and_counts_never_text(server, client):
     assert snap["pools"]["device"]["num_blocks"] == snap["stats"]["blocks_total"]
     assert set(snap["queue_lengths"]) == {"waiting", "running", "swapped"}
     assert "kv_view_marker" not in resp.text
+    again = httpx.get(server.url + f"/kv/snapshot?have={snap['number']}&since={snap['last_event']}",
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).json()
+    assert again["number"] >= snap["number"] and again["events"] == []
+    assert again.get("unchanged") is (again["number"] == snap["number"] or None)
     bad = httpx.get(server.url + "/kv/snapshot?since=soon", headers={"Authorization": f"Bearer {API_KEY}"},
                     timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "query.since"
