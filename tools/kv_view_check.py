@@ -13,19 +13,23 @@ What it does:
    driven over the DevTools protocol, and waits until the page draws cells
    owned by live requests;
 4. fails (exit 1) on any console error or uncaught exception, if no cell is
-   owned by a live request, or if a drawn owner is not a request the page
-   lists in its queues; saves the screenshot.
+   owned by a live request, if a drawn owner is not a request the page lists
+   in its queues, or if a canvas pixel disagrees with its cell's data (the
+   centre of every free cell, and only of those, is the free grey); saves the
+   screenshot.
 
 With ``--throughput`` it then runs ``python -m paged.bench serve`` against a
 second server (no API key: the benchmark sends none) in rounds of three:
 without the page, with a poller reading ``/kv/snapshot`` as an open page does
 (the server's cost of a page opened elsewhere), and with the page open in
-Chromium on this machine (the browser competes for the same cores). It prints
-request throughput and the server's CPU seconds per request of each run, and
-the medians. With ``--cost`` it times one snapshot and its JSON in an engine
-like the check's server and in one with paged's default pool sizes (CPU time,
-so it does not depend on what else the machine runs). Everything listens on
-127.0.0.1 only.
+Chromium on this machine (the browser competes for the same cores); the order
+rotates from round to round. Per run it prints (to stderr) request throughput,
+the server's and the watcher's CPU milliseconds per request, the engine
+thread's share spent on snapshots and the load average; at the end the medians
+and the median, lowest and highest per-round ratio to "without". With
+``--cost`` it times one snapshot and its JSON in an engine like the check's
+server and in one with paged's default pool sizes (CPU time, so it does not
+depend on what else the machine runs). Everything listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -363,9 +367,10 @@ def throughput(chromium: str, rounds: int, num_requests: int) -> dict:
 
 def snapshot_cost(num_blocks: int, swap_space: int, rounds: int = 200) -> dict:
     """CPU milliseconds of one snapshot and of its JSON, in an engine like the server's with 16 requests
-    (some with ``n = 2``) after 40 iterations; and what 4 snapshots a second cost, in % of one core."""
+    (some with ``n = 2``) after 40 iterations; and what they cost in % of one core at the page's two rates
+    (``IDLE_POLL_S`` and, once the engine is busy, ``BUSY_POLL_S``)."""
     from paged import LLM
-    from paged.serve.kv_view import DEFAULT_MAX_PER_SECOND
+    from paged.serve.kv_view import BUSY_POLL_S, IDLE_POLL_S
     from paged.step05_preemption import SamplingParams
 
     engine = LLM(model=str(ROOT / "paged" / "demo" / "model"), dtype="float32", device="cpu", block_size=8, num_blocks=num_blocks, swap_space=swap_space,
@@ -385,7 +390,8 @@ def snapshot_cost(num_blocks: int, swap_space: int, rounds: int = 200) -> dict:
     return {"device_blocks": num_blocks, "host_blocks": engine.swap.allocator.num_blocks,
             "running": len(engine.running), "swapped": len(engine.swapped), "snapshot_ms": snap_ms,
             "json_ms": json_ms, "json_bytes": len(body),
-            "percent_of_one_core": (snap_ms + json_ms) * DEFAULT_MAX_PER_SECOND / 10}
+            "percent_of_one_core_idle_rate": (snap_ms + json_ms) / IDLE_POLL_S / 10,
+            "percent_of_one_core_busy_rate": (snap_ms + json_ms) / BUSY_POLL_S / 10}
 
 
 def main(argv=None) -> int:
@@ -398,6 +404,8 @@ def main(argv=None) -> int:
     p.add_argument("--num-requests", type=int, default=100, help="--throughput: requests per benchmark run")
     p.add_argument("--cost", action="store_true", help="also time one snapshot and its JSON (small and default pools)")
     args = p.parse_args(argv)
+    if args.rounds < 1 or args.num_requests < 1:
+        p.error(f"--rounds and --num-requests must be >= 1, got {args.rounds} and {args.num_requests}")
     if not args.chromium:
         print("kv_view_check: chromium not found: apt-get install -y chromium (or pass --chromium)", file=sys.stderr)
         return 2
