@@ -22,7 +22,9 @@ that thread, between iterations, and handed over whole:
 What watching costs is kept small on three sides:
 
 * **Snapshots on demand.** A snapshot is taken only after a read asked for
-  one, so there are never more snapshots than reads, and none while idle.
+  one, so there are never more snapshots than reads, and none while idle. It
+  is taken shortly (``READ_LEAD_S``) before the reader is due back, so the
+  picture it gets then is fresh, not one poll interval old.
 * **A CPU budget on the engine thread.** Each snapshot (reading the engine and
   encoding the JSON) is timed in the engine thread's CPU time; the next is not
   taken before ``cost / COST_BUDGET`` seconds have passed, so snapshots use at
@@ -55,6 +57,7 @@ COST_BUDGET = 0.01  # snapshots may use this share of the engine thread's time
 IDLE_POLL_S = 0.25  # advised wait between reads while the engine is idle or just started
 BUSY_POLL_S = 1.0  # ... and once it has been stepping without a pause for BUSY_AFTER_S
 BUSY_AFTER_S = 1.0
+READ_LEAD_S = 0.1  # a snapshot asked for is taken this long before the reader is expected back
 
 
 def page() -> str:
@@ -95,6 +98,7 @@ class KVView:
         self._lock = threading.Lock()  # guards _events between the engine thread and readers
         self._last_read = -WATCH_TIMEOUT_S
         self._wanted = False  # a read came after the latest snapshot was taken
+        self._wanted_at = 0.0  # ... and wants the next one from this time on
         self._stepping_since: float | None = None  # when the engine last started stepping after a pause
         self._taken = clock()
         self.latest = ""  # the latest snapshot's JSON text
@@ -130,7 +134,8 @@ class KVView:
                 for event in events:
                     self.num_events += 1
                     self._events.append(event_view(event, self.num_events, self.steps))
-        if self._wanted and self.clock() - self._taken >= self.spacing:
+        now = self.clock()
+        if self._wanted and now >= self._wanted_at and now - self._taken >= self.spacing:
             self._snapshot(engine)
 
     def refresh(self, engine) -> None:
@@ -158,14 +163,14 @@ class KVView:
         ``number`` (the latest snapshot's), ``busy``, ``poll_ms`` (when to read again) and ``cost``
         (the latest snapshot's CPU milliseconds, the total so far, and how many were taken).
         """
-        self._last_read = self.clock()
-        self._wanted = True
+        self._last_read = now = self.clock()
+        busy = self.busy
+        poll_s = BUSY_POLL_S if busy else IDLE_POLL_S
+        self._wanted_at, self._wanted = now + poll_s - READ_LEAD_S, True
         number, latest = self._published  # one pair, whatever the engine thread does meanwhile
         with self._lock:
             events, last = [e for e in self._events if e["n"] > since], self.num_events
-        busy = self.busy
-        tail = json.dumps({"events": events, "last_event": last, "busy": busy,
-                           "poll_ms": round(1000 * (BUSY_POLL_S if busy else IDLE_POLL_S)),
+        tail = json.dumps({"events": events, "last_event": last, "busy": busy, "poll_ms": round(1000 * poll_s),
                            "cost": {"snapshot_ms": round(1e3 * self.cost_s, 3),
                                     "total_ms": round(1e3 * self.total_cost_s, 1), "snapshots": number}})
         if have == number:

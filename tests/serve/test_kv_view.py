@@ -136,7 +136,8 @@ def test_snapshots_only_while_watched_and_at_most_max_per_second(model):
 
 
 def test_snapshots_only_after_a_read_asked_for_one(model):
-    """Exact: watched and due, a snapshot is taken once per read, not once per interval."""
+    """Exact: watched and due, a snapshot is taken once per read, not once per interval, and no sooner than
+    0.25 - 0.1 s after the read (just before the reader, told 250 ms, comes back)."""
     engine, clock = _engine(model), FakeClock()
     view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
     engine.add_observer(view.observe)
@@ -150,6 +151,12 @@ def test_snapshots_only_after_a_read_asked_for_one(model):
         engine.step()
     assert view.number == 2
     view.read()
+    engine.step()
+    assert view.number == 2  # asked for, but taken READ_LEAD_S before the reader is due back (250 ms)
+    clock.now += 0.149
+    engine.step()
+    assert view.number == 2
+    clock.now += 0.001
     engine.step()
     assert view.number == 3
 
