@@ -40,6 +40,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,8 @@ import websocket
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: paged is importable
-from paged.serve.kv_view import WATCH_TIMEOUT_S  # noqa: E402
+from paged.serve.kv_view import WATCH_TIMEOUT_S
+
 API_KEY = "kv-view-check"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--window-size=1400,1000"]
@@ -338,10 +340,12 @@ def throughput(chromium: str, rounds: int, num_requests: int) -> dict:
                     time.sleep(WATCH_TIMEOUT_S + 1)  # the last arm's watching has ended; this one's page is drawn
                     load = os.getloadavg()[0]
                     spent = snapshot_ms_total(url) if watcher else 0.0
-                    cpu, watcher_cpu, start = cpu_seconds(server.pid), watcher.cpu_seconds() if watcher else 0, time.monotonic()
+                    cpu, watcher_cpu = cpu_seconds(server.pid), watcher.cpu_seconds() if watcher else 0.0
+                    start = time.monotonic()
                     rps = bench(url, num_requests)
                     wall = time.monotonic() - start
-                    run = {"req_per_s": rps, "server_cpu_ms_per_req": (cpu_seconds(server.pid) - cpu) / num_requests * 1e3,
+                    server_ms = (cpu_seconds(server.pid) - cpu) / num_requests * 1e3
+                    run = {"req_per_s": rps, "server_cpu_ms_per_req": server_ms,
                            "watcher_cpu_ms_per_req": 0.0, "snapshot_share": 0.0, "load_1min": load}
                     if watcher:
                         run["watcher_cpu_ms_per_req"] = (watcher.cpu_seconds() - watcher_cpu) / num_requests * 1e3
@@ -353,14 +357,13 @@ def throughput(chromium: str, rounds: int, num_requests: int) -> dict:
         finally:
             server.terminate()
             server.wait(30)
-    median = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2  # noqa: E731
-    summary = {arm: {key: median([run[key] for run in runs[arm]]) for key in runs[arm][0]} for arm in ARMS}
+    summary = {arm: {key: statistics.median([run[key] for run in runs[arm]]) for key in runs[arm][0]} for arm in ARMS}
     ratios = {}
     for arm in ("poll", "chromium"):
         ratios[arm] = {}
         for key in ("req_per_s", "server_cpu_ms_per_req"):
             per_round = [w[key] / o[key] for w, o in zip(runs[arm], runs["without"])]
-            ratios[arm][key] = {"median": median(per_round), "min": min(per_round), "max": max(per_round)}
+            ratios[arm][key] = {"median": statistics.median(per_round), "min": min(per_round), "max": max(per_round)}
     return {"rounds": rounds, "num_requests": num_requests, "runs": runs, "median": summary,
             "ratio_to_without": ratios}
 

@@ -182,7 +182,7 @@ def test_cpu_budget_spaces_snapshots_by_their_cost(model):
 def test_reader_holding_the_latest_gets_events_only_and_busy_slows_the_poll(model):
     """Exact: ``have`` = the latest number answers ``unchanged`` with the new events and no snapshot keys; a
     full answer is the latest snapshot's text; ``poll_ms`` is 250 until the engine has stepped for 1 s
-    without a pause, then 1000, and 250 again once it went idle."""
+    without a pause, then 2000, and 250 again once it went idle."""
     engine, clock = _engine(model), FakeClock()
     view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
     engine.add_observer(view.observe)
@@ -201,7 +201,7 @@ def test_reader_holding_the_latest_gets_events_only_and_busy_slows_the_poll(mode
     clock.now += 0.01
     engine.step()
     busy = _read(view, 0, have=2)
-    assert busy["busy"] is True and busy["poll_ms"] == 1000 and busy["unchanged"] is True
+    assert busy["busy"] is True and busy["poll_ms"] == 2000 and busy["unchanged"] is True
     view.refresh(engine)  # the engine loop went idle
     idle = _read(view, 0, have=2)
     assert idle["busy"] is False and idle["poll_ms"] == 250 and idle["number"] == 3 and "pools" in idle
