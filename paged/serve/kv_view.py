@@ -56,7 +56,7 @@ WATCH_TIMEOUT_S = 5.0  # someone watches while a read came in the last this many
 COST_BUDGET = 0.01  # snapshots may use this share of the engine thread's time
 IDLE_POLL_S = 0.25  # advised wait between reads while the engine is idle or just started
 BUSY_POLL_S = 2.0  # ... and once it has been stepping without a pause for BUSY_AFTER_S
-BUSY_AFTER_S = 1.0
+BUSY_AFTER_S = 0.5
 READ_LEAD_S = 0.1  # a snapshot asked for is taken this long before the reader is expected back
 
 

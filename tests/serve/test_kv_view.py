@@ -136,8 +136,8 @@ def test_snapshots_only_while_watched_and_at_most_max_per_second(model):
 
 
 def test_snapshots_only_after_a_read_asked_for_one(model):
-    """Exact: watched and due, a snapshot is taken once per read, not once per interval, and no sooner than
-    0.25 - 0.1 s after the read (just before the reader, told 250 ms, comes back)."""
+    """Exact: watched and due, a snapshot is taken once per read, not once per interval, and not
+    before 0.25 - 0.1 s after the read (just before the reader, told 250 ms, comes back)."""
     engine, clock = _engine(model), FakeClock()
     view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
     engine.add_observer(view.observe)
@@ -150,15 +150,17 @@ def test_snapshots_only_after_a_read_asked_for_one(model):
         clock.now += 0.25
         engine.step()
     assert view.number == 2
+    view.refresh(engine)  # the engine loop went idle (snapshot 3): the next read is told 250 ms, not 2 s
+    clock.now += 0.25  # the rate limit allows the next one from here on
     view.read()
     engine.step()
-    assert view.number == 2  # asked for, but taken READ_LEAD_S before the reader is due back (250 ms)
-    clock.now += 0.149
-    engine.step()
-    assert view.number == 2
-    clock.now += 0.001
+    assert view.number == 3  # asked for, but taken READ_LEAD_S before the reader is due back (250 ms)
+    clock.now += 0.125  # before 0.25 - 0.1 s
     engine.step()
     assert view.number == 3
+    clock.now += 0.05  # after it
+    engine.step()
+    assert view.number == 4
 
 
 def test_cpu_budget_spaces_snapshots_by_their_cost(model):
@@ -181,7 +183,7 @@ def test_cpu_budget_spaces_snapshots_by_their_cost(model):
 
 def test_reader_holding_the_latest_gets_events_only_and_busy_slows_the_poll(model):
     """Exact: ``have`` = the latest number answers ``unchanged`` with the new events and no snapshot keys; a
-    full answer is the latest snapshot's text; ``poll_ms`` is 250 until the engine has stepped for 1 s
+    full answer is the latest snapshot's text; ``poll_ms`` is 250 until the engine has stepped for 0.5 s
     without a pause, then 2000, and 250 again once it went idle."""
     engine, clock = _engine(model), FakeClock()
     view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
@@ -195,8 +197,8 @@ def test_reader_holding_the_latest_gets_events_only_and_busy_slows_the_poll(mode
     assert same["unchanged"] is True and same["number"] == 1 and "pools" not in same and "requests" not in same
     assert [e["kind"] for e in same["events"]] == [e["kind"] for e in _read(view, 0)["events"]]
     assert "admitted" in [e["kind"] for e in same["events"]]
-    clock.now += 0.99
-    engine.step()  # snapshot 2, taken 0.99 s after the engine started stepping
+    clock.now += 0.49
+    engine.step()  # snapshot 2, taken 0.49 s after the engine started stepping
     assert _read(view, 0)["poll_ms"] == 250
     clock.now += 0.01
     engine.step()
