@@ -32,9 +32,12 @@ What watching costs is kept small on three sides:
   never more than ``max_per_second`` a second.
 * **Fewer updates while busy.** When the engine has been stepping without a
   pause for ``BUSY_AFTER_S``, every answer asks the reader to come back in
-  ``BUSY_POLL_S`` instead of ``IDLE_POLL_S`` (``poll_ms``): a browser drawing
-  the page four times a second competes with the engine for the same cores.
-  A short burst of requests is still drawn four times a second.
+  ``BUSY_POLL_S`` instead of ``IDLE_POLL_S`` (``poll_ms``). A browser on the
+  server's machine competes with the engine for the same cores, and its cost
+  is per update (headless Chromium: about 25 ms of CPU for fetching and
+  drawing one), so the rate is what can be cut. An idle engine, or one that
+  just started, is still drawn four times a second, and the page says which
+  rate it follows.
 
 Bounded: a snapshot has at most ``DEFAULT_MAX_CELLS`` cells per pool and lists
 at most ``MAX_LISTED`` requests per queue; the log keeps the last
