@@ -108,10 +108,13 @@ class SharingEngine(Engine):
 
     # -- requests -------------------------------------------------------------
     def _check_group(self, params) -> None:
-        """Groups are allowed: up to ``MAX_BEST_OF`` sequences; beams are deterministic."""
-        if params.best_of > MAX_BEST_OF:
-            raise RequestError(f"best_of (or n) must be <= {MAX_BEST_OF}, got {params.best_of}",
-                               param="best_of", bound=MAX_BEST_OF)
+        """Groups are allowed: up to ``MAX_BEST_OF`` sequences, and no more than one iteration
+        runs (``max_num_seqs``: a group runs whole); beams are deterministic."""
+        bound = min(MAX_BEST_OF, self.max_num_seqs)
+        if params.best_of > bound:
+            why = "" if bound == MAX_BEST_OF else " (max_num_seqs: a group runs whole in one iteration)"
+            raise RequestError(f"best_of (or n) must be <= {bound}{why}, got {params.best_of}",
+                               param="best_of", bound=bound)
         if params.use_beam_search and params.temperature != 0:
             raise RequestError("beam search is deterministic: set temperature=0 "
                                f"(got {params.temperature})", param="temperature", bound=0)

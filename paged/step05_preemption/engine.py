@@ -170,10 +170,11 @@ class PreemptingEngine(SharingEngine):
             tables = [s.block_table for s in live]
             # its blocks back, plus one new block per sequence for the next token (at most); a group
             # alone on the device needs only its blocks back: if its next tokens then do not fit,
-            # it is ended below, where waiting for room that never comes would hang
+            # it is ended below, where waiting for room that never comes would hang. Its tokens
+            # may exceed the token budget only in a plan still empty (as in _fit_to_budget)
             reserve = len(live) if self.running else 0
             if (SwapSpace.distinct_blocks(tables) + reserve > self.allocator.num_free
-                    or len(live) > budget.seqs or len(live) > budget.tokens):
+                    or len(live) > budget.seqs or (len(live) > budget.tokens and plan.seq_ids)):
                 return
             moves = self.swap.swap_in(tables, self.allocator)
             plan.blocks_to_swap_in.extend(moves)

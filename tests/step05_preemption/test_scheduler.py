@@ -82,6 +82,34 @@ def test_sequence_outgrowing_the_whole_pool_ends_instead_of_hanging(model):
     assert engine.allocator.num_used == 0
 
 
+def test_swapped_group_wider_than_the_token_budget_comes_back_when_the_device_is_empty(model):
+    """A found hang: three samples swapped out, a token budget of 2; the group may exceed the
+    budget only in an empty plan, and swap-in refused it even then. Every request must end."""
+    from paged.step02_block_table import KVCache
+
+    cfg = model.config
+    per_block = KVCache.bytes_per_block(cfg.num_layers, 2, cfg.num_kv_heads, cfg.head_dim, torch.float64)
+    engine = PreemptingEngine(model, block_size=2, num_blocks=2, preemption_mode="swap", swap_space=2 * per_block,
+                              max_num_batched_tokens=2, attention_backend="reference")
+    engine.add_request("greedy", [3], SamplingParams(max_tokens=6, **GREEDY))
+    engine.add_request("samples", [3], SamplingParams(n=3, temperature=1.0, seed=0, max_tokens=6, ignore_eos=True))
+    swapped_out, steps = False, 0
+    while engine.has_unfinished():
+        engine.step()
+        swapped_out |= bool(engine.swapped)
+        steps += 1
+        assert steps <= 100, "the swapped group never came back"
+    assert swapped_out, "the case no longer swaps: it tests nothing"
+    assert engine.allocator.num_used == 0 and engine.swap.allocator.num_used == 0
+
+
+def test_group_wider_than_an_iteration_is_refused(model):
+    engine = _engine(model, num_blocks=16, max_num_seqs=2)
+    with pytest.raises(ValueError, match=r"best_of \(or n\) must be <= 2 \(max_num_seqs"):
+        engine.add_request("wide", [1, 2], SamplingParams(n=3, temperature=1.0))
+    assert not engine.has_unfinished()
+
+
 def test_abort_of_swapped_request_frees_host_blocks(model):
     engine = _engine(model, num_blocks=8, preemption_mode="swap")
     for i in range(3):
