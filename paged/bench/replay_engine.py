@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from paged.bench import throughput
+from paged.bench.reservation import ReservingEngine
 from paged.models.config import ModelConfig
 from paged.models.loader import LoadedModel
 from paged.step02_block_table import KVCache
@@ -126,7 +126,7 @@ class ReplayRunner:
         return SampleResult(token, lp, tops)
 
 
-class ReplayEngine(throughput.ReservingEngine):
+class ReplayEngine(ReservingEngine):
     """The throughput bench's engine with ``ReplayRunner``; ``cost`` sets the runner's clock.
 
     Args:

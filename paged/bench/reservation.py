@@ -109,10 +109,10 @@ class ReservingEngine(PreemptingEngine):
         return out
 
     # --8<-- [start:admissible]
-    def _admissible(self, req, work) -> bool:
+    def _admissible(self, req, need) -> bool:
         """Paged: its first blocks are free. Orca: also, all its chunks can be placed now — then
         they are, and held until it ends (the scheduler admits it right after this answer)."""
-        if not super()._admissible(req, work):
+        if not super()._admissible(req, need):
             return False
         if not self.reserving:
             return True

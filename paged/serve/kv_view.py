@@ -94,7 +94,6 @@ class KVView:
         self.cost_clock = cost_clock
         self.steps = 0
         self.num_events = 0
-        self.number = 0  # snapshots taken so far; the latest one's number
         self.cost_s = 0.0  # CPU seconds of the latest snapshot (reading the engine and encoding it)
         self.total_cost_s = 0.0
         self._events: deque[dict] = deque(maxlen=max_events)
@@ -104,13 +103,22 @@ class KVView:
         self._wanted_at = 0.0  # ... and wants the next one from this time on
         self._stepping_since: float | None = None  # when the engine last started stepping after a pause
         self._taken = clock()
-        self.latest = ""  # the latest snapshot's JSON text
-        self._published = (0, "")  # (number, text) of the latest snapshot, replaced whole for readers
+        self._published = (0, "")  # (number, JSON text) of the latest snapshot, replaced whole for readers
         self.refresh(engine)  # the first taken here, before the engine thread starts
 
     @property
     def watched(self) -> bool:
         return self.clock() - self._last_read < WATCH_TIMEOUT_S
+
+    @property
+    def number(self) -> int:
+        """Snapshots taken so far: the latest one's number."""
+        return self._published[0]
+
+    @property
+    def latest(self) -> str:
+        """The latest snapshot's JSON text."""
+        return self._published[1]
 
     @property
     def busy(self) -> bool:
@@ -154,7 +162,6 @@ class KVView:
         text = json.dumps({**engine.kv_snapshot(), "number": number, "step": self.steps, "time": time.time()})
         self.cost_s = self.cost_clock() - start
         self.total_cost_s += self.cost_s
-        self.number, self.latest = number, text
         self._published = (number, text)
 
     # -- readers (the event loop) ---------------------------------------------------------

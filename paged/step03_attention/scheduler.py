@@ -144,13 +144,14 @@ class Scheduler:
             work = self._fit_to_budget(req, budget, plan)
             if work is None:
                 return
-            if self._blocks_needed(work) > self.allocator.num_blocks:  # more than the whole pool
+            need = self._blocks_needed(work)
+            if need > self.allocator.num_blocks:  # more than the whole pool
                 self.waiting.popleft()
                 logger.warning("request %s needs more KV blocks than the cache has (%d); ending it",
                                req.request_id, self.allocator.num_blocks)
                 self._end(req, "length")
                 continue
-            if not self._admissible(req, work):
+            if not self._admissible(req, need):
                 return
             self.waiting.popleft()
             self._insert(self.running, req)
@@ -158,10 +159,10 @@ class Scheduler:
             self._give_slots(plan, req, work, budget)
     # --8<-- [end:admit]
 
-    def _admissible(self, req: Request, work: list) -> bool:
-        """May ``req`` start now? When the free blocks cover its first slots (paged: nothing
-        is reserved ahead; a contiguous-reservation baseline asks more here)."""
-        return self._blocks_needed(work) <= self.allocator.num_free
+    def _admissible(self, req: Request, need: int) -> bool:
+        """May ``req`` start now? When the free blocks cover the ``need`` blocks of its first slots
+        (paged: nothing is reserved ahead; a contiguous-reservation baseline asks more here)."""
+        return need <= self.allocator.num_free
 
     # --8<-- [start:insert]
     @staticmethod

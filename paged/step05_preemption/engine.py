@@ -166,24 +166,19 @@ class PreemptingEngine(SharingEngine):
     def _resume_swapped(self, plan, budget) -> None:
         while self.swapped:
             req = self.swapped[0]
-            live = [s for s in req.seqs if not s.is_finished]
-            tables = [s.block_table for s in live]
+            tables = [s.block_table for s in req.seqs if not s.is_finished]
+            work = self._fit_to_budget(req, budget, plan)  # the budgets as for any running group
             # its blocks back, plus one new block per sequence for the next token (at most); a group
             # alone on the device needs only its blocks back: if its next tokens then do not fit,
-            # it is ended below, where waiting for room that never comes would hang. Its tokens
-            # may exceed the token budget only in a plan still empty (as in _fit_to_budget)
-            reserve = len(live) if self.running else 0
-            if (SwapSpace.distinct_blocks(tables) + reserve > self.allocator.num_free
-                    or len(live) > budget.seqs or (len(live) > budget.tokens and plan.seq_ids)):
+            # it is ended below, where waiting for room that never comes would hang
+            reserve = len(tables) if self.running else 0
+            if work is None or SwapSpace.distinct_blocks(tables) + reserve > self.allocator.num_free:
                 return
             moves = self.swap.swap_in(tables, self.allocator)
             plan.blocks_to_swap_in.extend(moves)
             self._record("swapped_in", req, blocks=moves)
             self.swapped.popleft()
             self._insert(self.running, req)
-            work = self._fit_to_budget(req, budget, plan)
-            if work is None:
-                continue
             if self._blocks_needed(work) <= self.allocator.num_free:
                 self._give_slots(plan, req, work, budget)
             elif self.running == [req]:  # alone, its blocks back, and its next tokens still do not fit

@@ -23,6 +23,7 @@ tokens per completion, and every device and host block must be free.
 All checks are exact (integers); the model's values do not matter here.
 """
 
+import functools
 import math
 
 import torch
@@ -38,13 +39,10 @@ VOCAB = 64
 MAX_REQUESTS = 8
 FINISH_WITHIN = 3000  # iterations after the last arrival
 
-_MODEL = []
-
-
+@functools.cache
 def _model():
-    if not _MODEL:  # built once per process: a few milliseconds per iteration
-        _MODEL.append(load_random_llama(vocab_size=VOCAB, max_position_embeddings=64))
-    return _MODEL[0]
+    """Built once per process (a few milliseconds per iteration)."""
+    return load_random_llama(vocab_size=VOCAB, max_position_embeddings=64)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
