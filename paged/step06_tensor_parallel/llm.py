@@ -25,9 +25,11 @@ class LLM(Step05LLM):
         tensor_parallel_size: W shards of the model, each in its own process (rank 0 is this one).
         launcher: ``"spawn"`` (start the W-1 workers here) or ``"torchrun"`` (they were started by
             torchrun, maybe on other machines; see ``python -m paged.step06_tensor_parallel.torchrun_entry``).
-        nnodes, master_addr, master_port: across hosts (spawn): this is node 0 of ``nnodes``, holding
-            ranks 0..W/nnodes-1; the other nodes join at ``master_addr:master_port`` (vLLM's names; see
-            ``paged.step06_tensor_parallel.hosts`` and ``python -m paged.serve --headless``).
+        nnodes: across hosts (spawn): this is node 0 of ``nnodes``, holding ranks 0..W/nnodes-1; the
+            other nodes join from their hosts (``python -m paged.serve --headless``; see
+            ``paged.step06_tensor_parallel.hosts``).
+        master_addr: this host's address, as the other nodes reach it (vLLM's name).
+        master_port: the port the other nodes' ranks join at (vLLM's name).
         distributed_timeout: seconds any one collective may wait (default 300); across hosts, how soon a
             cut link is noticed.
         join_timeout: seconds to wait for the other nodes' ranks (default 600).
