@@ -86,8 +86,9 @@ soak: install
 kv-view-check: install
 	$(PY) tools/kv_view_check.py --screenshot docs/figures/serving_kv_view.png
 
-# On a machine with a CUDA GPU: build csrc/cuda, run the cuda-marked tests and the
-# kernel benchmark, and keep each one's output in $(OUT). Uses the venv
+# On a machine with a CUDA GPU: build csrc/cuda, run the cuda-marked tests (the GPU
+# counterparts of every test that `make test` runs on the device emulation, kernels
+# and engine) and the kernel benchmark, and keep each one's output in $(OUT). Uses the venv
 # if there is one, else creates it; PY=/path/to/python picks another interpreter
 # or a name on PATH (it needs a CUDA build of torch). Fails if any step fails.
 gpu-check:
