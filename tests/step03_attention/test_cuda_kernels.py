@@ -364,7 +364,6 @@ def test_cuda_emulated_decode_dispatches_by_block_table_width():
         (query, key_cache, value_cache, tables, context_lens), _ = _build(batch, torch.float32, "cpu")
         got = module.paged_attention_decode(query, key_cache, value_cache, tables, context_lens, 0.17)
         want = getattr(module, f"paged_attention_{version}")(query, key_cache, value_cache, tables, context_lens, 0.17)
-        other = getattr(module, "paged_attention_v1" if version == "v2" else "paged_attention_v2")(
-            query, key_cache, value_cache, tables, context_lens, 0.17, partition_size=16
-        )
+        args = (query, key_cache, value_cache, tables, context_lens, 0.17)
+        other = module.paged_attention_v1(*args) if version == "v2" else module.paged_attention_v2(*args, partition_size=16)
         assert torch.equal(got, want) and not torch.equal(got, other), lens
