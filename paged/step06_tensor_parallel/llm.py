@@ -10,8 +10,11 @@ everything is as at step05.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from paged.step05_preemption import LLM as Step05LLM
 from paged.step06_tensor_parallel.engine import TensorParallelEngine
+from paged.step06_tensor_parallel.hosts import DEFAULT_MASTER_PORT, Nodes
 from paged.step06_tensor_parallel.sharded_model import load_sharded
 
 
@@ -22,14 +25,30 @@ class LLM(Step05LLM):
         tensor_parallel_size: W shards of the model, each in its own process (rank 0 is this one).
         launcher: ``"spawn"`` (start the W-1 workers here) or ``"torchrun"`` (they were started by
             torchrun, maybe on other machines; see ``python -m paged.step06_tensor_parallel.torchrun_entry``).
+        nnodes, master_addr, master_port: across hosts (spawn): this is node 0 of ``nnodes``, holding
+            ranks 0..W/nnodes-1; the other nodes join at ``master_addr:master_port`` (vLLM's names; see
+            ``paged.step06_tensor_parallel.hosts`` and ``python -m paged.serve --headless``).
+        distributed_timeout: seconds any one collective may wait (default 300); across hosts, how soon a
+            cut link is noticed.
+        join_timeout: seconds to wait for the other nodes' ranks (default 600).
         **engine_args (Any): as ``paged.step05_preemption.LLM``.
     """
 
     engine_class = TensorParallelEngine
 
     def __init__(self, model: str | None = None, dtype="auto", device: str = "cpu",
-                 tensor_parallel_size: int = 1, launcher: str = "spawn", **engine_args) -> None:
+                 tensor_parallel_size: int = 1, launcher: str = "spawn", nnodes: int = 1,
+                 master_addr: str = "127.0.0.1", master_port: int = DEFAULT_MASTER_PORT,
+                 distributed_timeout: float | None = None, join_timeout: float | None = None,
+                 **engine_args) -> None:
         self.tensor_parallel_size, self.launcher = tensor_parallel_size, launcher
+        self.nodes = Nodes(nnodes, master_addr, master_port)
+        self.nodes.check(tensor_parallel_size)
+        for name, seconds in (("distributed_timeout", distributed_timeout), ("join_timeout", join_timeout)):
+            if seconds is not None and not seconds > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {seconds}")
+        self._timeouts = {k: timedelta(seconds=v) for k, v in
+                          (("timeout", distributed_timeout), ("join_timeout", join_timeout)) if v is not None}
         try:
             super().__init__(model, dtype, device, tensor_parallel_size=tensor_parallel_size, **engine_args)
         except BaseException:  # e.g. an unknown engine argument: do not leave workers behind
@@ -41,7 +60,8 @@ class LLM(Step05LLM):
     def _load_model(self, dtype, device):
         if self.tensor_parallel_size == 1:
             return super()._load_model(dtype, device)
-        return load_sharded(self.model_path, dtype, device, self.tensor_parallel_size, launcher=self.launcher)
+        return load_sharded(self.model_path, dtype, device, self.tensor_parallel_size, launcher=self.launcher,
+                            nodes=self.nodes, **self._timeouts)
 
     def close(self) -> None:
         """Stop the worker processes (when ``tensor_parallel_size > 1``)."""

@@ -35,6 +35,7 @@ from multiprocessing import connection
 import torch
 
 from paged.step06_tensor_parallel.group import TPGroup, is_communication_error
+from paged.step06_tensor_parallel.hosts import LOST_AFTER_S
 from paged.step06_tensor_parallel.worker_loop import ERROR_KEY
 
 FAULT_GRACE_S = 5.0  # after a failed collective: time for the worker at fault to report or die
@@ -59,6 +60,13 @@ class _Worker:
     process: object | None = None  # spawned here; None when torchrun started it (maybe elsewhere)
     conn: object | None = None  # our end of its pipe (spawned workers only)
     report: tuple | None = None  # its error report, once received
+    host: str | None = None  # on another host: its address (and node), for the messages
+    node: int | None = None
+    lost: bool = False  # on another host: its heartbeat stopped
+
+    def where(self) -> str:
+        """``rank 1`` here, ``rank 1 on host 10.0.0.2 (node 1)`` across hosts."""
+        return f"rank {self.rank}" + (f" on host {self.host} (node {self.node})" if self.host else "")
 
 
 def _describe_exit(code: int) -> str:
@@ -84,6 +92,7 @@ class WorkerGroup:
         self.group: TPGroup | None = None  # rank 0's group, once every rank joined
         self.stopped: str | None = None  # why, once stopped
         self.threads_before: int | None = None  # rank 0's intra-op threads before it shared the cores
+        self.heartbeats = None  # hosts.Heartbeats of the ranks on other hosts, once they joined
         atexit.register(_stop_at_exit, weakref.ref(self))
 
     @property
@@ -121,12 +130,14 @@ class WorkerGroup:
                 except Exception:  # the store went away with the failure: nothing to read
                     pass
             dead = w.process is not None and w.process.exitcode is not None
+            if remote and self.heartbeats is not None and w.host is not None and not w.lost:
+                w.lost = w.rank in self.heartbeats.lost()
             bad |= w.report is not None or dead
         return bad
 
     # --8<-- [start:culprit]
     def _culprit(self) -> tuple[int, str, bool] | None:
-        """(rank, cause, certain): a model error first, then a death, then a broken connection."""
+        """(rank, cause, certain): a model error first, then a death or a lost host, then a broken connection."""
         reports = sorted((w.report for w in self.workers if w.report), key=lambda r: r[4])
         for _, rank, what, tb, _, from_collective in reports:
             if not from_collective:
@@ -134,6 +145,9 @@ class WorkerGroup:
         for w in self.workers:
             if w.report is None and w.process is not None and w.process.exitcode is not None:
                 return w.rank, f"(pid {w.process.pid}) {_describe_exit(w.process.exitcode)}", True
+            if w.report is None and w.lost:
+                return w.rank, (f"was lost: no heartbeat for {self.heartbeats.silent_for(w.rank):.0f} s "
+                                "(the host is down, the process was killed or the link is cut)"), True
         if reports:
             return reports[0][1], f"raised {reports[0][2]}", False
         return None
@@ -145,6 +159,8 @@ class WorkerGroup:
             self.stop("interrupted", graceful=False)
             raise exc
         grace = FAULT_GRACE_S if exc is None or is_communication_error(exc) else 0.0
+        if grace and self.heartbeats is not None:  # time for a silent host's counter to count as lost
+            grace = max(grace, LOST_AFTER_S + 2.0)
         deadline, found, first_seen = time.monotonic() + grace, None, None
         while True:
             self._poll(remote=True)
@@ -159,7 +175,8 @@ class WorkerGroup:
         self.stop("a worker failed" if found else f"the driver failed: {exc!r}", graceful=False)
         if found is not None:
             rank, cause, _ = found
-            raise WorkerError(f"tensor-parallel worker rank {rank} {cause}\n(all {self.world_size} "
+            where = next(w.where() for w in self.workers if w.rank == rank)
+            raise WorkerError(f"tensor-parallel worker {where} {cause}\n(all {self.world_size} "
                               "processes of the engine are stopped)", rank) from exc
         if exc is None:
             raise WorkerError("a tensor-parallel worker stopped without a report")
@@ -247,6 +264,8 @@ class WorkerGroup:
         for w in self.workers:
             if w.conn is not None:
                 w.conn.close()
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
         if self.group is not None:
             self.group.close()
         if self.threads_before is not None:

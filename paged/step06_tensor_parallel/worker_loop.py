@@ -13,18 +13,22 @@ Messages, broadcast by rank 0 (the same to every rank):
     ("fault", rank, text)            debug: rank ``rank`` raises ``RuntimeError(text)`` at its next plan
     ("stop",)                        return
 
-Two ways to start one: spawned by the driver (``worker_main``; a pipe carries
-error reports and debug replies back) or by ``torchrun`` on another machine
-(``torchrun_worker``; error reports go through the rendezvous store). Either
-way an exception is reported with the rank, and the process exits at once, so
-its sockets close and every peer blocked in a collective stops waiting.
+Three ways to start one: spawned by the driver (``worker_main``; a pipe
+carries error reports and debug replies back), by ``torchrun`` on another
+machine (``torchrun_worker``), or by a headless host (``hosts.serve_node``);
+the last two have no pipe and leave their error reports in the rendezvous
+store (``store_worker``). Either way an exception is reported with the rank,
+and the process exits at once, so its sockets close and every peer blocked in
+a collective stops waiting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -89,6 +93,30 @@ def serve(group: TPGroup, loaded, reply) -> None:
 # --8<-- [end:serve]
 
 
+@contextlib.contextmanager
+def main_module_hidden():
+    """While workers start, hide the driver's ``__main__`` from ``multiprocessing``'s spawn.
+
+    Spawn re-runs the parent's main module in every child so that functions
+    defined there can be unpickled. A worker needs nothing from it (its entry
+    point is ``worker_main`` or ``hosts.remote_rank_main``), and re-running a script or a
+    ``python -m`` entry point that is not guarded by
+    ``if __name__ == "__main__":`` would start a second server, or a second
+    engine, in each worker. Spawn reads ``__spec__`` and ``__file__`` once, in
+    ``Process.start()``; both are restored right after.
+    """
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            del main.__spec__
+
+
 def share_cpu_cores(ranks_here: int) -> int:
     """Give this rank ``cores // ranks_here`` intra-op threads (at least 1); returns the old count.
 
@@ -102,19 +130,19 @@ def share_cpu_cores(ranks_here: int) -> int:
 
 
 def run(rank: int, world_size: int, store, path, dtype, device: torch.device, reply,
-        timeout: timedelta, init_timeout: timedelta, ranks_here: int) -> None:
+        timeout: timedelta, init_timeout: timedelta, ranks_here: int, address: str | None = None) -> None:
     """Join the group, load this rank's shard, wait for the others, then serve."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
         share_cpu_cores(ranks_here)
-    group = connect(rank, world_size, store, device.type, timeout)
+    group = connect(rank, world_size, store, device.type, timeout, address)
     loaded = load_shard(path, dtype, device, group)
     group.barrier(init_timeout)  # every rank holds its shard
     serve(group, loaded, reply)
 
 
-def _exit_with_parent() -> None:
+def exit_with_parent() -> None:
     """A spawned worker ends when its driver process ends, even if the driver was killed."""
     import multiprocessing
 
@@ -123,18 +151,22 @@ def _exit_with_parent() -> None:
         threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
 
 
-def worker_main(rank, world_size, port, path, dtype, device_type, conn, timeout_s, init_timeout_s) -> None:
-    """Entry point of a worker spawned by the driver (``torch.multiprocessing``, spawn)."""
+def worker_main(rank, world_size, port, path, dtype, device_type, conn, timeout_s, init_timeout_s,
+                host: str = "127.0.0.1", address: str | None = None, ranks_here: int | None = None) -> None:
+    """Entry point of a worker spawned by the driver (``torch.multiprocessing``, spawn).
+
+    ``host:port`` is the driver's store; ``address`` this rank's IP for gloo (across hosts).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle: it stops us
-    _exit_with_parent()
+    exit_with_parent()
     code = 0
     try:
         conn.send(("started", rank))
         init = timedelta(seconds=init_timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=init)
+        store = dist.TCPStore(host, port, world_size, False, timeout=init)
         device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
         run(rank, world_size, store, path, dtype, device, conn.send, timedelta(seconds=timeout_s), init,
-            ranks_here=world_size)
+            ranks_here=ranks_here or world_size, address=address)
     except BaseException as exc:  # report, then exit at once so the peers' sockets close
         code = 1
         try:
@@ -152,13 +184,21 @@ def torchrun_worker(path, dtype, device_type: str, timeout: timedelta, init_time
     store, rank, world_size = next(dist.rendezvous("env://", timeout=init_timeout))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return store_worker(store, rank, world_size, path, dtype, device, timeout, init_timeout, ranks_here)
 
+
+def store_worker(store, rank: int, world_size: int, path, dtype, device: torch.device, timeout: timedelta,
+                 init_timeout: timedelta, ranks_here: int, address: str | None = None) -> int:
+    """A worker with no pipe to the driver (torchrun, or a headless host): errors go to the store.
+
+    Returns the exit code: 0 after the driver's stop, 1 after an error.
+    """
     def reply(msg):
         raise RuntimeError("debug replies need a spawned worker (a pipe to the driver)")
 
     try:
-        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        run(rank, world_size, store, path, dtype, device, reply, timeout, init_timeout, ranks_here)
+        run(rank, world_size, store, path, dtype, device, reply, timeout, init_timeout, ranks_here, address)
         return 0
     except BaseException as exc:
         traceback.print_exc()
