@@ -65,8 +65,7 @@ PAGE_PROBE = r"""
   const paragraphs = [...document.querySelectorAll(".md-content p")]
                        .filter(p => !p.closest("pre, code, .highlight, .jp-OutputArea"));
   const code = /^\s*((async\s+)?def\s+\w+\s*\(|class\s+\w+\s*[(:]|from\s+[\w.]+\s+import\s|import\s+[\w.]+\s*$|@[\w.]+\s*$)|--8<--/m;
-  const listItem = /
-\s*([-*+]|\d+[.)])\s+\S/;
+  const listItem = /\n\s*([-*+]|\d+[.)])\s+\S/;
   const unfenced = paragraphs.filter(p => code.test(p.textContent)).map(p => p.textContent.trim().slice(0, 60));
   const swallowed = paragraphs.filter(p => listItem.test(p.textContent))
                       .map(p => { const t = p.textContent, i = t.search(listItem);
