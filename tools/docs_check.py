@@ -21,7 +21,8 @@ it reports:
 Each page's height at 1280 px wide is in the report (a learner page should stay
 under about 8 000 px).
 
-It writes one full-page screenshot per page and ``report.txt`` into the output
+It writes one full-page screenshot per page (but the ``source/`` pages of repository
+files, each one code block) and ``report.txt`` into the output
 folder, prints the report, and exits 1 if any page has a problem. Chromium is
 driven through its DevTools protocol over a websocket (``websocket-client``).
 """
@@ -170,8 +171,8 @@ def problems_in_events(events: list[dict]) -> list[str]:
     return found
 
 
-def check_page(tab: DevTools, url: str, screenshot: Path) -> tuple[list[str], int]:
-    """Load one page, collect its problems, save its screenshot; return them and its height."""
+def check_page(tab: DevTools, url: str, screenshot: Path | None) -> tuple[list[str], int]:
+    """Load one page, collect its problems, save its screenshot (unless None); return them and its height."""
     tab.events.clear()
     tab.send("Page.navigate", url=url)
     tab.wait_for("Page.loadEventFired")
@@ -185,6 +186,8 @@ def check_page(tab: DevTools, url: str, screenshot: Path) -> tuple[list[str], in
               for text in probe["unfenced"]]
     found += [f"a list swallowed by a paragraph (no blank line before it, or its item "
               f"indented < 4 spaces?): {text!r}" for text in probe["swallowed"]]
+    if screenshot is None:
+        return found, probe["height"]
     height = min(probe["height"], MAX_SCREENSHOT_HEIGHT)
     shot = tab.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
                     clip={"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1})
@@ -210,8 +213,9 @@ def main(site: str = "site", out: str = "build/docs-check") -> int:
                 tab.send(f"{domain}.enable")
             for page in pages:
                 name = page.as_posix().removesuffix("index.html").strip("/") or "home"
-                found, height = check_page(tab, base + page.as_posix(),
-                                           out_dir / f"{name.replace('/', '_')}.png")
+                # a repository file's page (tools/mkdocs_sources.py) is one code block: checked, not pictured
+                shot = None if name.startswith("source/") else out_dir / f"{name.replace('/', '_')}.png"
+                found, height = check_page(tab, base + page.as_posix(), shot)
                 total += len(found)
                 report.append(f"{'ok  ' if not found else 'FAIL'} {page.as_posix():<48} {height:>6} px"
                               + "".join(f"\n       {p}" for p in found))

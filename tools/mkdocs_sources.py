@@ -25,7 +25,7 @@ ROOTS = ("paged", "tests", "labs", "tools", "csrc")
 SOURCE_DIR = "source"
 # a repository path in inline code, optionally followed by a snippet section (":name") or a line range
 NAMED = re.compile(r"`((?:%s)/[A-Za-z0-9_./-]*)(?::[\w:-]+)?`" % "|".join(ROOTS))
-CODE = re.compile(r'(?<![">])<code>((?:%s)/[A-Za-z0-9_./-]*)((?::[\w:-]+)?)</code>' % "|".join(ROOTS))
+CODE = re.compile(r'<code>((?:%s)/[A-Za-z0-9_./-]*)((?::[\w:-]+)?)</code>' % "|".join(ROOTS))
 IMAGE = re.compile(r"<img\b[^>]*>")
 LANG = {".py": "python", ".cpp": "cpp", ".h": "cpp", ".cu": "cuda", ".cuh": "cuda", ".js": "js",
         ".html": "html", ".css": "css", ".toml": "toml", ".txt": "text", ".md": "text", ".json": "json"}
