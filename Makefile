@@ -77,6 +77,13 @@ docs-check: docs
 waste: install
 	$(PY) -m paged.bench waste
 
+# A lab: step NN's own tests against your functions in labs/stepNN.py (docs/labs.md), e.g.
+# `make lab STEP=02`; SOURCE=reference runs the reference's functions through the same switch.
+.PHONY: lab
+lab:
+	@test -n "$(STEP)" || { echo "usage: make lab STEP=NN [SOURCE=reference] (labs: 01 02 03 06)" >&2; exit 2; }
+	$(PY) -m tests.labs $(STEP) $(if $(filter reference,$(SOURCE)),--reference)
+
 # Mutation testing of the scheduler and block-manager modules of steps 01-05 ([tool.mutmut] in
 # pyproject.toml) against the model-free scheduler tests; prints the killed / survived counts.
 # Not part of `make test` (about 10 min on 2 cores); mutmut (the `mutation` extra) is installed on first use.
