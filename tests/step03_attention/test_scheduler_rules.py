@@ -120,3 +120,14 @@ def test_rule_the_reservation_is_asked_at_admission_and_told_at_retirement():
     log.allow = True
     assert h.tick().kinds("admitted") == ["A", "B"] and log.asked == ["A", "A", "B"]
     assert log.released == ["A", "B"] and h.allocator.num_free == 8
+
+
+def test_rule_the_sequence_budget_caps_the_batch_fcfs():
+    """``max_num_seqs=2``: of three one-block requests with room for all, exactly the first two run
+    in an iteration; the third starts when one of them ends."""
+    h = Harness(Scheduler, num_blocks=16, max_num_seqs=2)
+    h.add(2, max_tokens=1, rid="A")
+    h.add(2, max_tokens=3, rid="B")
+    h.add(2, max_tokens=1, rid="C")
+    assert h.tick().kinds("admitted") == ["A", "B"] and h.ids(h.waiting) == ["C"]
+    assert h.tick().kinds("admitted") == ["C"]
