@@ -8,7 +8,7 @@ KATEX  := tools/katex/node_modules/.package-lock.json
 # The notebooks, executed once into build/notebooks/ whenever they or the code change.
 NB_RUN := build/notebooks/.executed
 
-.PHONY: install test test-deep docs notebooks docs-check waste clean gpu-check chat-model
+.PHONY: install test test-deep lint docs notebooks docs-check waste clean gpu-check chat-model
 
 install: $(STAMP) $(KATEX) chat-model iproute2
 
@@ -42,9 +42,13 @@ $(KATEX): tools/katex/package-lock.json
 	npm ci --prefix tools/katex --no-audit --no-fund --silent
 
 # The docs build runs every notebook (once, when stale) and renders the executed copies.
-test: install
+test: install lint
 	$(PY) -m pytest -p no:cacheprovider
 	$(MAKE) docs
+
+# pyflakes and pycodestyle over the code ([tool.ruff] in pyproject.toml); part of `make test`.
+lint: install
+	$(VENV)/bin/ruff check .
 
 # The property-based tests with the randomized `dev` profile: new examples on every run, ten times
 # as many as `make test` (about 20 min on 2 cores). Run it before calling a change to a step done.
@@ -73,6 +77,23 @@ docs-check: docs
 waste: install
 	$(PY) -m paged.bench waste
 
+# A lab: step NN's own tests against your functions in labs/stepNN.py (docs/labs.md), e.g.
+# `make lab STEP=02`; SOURCE=reference runs the reference's functions through the same switch.
+.PHONY: lab
+lab:
+	@test -n "$(STEP)" || { echo "usage: make lab STEP=NN [SOURCE=reference] (labs: 01 02 03 06)" >&2; exit 2; }
+	$(PY) -m tests.labs $(STEP) $(if $(filter reference,$(SOURCE)),--reference)
+
+# Mutation testing of the scheduler and block-manager modules of steps 01-05 ([tool.mutmut] in
+# pyproject.toml) against the model-free scheduler tests; prints the killed / survived counts.
+# Not part of `make test` (about 10 min on 2 cores); mutmut (the `mutation` extra) is installed on first use.
+.PHONY: mutation
+mutation: install
+	$(PY) -c 'import mutmut' 2>/dev/null || $(PY) -m pip install --quiet -e '.[mutation]'
+	rm -rf mutants
+	HYPOTHESIS_PROFILE=mutation $(VENV)/bin/mutmut run --max-children $(or $(JOBS),2)
+	$(VENV)/bin/mutmut results
+
 .PHONY: serve fuzz soak
 serve: install
 	$(PY) -m paged.serve
@@ -94,8 +115,9 @@ soak: install
 kv-view-check: install
 	$(PY) tools/kv_view_check.py --screenshot docs/figures/serving_kv_view.png
 
-# On a machine with a CUDA GPU: build csrc/cuda, run the cuda-marked tests and the
-# kernel benchmark, and keep each one's output in $(OUT). Uses the venv
+# On a machine with a CUDA GPU: build csrc/cuda, run the cuda-marked tests (the GPU
+# counterparts of every test that `make test` runs on the device emulation, kernels
+# and engine) and the kernel benchmark, and keep each one's output in $(OUT). Uses the venv
 # if there is one, else creates it; PY=/path/to/python picks another interpreter
 # or a name on PATH (it needs a CUDA build of torch). Fails if any step fails.
 gpu-check:

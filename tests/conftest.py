@@ -6,7 +6,8 @@ whole suite stays well inside CI's budget; it is derandomized, so CI replays
 the same examples on every run and a red run reproduces. ``dev`` is randomized
 and runs more examples: ``make test-deep`` runs the property tests with it
 (new examples every time; a failure prints the seed to reproduce it with
-``--hypothesis-seed``). The header of every run names the profile.
+``--hypothesis-seed``). ``mutation`` (``make mutation``) is ``ci`` with few
+examples, as the tests run once per mutant. The header of every run names the profile.
 """
 
 import os
@@ -22,6 +23,11 @@ settings.register_profile(
     derandomize=True,
 )
 settings.register_profile("dev", deadline=None, max_examples=300)
+# tests/test_labs.py: a lab's tests through the lab switch, fewer examples (the suite runs them in full)
+settings.register_profile("labcheck", settings.get_profile("ci"), max_examples=8)
+# `make mutation` runs the model-free scheduler tests once per mutant: few examples, the same every run
+settings.register_profile("mutation", deadline=None, max_examples=8, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
@@ -47,3 +53,86 @@ def pytest_collection_modifyitems(config, items):
         parts = item.nodeid.split("/")
         if len(parts) > 1 and parts[1].startswith("step") and parts[1][4:6].isdigit():
             item.add_marker(getattr(pytest.mark, parts[1][:6]))
+    if getattr(config, "_lab", None):  # make lab STEP=NN: only the lab's tests
+        _lab_deselect(config, items)
+
+
+# -- labs: `make lab STEP=NN` (tests/labs.py) ---------------------------------------------------
+def pytest_addoption(parser):
+    group = parser.getgroup("labs", "the learner's labs (tests/labs.py, labs/stepNN.py)")
+    group.addoption("--lab", metavar="NN", default=None,
+                    help="run step NN's lab: its tests, with labs/stepNN.py's functions in place of the reference's")
+    group.addoption("--lab-source", metavar="labs|reference|FILE", default="labs",
+                    help="where the lab's functions come from (default labs/stepNN.py)")
+
+
+def pytest_configure(config):
+    if config.getoption("--lab", default=None):
+        from tests import labs
+
+        try:
+            config._lab = labs.install(config.getoption("--lab"), config.getoption("--lab-source"))
+        except ValueError as err:
+            raise pytest.UsageError(str(err)) from None
+        config._lab_failures = []
+        # one failure per test, shrunk, rather than a group of every distinct bug found
+        settings.register_profile("lab", settings(settings(), report_multiple_bugs=False))
+        settings.load_profile("lab")
+
+
+def _lab_deselect(config, items):
+    from tests import labs
+
+    _, lab, _ = config._lab
+    keep = [i for i in items if labs.selected(i.nodeid, lab)]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is None or not report.failed or not getattr(item.config, "_lab", None):
+        return
+    from pathlib import Path
+
+    error = call.excinfo.value
+    test_file = Path(str(item.fspath)).resolve()
+    frames = [e for e in call.excinfo.traceback if Path(str(e.path)).resolve() == test_file]
+    where = frames[-1] if frames else None
+    chain = " → ".join(dict.fromkeys(e.name for e in frames))
+    mine = next((e for e in reversed(call.excinfo.traceback) if "/labs/" in str(e.path)), None)
+    message = [line for line in str(error).strip().splitlines() if line.strip()][:4]
+    item.config._lab_failures.append({
+        "test": item.nodeid,
+        "where": f"{chain} (line {where.lineno + 1}): {str(where.statement).strip()}" if where else "?",
+        "error": f"{type(error).__name__}: " + "\n    ".join(message),
+        "mine": f"{Path(str(mine.path)).name}:{mine.lineno + 1} in {mine.name}" if mine else None,
+        "example": [n for n in getattr(error, "__notes__", []) if n.strip()],
+    })
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not getattr(config, "_lab", None):
+        return
+    key, lab, origin = config._lab
+    write = terminalreporter.write_line
+    terminalreporter.section(f"lab {key}: {lab.title}")
+    write(f"functions from {origin}: {', '.join(name for _, _, name in lab.targets)}")
+    failures = config._lab_failures
+    if not failures and exitstatus == 0:
+        write(f"every invariant holds: lab {key} passes.")
+        return
+    for f in failures:
+        write("")
+        write(f"FAILED {f['test']}")
+        write(f"  invariant or rule that broke: {f['where']}")
+        write(f"  {f['error']}")
+        if f["mine"]:
+            write(f"  raised in your code: {f['mine']}")
+        if f["example"]:
+            write("  smallest counterexample (Hypothesis, shrunk):")
+            for note in f["example"]:
+                for line in note.splitlines():
+                    write(f"    {line}")

@@ -10,9 +10,19 @@ it reports:
 * a failed request (an HTTP error, a missing file, a blocked host);
 * a formula that did not render (an arithmatex element or a KaTeX error left);
 * raw TeX in the visible text (``\\(``, ``$$``, ``\\frac`` …, outside code);
-* a broken image (not loaded, or zero width).
+* a broken image (not loaded, or zero width);
+* quoted code rendered as prose: a paragraph holding a line of Python (``def …(``,
+  ``class …:``, ``import …``) or a snippet marker ``--8<--`` — an include without its
+  code fence;
+* a list swallowed by a paragraph: a paragraph with a line that starts a list item
+  (``- …``, ``* …``, ``1. …``), which happens when a list follows a paragraph with no
+  blank line, or a list item's continuation is indented less than four spaces.
 
-It writes one full-page screenshot per page and ``report.txt`` into the output
+Each page's height at 1280 px wide is in the report (a learner page should stay
+under about 8 000 px).
+
+It writes one full-page screenshot per page (but the ``source/`` pages of repository
+files, each one code block) and ``report.txt`` into the output
 folder, prints the report, and exits 1 if any page has a problem. Chromium is
 driven through its DevTools protocol over a websocket (``websocket-client``).
 """
@@ -51,7 +61,17 @@ PAGE_PROBE = r"""
   const text = body.textContent;
   const tex = /\\[()\[\]]|\$\$|\\(frac|sum|max|mathrm|mathbf|text|sqrt|left|right|cdot|dots|lceil|top)\b|Math Processing Error/g;
   const raw = [...text.matchAll(tex)].slice(0, 5).map(m => text.slice(Math.max(0, m.index - 30), m.index + 30));
-  return JSON.stringify({images, unrendered, raw,
+  // Paragraphs as markdown left them (code spans included): Python or a list marker at the
+  // start of a line means a fence or a blank line was missing in the source.
+  const paragraphs = [...document.querySelectorAll(".md-content p")]
+                       .filter(p => !p.closest("pre, code, .highlight, .jp-OutputArea"));
+  const code = /^\s*((async\s+)?def\s+\w+\s*\(|class\s+\w+\s*[(:]|from\s+[\w.]+\s+import\s|import\s+[\w.]+\s*$|@[\w.]+\s*$)|--8<--/m;
+  const listItem = /\n\s*([-*+]|\d+[.)])\s+\S/;
+  const unfenced = paragraphs.filter(p => code.test(p.textContent)).map(p => p.textContent.trim().slice(0, 60));
+  const swallowed = paragraphs.filter(p => listItem.test(p.textContent))
+                      .map(p => { const t = p.textContent, i = t.search(listItem);
+                                  return t.slice(Math.max(0, i - 30), i + 30).replace(/\s+/g, " "); });
+  return JSON.stringify({images, unrendered, raw, unfenced, swallowed,
                          height: document.documentElement.scrollHeight});
 })()
 """
@@ -151,8 +171,8 @@ def problems_in_events(events: list[dict]) -> list[str]:
     return found
 
 
-def check_page(tab: DevTools, url: str, screenshot: Path) -> list[str]:
-    """Load one page, collect its problems, save its screenshot."""
+def check_page(tab: DevTools, url: str, screenshot: Path | None) -> tuple[list[str], int]:
+    """Load one page, collect its problems, save its screenshot (unless None); return them and its height."""
     tab.events.clear()
     tab.send("Page.navigate", url=url)
     tab.wait_for("Page.loadEventFired")
@@ -162,11 +182,17 @@ def check_page(tab: DevTools, url: str, screenshot: Path) -> list[str]:
     found += [f"broken image: {src}" for src in probe["images"]]
     found += [f"formula not rendered: {text!r}" for text in probe["unrendered"]]
     found += [f"raw TeX in the text: {text!r}" for text in probe["raw"]]
+    found += [f"code outside a code block (an include or snippet without its fence?): {text!r}"
+              for text in probe["unfenced"]]
+    found += [f"a list swallowed by a paragraph (no blank line before it, or its item "
+              f"indented < 4 spaces?): {text!r}" for text in probe["swallowed"]]
+    if screenshot is None:
+        return found, probe["height"]
     height = min(probe["height"], MAX_SCREENSHOT_HEIGHT)
     shot = tab.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
                     clip={"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1})
     screenshot.write_bytes(base64.b64decode(shot["data"]))
-    return found
+    return found, probe["height"]
 
 
 def main(site: str = "site", out: str = "build/docs-check") -> int:
@@ -187,9 +213,11 @@ def main(site: str = "site", out: str = "build/docs-check") -> int:
                 tab.send(f"{domain}.enable")
             for page in pages:
                 name = page.as_posix().removesuffix("index.html").strip("/") or "home"
-                found = check_page(tab, base + page.as_posix(), out_dir / f"{name.replace('/', '_')}.png")
+                # a repository file's page (tools/mkdocs_sources.py) is one code block: checked, not pictured
+                shot = None if name.startswith("source/") else out_dir / f"{name.replace('/', '_')}.png"
+                found, height = check_page(tab, base + page.as_posix(), shot)
                 total += len(found)
-                report.append(f"{'ok  ' if not found else 'FAIL'} {page.as_posix()}"
+                report.append(f"{'ok  ' if not found else 'FAIL'} {page.as_posix():<48} {height:>6} px"
                               + "".join(f"\n       {p}" for p in found))
         finally:
             process.terminate()

@@ -1,11 +1,25 @@
 // Torch binding of the CUDA kernels: the only file here that includes torch. It
 // checks every tensor (device, dtype, shape, layout, alignment) with a message that
 // says what was wrong and what is allowed, takes the current CUDA stream and calls
-// the plain C++ launchers declared in ops.h. Built by paged/kernels/cuda.py.
-#include <torch/extension.h>
+// the plain C++ launchers declared in ops.h. Built by paged/kernels/cuda.py, and
+// with PAGED_CUDA_EMULATION by paged/kernels/cuda_emulated.py: the same checks
+// for CPU tensors, the kernels run by the device emulation (emulation/).
+// The parts of torch the checks and the Python module use (not torch/extension.h:
+// it parses all of libtorch, two thirds of the build time).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
 
+#ifndef PAGED_CUDA_EMULATION
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#else
+#include <tuple>
+#include <vector>
+
+#include "emulation/trace.h"
+#endif
 
 #include <algorithm>
 #include <optional>
@@ -17,6 +31,20 @@ namespace {
 
 using paged_cuda::DType;
 
+#ifndef PAGED_CUDA_EMULATION
+constexpr const char* kDeviceName = "a CUDA tensor";
+bool on_device(const at::Tensor& t) { return t.is_cuda(); }
+using DeviceGuard = c10::cuda::CUDAGuard;
+cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
+#else  // the emulation runs the grid on the CPU, synchronously: no device, no stream
+constexpr const char* kDeviceName = "a CPU tensor for the device-emulation build";
+bool on_device(const at::Tensor& t) { return t.is_cpu(); }
+struct DeviceGuard {
+  explicit DeviceGuard(const at::Device&) {}
+};
+cudaStream_t current_stream() { return nullptr; }
+#endif
+
 std::string join(const int* first, const int* last) {
   std::string s;
   for (const int* p = first; p != last; ++p) s += (p == first ? "" : ", ") + std::to_string(*p);
@@ -24,7 +52,7 @@ std::string join(const int* first, const int* last) {
 }
 
 void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& like) {
-  TORCH_CHECK_VALUE(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device());
+  TORCH_CHECK_VALUE(on_device(t), name, " must be ", kDeviceName, ", got one on ", t.device());
   TORCH_CHECK_VALUE(t.device() == like.device(), name, " is on ", t.device(),
                     " but the KV cache is on ", like.device());
 }
@@ -142,8 +170,8 @@ at::Tensor paged_attention_v1(const at::Tensor& query, const at::Tensor& key_cac
   const at::Tensor q = packed(query);  // named: it must outlive the launch
   const auto args =
       attention_args(q, key_cache, value_cache, block_tables, context_lens, scale, result);
-  const c10::cuda::CUDAGuard guard(key_cache.device());
-  check_cuda_error(paged_cuda::paged_attention_v1(args, c10::cuda::getCurrentCUDAStream()),
+  const DeviceGuard guard(key_cache.device());
+  check_cuda_error(paged_cuda::paged_attention_v1(args, current_stream()),
                    "paged_attention_v1");
   return result;
 }
@@ -163,7 +191,7 @@ at::Tensor paged_attention_v2(const at::Tensor& query, const at::Tensor& key_cac
   const int64_t P = std::max<int64_t>(1, (max_tokens + partition_size - 1) / partition_size);
   TORCH_CHECK_VALUE(P <= 65535, "block_tables allows ", max_tokens, " tokens, ", P,
                     " partitions of ", partition_size, "; use a larger partition_size");
-  const c10::cuda::CUDAGuard guard(key_cache.device());
+  const DeviceGuard guard(key_cache.device());
   const auto f32 = query.options().dtype(at::kFloat);
   const int64_t S = args.num_seqs, H = args.num_heads;
   at::Tensor max_logits = at::empty({S, H, P}, f32);
@@ -174,7 +202,7 @@ at::Tensor paged_attention_v2(const at::Tensor& query, const at::Tensor& key_cac
                                                   partial_out.data_ptr<float>(),
                                                   static_cast<int>(partition_size),
                                                   static_cast<int>(P),
-                                                  c10::cuda::getCurrentCUDAStream()),
+                                                  current_stream()),
                    "paged_attention_v2");
   return result;
 }
@@ -210,12 +238,12 @@ void write_kv(at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& 
                     v.size(0), ", ", slot_mapping.sizes());
   TORCH_CHECK_VALUE(slot_mapping.is_contiguous(), "slot_mapping must be contiguous");
   TORCH_CHECK_VALUE(T <= 0x7fffffff, "at most 2^31 - 1 tokens per call, got ", T);
-  const c10::cuda::CUDAGuard guard(key_cache.device());
+  const DeviceGuard guard(key_cache.device());
   check_cuda_error(paged_cuda::write_kv(key_cache.data_ptr(), value_cache.data_ptr(), k.data_ptr(),
                                         v.data_ptr(), slot_mapping.data_ptr<int64_t>(), T, H_kv * D,
                                         k.stride(0), v.stride(0),
                                         static_cast<int>(key_cache.element_size()),
-                                        c10::cuda::getCurrentCUDAStream()),
+                                        current_stream()),
                    "write_kv");
 }
 
@@ -232,14 +260,24 @@ void copy_blocks(at::Tensor& kv, const at::Tensor& pairs) {
                     pairs.sizes());
   TORCH_CHECK_VALUE(pairs.size(0) <= 0x7fffffff && kv.size(0) * 2 <= 65535,
                     "too many pairs or layers for one launch");
-  const c10::cuda::CUDAGuard guard(kv.device());
+  const DeviceGuard guard(kv.device());
   check_cuda_error(paged_cuda::copy_blocks(kv.data_ptr(), pairs.data_ptr<int64_t>(), pairs.size(0),
                                            kv.size(0) * 2, kv.size(2),
                                            kv.size(3) * kv.size(4) * kv.size(5),
                                            static_cast<int>(kv.element_size()),
-                                           c10::cuda::getCurrentCUDAStream()),
+                                           current_stream()),
                    "copy_blocks");
 }
+
+#ifdef PAGED_CUDA_EMULATION
+// The tracer's records: (block x, block y, block z, warp, logical block, physical block).
+std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>> trace_stop() {
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>> out;
+  for (const auto& v : paged_emu::trace_stop())
+    out.emplace_back(v.block_x, v.block_y, v.block_z, v.warp, v.logical_block, v.physical_block);
+  return out;
+}
+#endif
 
 }  // namespace
 
@@ -257,4 +295,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("slot_mapping"));
   m.def("copy_blocks", &copy_blocks, "copy (src, dst) blocks in every layer in one launch",
         py::arg("kv"), py::arg("pairs"));
+#ifdef PAGED_CUDA_EMULATION
+  m.def("trace_start", &paged_emu::trace_start, "record the logical blocks each warp visits");
+  m.def("trace_stop", &trace_stop, "stop recording; (block x, y, z, warp, logical, physical) per visit");
+#endif
 }

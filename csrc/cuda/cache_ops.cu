@@ -95,7 +95,7 @@ cudaError_t write_kv(void* key_cache, void* value_cache, const void* k, const vo
   return dispatch_word(word, [&](auto word_tag) -> cudaError_t {
     using W = typename decltype(word_tag)::type;
     const int64_t bytes = static_cast<int64_t>(sizeof(W));
-    write_kv_kernel<W><<<static_cast<unsigned>(num_tokens), kCopyThreads, 0, stream>>>(
+    PAGED_LAUNCH(static_cast<unsigned>(num_tokens), kCopyThreads, stream, write_kv_kernel<W>)(
         static_cast<W*>(key_cache), static_cast<W*>(value_cache), static_cast<const W*>(k),
         static_cast<const W*>(v), slot_mapping, row_elems * element_size / bytes,
         k_token_stride * element_size / bytes, v_token_stride * element_size / bytes);
@@ -112,7 +112,7 @@ cudaError_t copy_blocks(void* kv, const int64_t* pairs, int64_t num_pairs, int64
   return dispatch_word(word, [&](auto word_tag) -> cudaError_t {
     using W = typename decltype(word_tag)::type;
     const dim3 grid(static_cast<unsigned>(num_pairs), static_cast<unsigned>(num_planes));
-    copy_blocks_kernel<W><<<grid, kCopyThreads, 0, stream>>>(
+    PAGED_LAUNCH(grid, kCopyThreads, stream, copy_blocks_kernel<W>)(
         static_cast<W*>(kv), pairs, num_blocks, block_bytes / static_cast<int64_t>(sizeof(W)));
     return cudaGetLastError();
   });

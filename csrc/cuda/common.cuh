@@ -1,10 +1,24 @@
 // Device helpers shared by the kernels of csrc/cuda: element conversions,
 // vectorised loads, warp reductions and the compile-time dispatch over dtypes.
+//
+// The device-emulation build (PAGED_CUDA_EMULATION, a host compiler; see
+// emulation/emulation.h) compiles these same files for the CPU: it supplies what
+// CUDA's headers would, and its own PAGED_LAUNCH and PAGED_TRACE_VISIT.
 #pragma once
 
+#ifdef PAGED_CUDA_EMULATION
+#include "emulation/emulation.h"
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+// A kernel launch, kernel<<<grid, block, 0, stream>>>(args...), written so a host
+// compiler can read it too (the kernel comes last: its template arguments hold commas).
+#define PAGED_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<grid, block, 0, stream>>>
+// The emulation's tracer records which logical block each warp visits; nothing here.
+#define PAGED_TRACE_VISIT(logical_block, physical_block) static_cast<void>(0)
+#endif
 
 #include <cstdint>
 #include <type_traits>

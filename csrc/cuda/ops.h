@@ -11,7 +11,11 @@
 
 #include <cstdint>
 
+#ifdef PAGED_CUDA_EMULATION
+#include "emulation/runtime_api.h"
+#else
 #include <cuda_runtime_api.h>
+#endif
 
 namespace paged_cuda {
 

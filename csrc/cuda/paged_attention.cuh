@@ -94,6 +94,7 @@ __device__ void attend_blocks(const T* __restrict__ q,              // [D]
 
   for (int b = first_block + warp; b < last_block; b += kNumWarps) {
     const int64_t physical = blocks[b];
+    PAGED_TRACE_VISIT(b, physical);
     const int filled = min(BLOCK_SIZE, context_len - b * BLOCK_SIZE);  // #filled of block b
     const int64_t base = physical * BLOCK_SIZE * token_stride + kv_head * HEAD_DIM;
 

@@ -55,7 +55,7 @@ cudaError_t paged_attention_v1(const AttentionArgs& a, cudaStream_t stream) {
     constexpr int B = decltype(block_size)::value;
     constexpr int D = decltype(head_dim)::value;
     const dim3 grid(a.num_heads, a.num_seqs);
-    paged_attention_v1_kernel<T, B, D><<<grid, kNumThreads, 0, stream>>>(
+    PAGED_LAUNCH(grid, kNumThreads, stream, paged_attention_v1_kernel<T, B, D>)(
         static_cast<T*>(a.out), static_cast<const T*>(a.query),
         static_cast<const T*>(a.key_cache), static_cast<const T*>(a.value_cache),
         a.block_tables, a.context_lens, a.num_kv_heads, a.max_blocks_per_seq, a.scale);

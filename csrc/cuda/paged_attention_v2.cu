@@ -101,14 +101,14 @@ cudaError_t paged_attention_v2(const AttentionArgs& a, float* max_logits, float*
     constexpr int B = decltype(block_size)::value;
     constexpr int D = decltype(head_dim)::value;
     const dim3 grid(a.num_heads, a.num_seqs, max_partitions);
-    paged_attention_v2_partition_kernel<T, B, D><<<grid, kNumThreads, 0, stream>>>(
+    PAGED_LAUNCH(grid, kNumThreads, stream, paged_attention_v2_partition_kernel<T, B, D>)(
         max_logits, exp_sums, partial_out, static_cast<const T*>(a.query),
         static_cast<const T*>(a.key_cache), static_cast<const T*>(a.value_cache),
         a.block_tables, a.context_lens, a.num_kv_heads, a.max_blocks_per_seq, a.scale,
         partition_size);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    paged_attention_v2_reduce_kernel<T><<<dim3(a.num_heads, a.num_seqs), kNumThreads, 0, stream>>>(
+    PAGED_LAUNCH(dim3(a.num_heads, a.num_seqs), kNumThreads, stream, paged_attention_v2_reduce_kernel<T>)(
         static_cast<T*>(a.out), max_logits, exp_sums, partial_out, a.context_lens, D,
         partition_size, max_partitions);
     return cudaGetLastError();

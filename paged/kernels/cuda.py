@@ -39,7 +39,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["available", "copy_blocks", "load", "paged_attention_v1", "paged_attention_v2", "write_kv"]
+__all__ = ["available", "copy_blocks", "load", "paged_attention_decode", "paged_attention_v1", "paged_attention_v2",
+           "select_version", "write_kv"]  # fmt: skip
 
 _KERNELS = ("paged_attention_v1.cu", "paged_attention_v2.cu", "cache_ops.cu")
 _BINDING = "binding.cpp"
@@ -197,3 +198,43 @@ def copy_blocks(
         pairs = pairs.to(kv.device, non_blocking=True)
     load().copy_blocks(kv, pairs)
 # --8<-- [end:api]
+
+
+# --8<-- [start:select]
+PARTITION_SIZE = 512  # tokens per v2 partition (the kernels' default)
+FILLING_GRID = 512  # thread blocks of 128 threads that keep a large GPU's SMs busy (vLLM uses 512 too)
+V1_MAX_CONTEXT = 8192  # past this, one thread block per head walks too long alone
+
+
+def select_version(num_seqs: int, num_heads: int, max_context: int) -> str:
+    """``"v1"`` or ``"v2"`` for a decode batch (vLLM's rule, with our partition size).
+
+    v1 launches S * H thread blocks, each walking its whole context. It is the
+    better choice when the context fits one partition (v2 would only add a
+    reduce launch and a float32 round trip) or when S * H alone fills the GPU,
+    up to contexts of ``V1_MAX_CONTEXT`` tokens. Otherwise v2 splits each context
+    into partitions of ``PARTITION_SIZE`` tokens, so few long sequences still
+    occupy every SM. ``max_context`` may be an upper bound (the block table's
+    width times B): the host knows it without reading the device.
+    """
+    if max_context <= PARTITION_SIZE:
+        return "v1"
+    if num_seqs * num_heads >= FILLING_GRID and max_context <= V1_MAX_CONTEXT:
+        return "v1"
+    return "v2"
+
+
+def decode_with(v1, v2, query, key_cache, value_cache, block_tables, context_lens, scale, out=None):
+    """Call ``v1`` or ``v2`` as ``select_version`` says, bounding the context by the block
+    table's width (M * B tokens) so that nothing is read back from the device."""
+    max_context = block_tables.shape[1] * key_cache.shape[1]
+    version = select_version(query.shape[0], query.shape[1], max_context)
+    fn = v1 if version == "v1" else v2
+    return fn(query, key_cache, value_cache, block_tables, context_lens, scale, out)
+# --8<-- [end:select]
+
+
+def paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, out=None):
+    """Decode attention by v1 or v2 (``select_version``); same arguments as ``paged_attention_v1``."""
+    return decode_with(paged_attention_v1, paged_attention_v2, query, key_cache, value_cache, block_tables,
+                       context_lens, scale, out)  # fmt: skip

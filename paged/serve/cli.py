@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("listening on %s: reachable from other machines%s", args.host,
                        "" if args.api_key else " and no --api-key is set")
-    logger.info("serving on http://%s:%d/v1 (try GET /v1/models)", args.host, args.port)
+    logger.info("serving on http://%s:%d/v1 (try GET /v1/models); the live KV cache view: http://%s:%d/kv",
+                args.host, args.port, args.host, args.port)
     def stop_serving(err: BaseException) -> None:
         logger.error("the engine failed, so the server stops: %s", describe(err))
         server.should_exit = True  # uvicorn finishes the open responses (each ends with the error), then exits

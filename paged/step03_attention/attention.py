@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from paged.step02_block_table import KVCache
-from paged.step03_attention.backends import native_decode, native_write, prefill_attention
+from paged.step03_attention.backends import NATIVE, native_decode, native_write, prefill_attention
 from paged.step03_attention.blockwise import blockwise_attention
 from paged.step03_attention.reference import reference_attention
 
@@ -71,12 +71,12 @@ class PagedAttention:
     Args:
         kv_cache: the cache of every layer.
         meta: this iteration's metadata.
-        backend: ``reference``, ``blockwise``, ``cpu`` or ``cuda`` (see backends.py).
+        backend: ``reference``, ``blockwise``, ``cpu``, ``cuda`` or ``emulated-cuda`` (see backends.py).
     """
 
     def __init__(self, kv_cache: KVCache, meta: AttentionMetadata, backend: str) -> None:
         self.kv_cache, self.meta, self.backend = kv_cache, meta, backend
-        self._decode = native_decode(backend) if backend in ("cpu", "cuda") else None
+        self._decode = native_decode(backend) if backend in NATIVE else None
         self._write = native_write(backend)
 
     # --8<-- [start:paged_attention]

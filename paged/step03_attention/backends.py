@@ -3,6 +3,12 @@
 Four paths compute the same thing with the same arguments (see
 ``reference.py``): ``reference`` and ``blockwise`` (pure PyTorch), ``cpu``
 (the C++ / OpenMP kernel of ``csrc/cpu``) and ``cuda`` (``csrc/cuda``).
+``emulated-cuda`` runs the ``cuda`` path's kernels on the CPU through their
+device-emulation build (``paged.kernels.cuda_emulated``): slow, for tests and
+for reading the CUDA path without a GPU. Only it is never picked by default.
+On ``cuda`` and ``emulated-cuda`` every kernel is used: decode attention v1 or
+v2 (``paged.kernels.cuda.select_version``), the fused KV write and the fused
+block copy (copy-on-write, via ``native_copy``).
 ``PAGED_ATTENTION_BACKEND`` forces one; otherwise the fastest available for
 the tensors' device is used. The native kernels handle decode (one new token
 per sequence); prompts go through ``prefill_attention``, which needs no gather
@@ -18,29 +24,44 @@ import torch
 import torch.nn.functional as F
 
 
-BACKENDS = ("reference", "blockwise", "cpu", "cuda")
+BACKENDS = ("reference", "blockwise", "cpu", "cuda", "emulated-cuda")
+NATIVE = ("cpu", "cuda", "emulated-cuda")
+_DEVICE = {"cpu": "cpu", "cuda": "cuda", "emulated-cuda": "cpu"}  # where each native backend's tensors live
 ENV_VAR = "PAGED_ATTENTION_BACKEND"
 
 
-def native_decode(name: str):
-    """The decode kernel of a native backend, or None (with one warning) if it cannot build."""
+def _kernels(name: str):
+    """The kernel module of a native backend, or None if it is not one or cannot build."""
     if name == "cpu":
         from paged.kernels import cpu as module
-    else:
+    elif name == "cuda":
         from paged.kernels import cuda as module
-    if module.available():
-        return module.paged_attention_decode if name == "cpu" else module.paged_attention_v1
-    return None
+    elif name == "emulated-cuda":
+        from paged.kernels import cuda_emulated as module
+    else:
+        return None
+    return module if module.available() else None
+
+
+def native_decode(name: str):
+    """The decode kernel of a native backend (on ``cuda`` / ``emulated-cuda``: v1 or v2
+    by shape), or None if it cannot build."""
+    module = _kernels(name)
+    return None if module is None else module.paged_attention_decode
 
 
 def native_write(name: str):
-    """The C++ KV write of the ``cpu`` backend (a row copy per token, the same bits as
+    """The native fused KV write (a row copy per token, the same bits as
     ``KVCache.write``), or None: other backends write through ``KVCache.write``."""
-    if name != "cpu":
-        return None
-    from paged.kernels import cpu
+    module = _kernels(name)
+    return None if module is None else module.write_kv
 
-    return cpu.write_kv if cpu.available() else None
+
+def native_copy(name: str):
+    """The fused block copy ``copy_blocks(kv [L, 2, N, B, H_kv, D], pairs [P, 2])`` of the
+    ``cuda`` and ``emulated-cuda`` backends, or None: the others copy by indexing."""
+    module = _kernels(name) if name in ("cuda", "emulated-cuda") else None
+    return None if module is None else module.copy_blocks
 
 
 def resolve_backend(device: torch.device | str, requested: str | None = None) -> str:
@@ -49,9 +70,13 @@ def resolve_backend(device: torch.device | str, requested: str | None = None) ->
     name = requested or os.environ.get(ENV_VAR) or ("cuda" if device.type == "cuda" else "cpu")
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    if name in ("cpu", "cuda") and name != device.type:
+    if name in NATIVE and _DEVICE[name] != device.type:
         raise ValueError(f"attention backend {name!r} cannot run on a {device.type} device")
-    if name in ("cpu", "cuda") and native_decode(name) is None:
+    if name == "emulated-cuda":  # asked for by name, to test the CUDA path: never a fallback
+        from paged.kernels import cuda_emulated
+
+        cuda_emulated.load()  # RuntimeError (no compiler, failed build) with the reason
+    elif name in NATIVE and native_decode(name) is None:
         warnings.warn(f"the {name} attention kernel is unavailable; using 'reference' instead")
         return "reference"
     return name

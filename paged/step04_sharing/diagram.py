@@ -193,8 +193,39 @@ def figure9(model, k: int = 4, prompt_len: int = 6, max_tokens: int = 16) -> lis
 # --8<-- [end:figure9]
 
 
+def _names(items) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def explain_figure9(before: Snapshot, after: Snapshot) -> str:
+    """The paragraph under Figure 9, written from the two snapshots it explains (so it cannot drift)."""
+    was = {name: blocks for name, blocks, _, _ in before.tables}
+    now = {name: blocks for name, blocks, _, _ in after.tables}
+    dropped, new = [n for n in was if n not in now], [n for n in now if n not in was]
+    freed = sorted(b for b in before.ref_counts if b not in after.ref_counts)
+    s_ = lambda n: "" if n == 1 else "s"  # noqa: E731
+    text = [f"Between the two iterations, {_names(dropped)} {'was' if len(dropped) == 1 else 'were'} not "
+            f"among the best extensions and {'was' if len(dropped) == 1 else 'were'} dropped"]
+    text[-1] += (f": block{s_(len(freed))} {_names([str(b) for b in freed])}, which only "
+                 f"{'it' if len(dropped) == 1 else 'they'} mapped, {'is' if len(freed) == 1 else 'are'} "
+                 "free again." if freed else "; every block it mapped is still mapped by another candidate.")
+    if new:
+        text.append(f"{_names(new).capitalize()} {'is a fork' if len(new) == 1 else 'are forks'} of a "
+                    "candidate chosen more than once, mapping its blocks.")
+    by_src: dict[int, list[int]] = {}
+    for src, dst in after.copies:
+        by_src.setdefault(src, []).append(dst)
+    for src, dsts in by_src.items():
+        times = {1: "once", 2: "twice"}.get(len(dsts), f"{len(dsts)} times")
+        text.append(f"Writing the new tokens found block {src}, partly filled, shared by "
+                    f"{before.ref_counts.get(src, 0)} candidates, so it was copied {times} "
+                    f"({', '.join(f'{src} → {d}' for d in dsts)}), and the last writer kept it.")
+    return " ".join(text) + "\n"
+
+
 def main(out_dir: str = "docs/figures") -> int:
-    """Write ``step04_figure8/9/10.txt`` into ``out_dir`` (Figure 9 builds a tiny random model)."""
+    """Write ``step04_figure8/9/10.txt`` and Figure 9's paragraph into ``out_dir`` (Figure 9 builds a tiny random model)."""
     from paged.models.random_llama import load_random_llama
 
     out = Path(out_dir)
@@ -203,6 +234,9 @@ def main(out_dir: str = "docs/figures") -> int:
     for name, snaps in [("figure8", figure8()), ("figure9", figure9(model)), ("figure10", figure10())]:
         (out / f"step04_{name}.txt").write_text("\n".join(render_text(s) for s in snaps))
         print(f"wrote {out / f'step04_{name}.txt'}")
+        if name == "figure9":  # the page's paragraph under the figure, from the same run
+            (out / "step04_figure9_text.md").write_text(explain_figure9(*snaps))
+            print(f"wrote {out / 'step04_figure9_text.md'}")
     return 0
 
 

@@ -19,6 +19,7 @@ import torch
 
 from paged.step02_block_table import KVCache
 from paged.step03_attention import ModelRunner, StepPlan
+from paged.step03_attention.backends import native_copy
 
 
 @dataclass
@@ -29,8 +30,12 @@ class SharingStepPlan(StepPlan):
 
 
 # --8<-- [start:copy]
-def copy_blocks(kv_cache: KVCache, pairs: list[tuple[int, int]]) -> None:
-    """Copy block ``src`` to ``dst`` for every pair, in all layers at once (one indexed copy)."""
+def copy_blocks(kv_cache: KVCache, pairs: list[tuple[int, int]], native=None) -> None:
+    """Copy block ``src`` to ``dst`` for every pair, in all layers at once (one indexed copy),
+    or with ``native``, a backend's fused copy kernel (``backends.native_copy``), in one launch."""
+    if native is not None:
+        native(kv_cache.data, torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2))
+        return
     src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=kv_cache.device)
     dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=kv_cache.device)
     kv_cache.data[:, :, dst] = kv_cache.data[:, :, src]  # [L, 2, P, B, H_kv, D]
@@ -42,7 +47,7 @@ class SharingModelRunner(ModelRunner):
         if plan.blocks_to_swap_in or plan.blocks_to_swap_out:
             raise NotImplementedError("swapping arrives with step05")
         if plan.blocks_to_copy:
-            copy_blocks(self.kv_cache, plan.blocks_to_copy)
+            copy_blocks(self.kv_cache, plan.blocks_to_copy, native_copy(self.backend))
 
     def _sample_rows(self, plan: StepPlan):
         rows = super()._sample_rows(plan)

@@ -6,6 +6,7 @@ Extends: ``paged.step04_sharing.SharingModelRunner`` with the host pool.
 from __future__ import annotations
 
 from paged.step03_attention import StepPlan
+from paged.step03_attention.backends import native_copy
 from paged.step04_sharing import SharingModelRunner, copy_blocks
 from paged.step05_preemption.swap import copy_between
 
@@ -26,5 +27,5 @@ class PreemptingModelRunner(SharingModelRunner):
         if plan.blocks_to_swap_in:
             copy_between(self.swap_cache, self.kv_cache, plan.blocks_to_swap_in)
         if plan.blocks_to_copy:
-            copy_blocks(self.kv_cache, plan.blocks_to_copy)
+            copy_blocks(self.kv_cache, plan.blocks_to_copy, native_copy(self.backend))
     # --8<-- [end:memory_ops]

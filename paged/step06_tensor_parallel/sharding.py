@@ -136,6 +136,41 @@ def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
 Read = tuple[str, int, int, tuple | None]  # checkpoint name, first row, row count, slice to read
 
 
+# --8<-- [start:split]
+def column_reads(parts: list[tuple[str, int, int]], rank: int, world_size: int) -> list[Read]:
+    """Column parallel: rank ``r`` of ``W`` reads ``1/W`` of the output rows of every part.
+
+    Args:
+        parts: ``(checkpoint name, first row in the fused weight, rows)`` per part
+            (q, k and v of a fused qkv; gate and up; one part for a plain linear).
+        rank: ``r``.
+        world_size: ``W``.
+
+    Returns:
+        Per part ``(checkpoint name, first row in the rank's fused weight, its rows, index)``:
+        rows ``r*n/W .. (r+1)*n/W`` of the part, placed at ``row/W`` in the shard.
+    """
+    w, r = world_size, rank
+    return [(ck, row // w, n // w, (slice(r * n // w, (r + 1) * n // w),)) for ck, row, n in parts]
+
+
+def row_reads(parts: list[tuple[str, int, int]], in_features: int, rank: int) -> list[Read]:
+    """Row parallel: rank ``r`` reads the input columns ``r*k .. (r+1)*k`` of the weight.
+
+    Args:
+        parts: the single ``(checkpoint name, 0, rows)`` of the weight.
+        in_features: ``k``, the rank's share of the input width (``in / W``).
+        rank: ``r``.
+
+    Returns:
+        One read: every output row, the rank's block of ``k`` input columns.
+    """
+    (ck, _, n), = parts
+    k = in_features
+    return [(ck, 0, n, (slice(None), slice(rank * k, (rank + 1) * k)))]
+# --8<-- [end:split]
+
+
 # --8<-- [start:shard]
 def shard_model(model: CausalLM, layout: dict[str, list[tuple[str, int, int]]],
                 group: TPGroup) -> dict[str, list[Read]]:
@@ -181,12 +216,10 @@ def shard_model(model: CausalLM, layout: dict[str, list[tuple[str, int, int]]],
     for pname, parts in layout.items():
         module_name, _, leaf = pname.rpartition(".")
         how = kind.get(module_name)
-        if how == "column":  # 1/W of the rows of every part
-            reads[pname] = [(ck, row // w, n // w, (slice(r * n // w, (r + 1) * n // w),)) for ck, row, n in parts]
-        elif how == "row" and leaf == "weight":  # 1/W of the input columns
-            (ck, _, n), = parts
-            k = model.get_submodule(module_name).in_features
-            reads[pname] = [(ck, 0, n, (slice(None), slice(r * k, (r + 1) * k)))]
+        if how == "column":
+            reads[pname] = column_reads(parts, r, w)
+        elif how == "row" and leaf == "weight":
+            reads[pname] = row_reads(parts, model.get_submodule(module_name).in_features, r)
         elif how == "vocab":  # a block of vocabulary rows
             (ck, _, _), = parts
             per, start, real = _vocab_rows(model.config.vocab_size, group)

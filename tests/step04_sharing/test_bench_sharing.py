@@ -92,11 +92,13 @@ def test_bench_refuses_bad_counts(bench, capsys):
 def test_committed_figures_8_9_10_are_what_the_diagram_draws_today(model):
     from pathlib import Path
 
-    from paged.step04_sharing.diagram import figure8, figure9, figure10, render_text
+    from paged.step04_sharing.diagram import explain_figure9, figure8, figure9, figure10, render_text
 
     root = Path(__file__).resolve().parents[2] / "docs" / "figures"
     for name, snaps in [("figure8", figure8()), ("figure9", figure9(model)), ("figure10", figure10())]:
         assert (root / f"step04_{name}.txt").read_text() == "\n".join(render_text(s) for s in snaps), name
+        if name == "figure9":  # the page's paragraph under Figure 9 tells this run, not another
+            assert (root / "step04_figure9_text.md").read_text() == explain_figure9(*snaps)
     before, after = figure8()
     assert before.ref_counts == {7: 2, 1: 2} and after.copies == [(1, 3)]
     assert after.ref_counts == {7: 2, 1: 1, 3: 1}  # the paper's Figure 8

@@ -1,0 +1,154 @@
+"""The labs: the functions of a step a learner writes, and the step's own tests that judge them.
+
+    python -m tests.labs 02                # what `make lab STEP=02` runs: labs/step02.py
+    python -m tests.labs 02 --reference    # the reference's own functions, through the same switch
+
+A lab names, for one step, the one or two functions that carry its idea (``targets``)
+and the tests of that step that exercise them (``tests``). ``pytest --lab 02`` (see
+``tests/conftest.py``) sets each function of ``labs/step02.py`` in place of the
+reference one on the class or module that owns it, for the whole run, keeps only the
+lab's tests, and ends with a summary: for each failing test, the invariant or rule
+that broke (the function of the test where the assertion failed, and its message) and
+Hypothesis's smallest counterexample.
+
+There is one implementation, the reference in ``paged/``; a lab file holds only the
+learner's version of a few functions. ``--lab-source reference`` runs the reference's
+functions through the same switch, so ``tests/test_labs.py`` can prove, for every lab,
+that the stubs fail and the reference passes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One lab: what the learner writes and which tests judge it.
+
+    Attributes:
+        title: what the lab builds, in a few words.
+        targets: ``(module, attribute path in it, name in labs/stepNN.py)`` per function.
+        tests: the node ids (a file, or ``file::test``) of the step's tests that run.
+    """
+
+    title: str
+    targets: tuple[tuple[str, str, str], ...]
+    tests: tuple[str, ...]
+
+
+LABS: dict[str, Lab] = {
+    "01": Lab(
+        "the free list and reference counts (allocate, decref, free)",
+        (("paged.step01_allocator.allocator", "BlockAllocator.allocate", "allocate"),
+         ("paged.step01_allocator.allocator", "BlockAllocator.decref", "decref"),
+         ("paged.step01_allocator.allocator", "BlockAllocator.free", "free")),
+        ("tests/step01_allocator/test_allocator.py",),
+    ),
+    "02": Lab(
+        "a block table: append on demand, and the slot mapping",
+        (("paged.step02_block_table.block_table", "BlockTable.append", "append"),
+         ("paged.step02_block_table.block_table", "BlockTable.slot", "slot")),
+        ("tests/step02_block_table/test_block_table.py",),
+    ),
+    "03": Lab(
+        "block-wise attention with an online softmax, walking the block table",
+        (("paged.step03_attention.blockwise", "_one_sequence", "attend_one_sequence"),),
+        ("tests/step03_attention/test_attention_paths.py::test_blockwise_equals_contiguous_toleranced",
+         "tests/step03_attention/test_attention_paths.py::test_paged_attention_mixed_batch_equals_contiguous"
+         "[blockwise]"),
+    ),
+    "06": Lab(
+        "the column and row split of a linear layer's weight",
+        (("paged.step06_tensor_parallel.sharding", "column_reads", "column_reads"),
+         ("paged.step06_tensor_parallel.sharding", "row_reads", "row_reads")),
+        ("tests/step06_tensor_parallel/test_sharding.py::test_each_rank_loads_exactly_its_slices_bitwise",
+         "tests/step06_tensor_parallel/test_sharding_property.py::test_w_shards_combined_equal_the_unsharded_model"),
+    ),
+}
+
+
+def get(step: str) -> Lab:
+    """The lab of ``step`` (``"2"``, ``"02"`` or ``"step02"``), or a ValueError listing the labs."""
+    key = str(step).removeprefix("step").zfill(2)
+    if key not in LABS:
+        raise ValueError(f"no lab for step {step!r}: the labs are {', '.join(sorted(LABS))} "
+                         "(make lab STEP=NN)")
+    return key, LABS[key]
+
+
+def _owner(module: str, path: str):
+    """The object that holds the last name of ``path`` in ``module``, and that name."""
+    owner = importlib.import_module(module)
+    *outer, name = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part)
+    return owner, name
+
+
+def _learner_module(key: str, source: str):
+    """``labs/stepNN.py`` (source ``labs``) or the Python file at ``source``."""
+    path = ROOT / "labs" / f"step{key}.py" if source == "labs" else Path(source)
+    if not path.is_file():
+        raise ValueError(f"lab {key}: no file {path} (the lab files are labs/stepNN.py)")
+    spec = importlib.util.spec_from_file_location(f"_lab_step{key}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path
+
+
+def install(step: str, source: str = "labs") -> tuple[str, Lab, str]:
+    """Put the lab's functions in place of the reference ones; return ``(key, lab, where from)``.
+
+    ``source``: ``labs`` (``labs/stepNN.py``), ``reference`` (the reference's own functions,
+    set back in place through the same path), or a path to a Python file.
+    """
+    key, lab = get(step)
+    owners = [(_owner(module, path), name) for module, path, name in lab.targets]
+    if source == "reference":
+        functions = [vars(owner)[attr] for (owner, attr), _ in owners]
+        origin = "the reference in paged/"
+    else:
+        module, path = _learner_module(key, source)
+        missing = [name for _, name in owners if not callable(getattr(module, name, None))]
+        if missing:
+            raise ValueError(f"lab {key}: {path} defines no {', '.join(missing)} (the functions it must hold: "
+                             f"{', '.join(name for _, name in owners)})")
+        functions = [getattr(module, name) for _, name in owners]
+        origin = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    for ((owner, attr), _), function in zip(owners, functions):
+        setattr(owner, attr, function)
+    return key, lab, origin
+
+
+def selected(nodeid: str, lab: Lab) -> bool:
+    """Whether the test ``nodeid`` is one of the lab's (a whole file, a test, or a test's case)."""
+    return any(nodeid == t or nodeid.startswith(t + "::") or nodeid.startswith(t + "[") for t in lab.tests)
+
+
+def main(argv: list[str]) -> int:
+    import pytest
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    step, rest = argv[0], argv[1:]
+    try:
+        key, lab = get(step)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    source = "reference" if "--reference" in rest else "labs"
+    files = sorted({t.split("::")[0] for t in lab.tests})
+    return int(pytest.main([*files, f"--lab={key}", f"--lab-source={source}", "-p", "no:cacheprovider",
+                            "-q", "--tb=no", *[a for a in rest if a != "--reference"]]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
