@@ -277,22 +277,47 @@ class Engine(Scheduler):
     # -- one iteration --------------------------------------------------------
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; returns the requests that advanced or finished in it."""
+        """Run one iteration; returns the requests that advanced or finished in it.
+
+        What one request brings — its grammar, logits processors, sampling, the
+        bookkeeping of its tokens — can fail only that request: it ends with
+        ``finish_reason="error"`` and its ``RequestOutput.error``, its blocks are
+        freed, and the others go on. Only the forward pass itself may raise here.
+        """
         plan, ended = self._schedule()
-        attach_contexts(plan, self.running, self._sampling_state)
+        failed = attach_contexts(plan, self.running, self._sampling_state)  # request id -> its exception
         results = self.runner.execute(plan)
         collect_prompt_logprobs(self.running, results, self._sampling_state)
         self.generation_tokens_total += len(results)
         touched = {r.request_id: r for r in ended}
         for req in list(self.running):
-            if self._process(req, results):
+            error = failed.get(req.request_id) or next(
+                (results[s.seq_id].error for s in req.seqs if s.seq_id in results and results[s.seq_id].error), None)
+            if error is None:
+                try:
+                    if self._process(req, results):
+                        touched[req.request_id] = req
+                except Exception as e:  # the request's own bookkeeping (a beam score, a stop string)
+                    error = e
+            if error is not None:
+                self._fail(req, error)
                 touched[req.request_id] = req
-            if req.finished:
+            elif req.finished:
                 self._retire(req)
         self.events, self._new_events = self._new_events, []
         for observe in self.observers:  # between iterations: the state the next one starts from
             observe(self, plan, results)
         return [r.to_output() for r in touched.values()]
+    # --8<-- [end:step]
+
+    def _fail(self, req: Request, error: BaseException) -> None:
+        """End ``req`` with its own ``error`` (logged with its id) and free its blocks now."""
+        if isinstance(error, RequestError):
+            logger.warning("request %s failed: %s", req.request_id, error)
+        else:
+            logger.error("request %s failed", req.request_id, exc_info=error)
+        req.error = error
+        self._end(req, "error")
     # --8<-- [end:step]
 
     def _grammars(self) -> GrammarCompiler:
