@@ -163,7 +163,7 @@ class SamplingParams:
                                "are allowed", param="stop_token_ids", bound=self.MAX_LIST)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not 0 <= self.seed <= self.MAX_INT64):
-            bad("seed", self.seed, f"None or an integer in [0, {self.MAX_INT64}] (2**63 - 1)",
+            bad("seed", self.seed, f"None or a non-negative integer <= {self.MAX_INT64} (2**63 - 1)",
                 (0, self.MAX_INT64))
         if self.logprobs is not None and (
             not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= self.MAX_LOGPROBS
