@@ -98,10 +98,14 @@ mutation: install
 serve: install
 	$(PY) -m paged.serve
 
-# Property-based fuzzing of the HTTP API (Schemathesis, in-process): the suite's test with more
-# examples per operation (EXAMPLES=N; the suite runs 12). Prints the status codes seen.
+# Property-based fuzzing of the HTTP API: Schemathesis in-process (EXAMPLES=N per operation; the
+# suite runs 12), then the semantic fuzz against a live server (SEMANTIC=N hostile requests: regex
+# bombs, recursive schemas, huge lists, extreme numbers, deep nesting; the suite runs 16). Prints
+# the status codes seen.
 fuzz: install
 	PAGED_FUZZ_EXAMPLES=$(or $(EXAMPLES),300) $(PY) -m pytest -p no:cacheprovider -q -s tests/serve/test_schemathesis.py
+	PAGED_SEMANTIC_FUZZ_EXAMPLES=$(or $(SEMANTIC),2000) $(PY) -m pytest -p no:cacheprovider -q -s \
+		--timeout 7200 tests/serve/test_semantic_fuzz.py
 
 # Mixed traffic against one server for DURATION seconds (default 20 minutes), then the verdict:
 # no 5xx, right token counts, no block used, memory and p99 latency flat (see tools/soak.py).

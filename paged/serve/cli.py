@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         logger.error("the engine failed, so the server stops: %s", describe(err))
         server.should_exit = True  # uvicorn finishes the open responses (each ends with the error), then exits
 
-    app = build_app(llm, name, api_key=args.api_key, max_body_bytes=args.max_request_bytes,
+    app = build_app(llm, name, api_key=args.api_key, max_body_bytes=args.max_request_bytes, bind_host=args.host,
                     on_engine_failure=stop_serving)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))

@@ -32,6 +32,15 @@ from paged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from paged.serve.responses import SSE_DONE, CompletionLogprobs, Formatter, json_response
 
 
+def request_failure(error: BaseException, rename: dict[str, str]) -> APIError:
+    """A request that failed while it ran, as its own error: a 400 naming the field when the
+    request asked for more than the engine could do (its grammar met a limit), else a 500."""
+    if isinstance(error, RequestError):
+        return from_request_error(error, rename)
+    return APIError(f"this request failed while it ran: {type(error).__name__}: {error}", 500,
+                    type="server_error", code="request_failed")
+
+
 class _Timing:
     """Per-request latency observations for /metrics."""
 
@@ -98,10 +107,11 @@ class OpenAIServing:
                 prompts.append(None)
                 ids.append(p)
         prompt_logprobs = req.logprobs if req.echo else None  # echo with logprobs: the prompt's too
-        params = self._params(req, ids, req.max_tokens, req.logprobs, rename={}, prompt_logprobs=prompt_logprobs)
+        rename = req.guided_rename()
+        params = self._params(req, ids, req.max_tokens, req.logprobs, rename, prompt_logprobs=prompt_logprobs)
         fmt = Formatter("completion", f"cmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.logprobs)
         echo = [self._prompt_text(p, i) for p, i in zip(prompts, ids)] if req.echo else None
-        return await self._serve(req, raw, fmt, ids, prompts, params, {}, echo)
+        return await self._serve(req, raw, fmt, ids, prompts, params, rename, echo)
 
     async def chat_completions(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self._check_model(req.model)
@@ -116,7 +126,8 @@ class OpenAIServing:
         if max_tokens is None:  # OpenAI's default for chat: whatever context is left
             max_tokens = max(1, self.max_model_len - len(ids))
         name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        rename = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": name}  # engine field -> chat's
+        rename = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": name,  # engine field -> chat's
+                  **req.guided_rename()}
         params = self._params(req, [ids], max_tokens, req.num_logprobs, rename)
         params.stop_token_ids += [t for t in self.chat.end_of_turn_ids if t not in params.stop_token_ids]
         fmt = Formatter("chat", f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.num_logprobs)
@@ -166,10 +177,10 @@ class OpenAIServing:
             raise APIError(str(e), 503) from None
         timing = _Timing(self.metrics)
         if req.stream:
-            gen = self._stream(stream, rids, ids, params, fmt, timing, echo, req.include_usage)
+            gen = self._stream(stream, rids, ids, params, fmt, timing, echo, req.include_usage, rename)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        finals = await self._collect(stream, rids, raw, timing)
+        finals = await self._collect(stream, rids, raw, timing, rename)
         if finals is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         choices, completion_tokens = [], 0
@@ -182,7 +193,7 @@ class OpenAIServing:
                 completion_tokens += len(c.token_ids)
         return json_response(fmt.response(choices, sum(map(len, ids)), completion_tokens))
 
-    async def _collect(self, stream, rids, raw, timing):
+    async def _collect(self, stream, rids, raw, timing, rename):
         """Wait for every request's final output; None if the client disconnected (requests aborted)."""
         finals: dict = {}
         watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
@@ -197,6 +208,8 @@ class OpenAIServing:
                 if isinstance(out, BaseException):
                     raise APIError(f"the engine failed: {out}", 503)
                 timing.observe(out)
+                if out.error is not None:  # the other prompts of this request end with it (aborted)
+                    raise request_failure(out.error, rename)
                 if out.finished:
                     finals[out.request_id] = out
             return finals
@@ -210,7 +223,7 @@ class OpenAIServing:
             self.engine.abort(gone)
             self.metrics.finished.labels("abort").inc(len(gone))
 
-    async def _stream(self, stream, rids, ids, params, fmt, timing, echo, include_usage):
+    async def _stream(self, stream, rids, ids, params, fmt, timing, echo, include_usage, rename):
         n, finals = params.n, {}
         texts: dict[int, TextStream] = {}
         sent_tokens: dict[int, int] = {}
@@ -235,6 +248,10 @@ class OpenAIServing:
                     yield fmt.error_chunk(f"the engine failed: {out}")
                     break
                 timing.observe(out)
+                if out.error is not None:
+                    e = request_failure(out.error, rename)
+                    yield fmt.error_chunk(e.message, e.type, e.param, e.code)
+                    break
                 i = pos[out.request_id]
                 if i in echo_pending and out.prompt_logprobs is not None:
                     echo_pending.discard(i)
@@ -256,7 +273,7 @@ class OpenAIServing:
                     entries = c.logprobs[sent_tokens[index]:] if c.logprobs is not None else None
                     lp = fmt.logprobs(new, entries, offsets[index])
                     sent_tokens[index] = len(c.token_ids)
-                    offsets[index] += sum(map(len, lp.tokens)) if isinstance(lp, CompletionLogprobs) else 0
+                    offsets[index] += sum(map(fmt.text_length, new)) if isinstance(lp, CompletionLogprobs) else 0
                     if text or lp or c.finish_reason:
                         yield fmt.chunk(index, text, lp, c.finish_reason)
                 if out.finished:

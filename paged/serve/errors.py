@@ -28,6 +28,8 @@ _TYPE_OF_STATUS = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    421: "invalid_request_error",
     503: "service_unavailable",
 }
 

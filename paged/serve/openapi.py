@@ -36,6 +36,9 @@ ERRORS = {
     400: "the request is malformed or out of bounds; the message names the field and the bound",
     401: "missing or wrong API key (only when the server was started with one)",
     413: "the body is larger than --max-request-bytes",
+    415: "the body's Content-Type is not JSON",
+    421: "no API key is set and the Host header does not name the address the server listens on",
+    500: "this request's own processing failed while it ran (e.g. a logits processor raised); the others go on",
 }
 
 

@@ -21,10 +21,12 @@ from paged import SamplingParams
 from paged.serve.errors import APIError
 from paged.step04_sharing.engine import MAX_BEST_OF
 from paged.step03_attention.errors import RequestError
-from paged.step03_attention.structured import GuidedDecodingParams
+from paged.step03_attention.structured import (MAX_CHOICE_CHARS, MAX_CHOICES, MAX_REGEX_CHARS, MAX_REGEX_REPEAT,
+                                               MAX_SCHEMA_BYTES, GuidedDecodingParams)
 
 Number = StrictFloat  # accepts 1 and 1.5, refuses "1" and true
 MAX_LOGPROBS = SamplingParams.MAX_LOGPROBS
+SP = SamplingParams  # its MAX_* bounds, published here
 
 
 def bounds(**keywords) -> dict:
@@ -46,7 +48,13 @@ EXPECTED = {
 }
 
 
+# the longest lists a field may hold: checked on the parsed body before pydantic walks each item
+LIST_BOUNDS = {"stop": SP.MAX_STOP, "stop_token_ids": SP.MAX_LIST, "logit_bias": SP.MAX_LIST,
+               "bad_words": SP.MAX_LIST, "guided_choice": MAX_CHOICES}
+
 NonEmpty = Annotated[StrictStr, Field(**bounds(min_length=1))]
+StopString = Annotated[StrictStr, Field(**bounds(min_length=1, max_length=SP.MAX_STOP_CHARS))]
+BadWord = Annotated[StrictStr, Field(**bounds(min_length=1, max_length=SP.MAX_BAD_WORD_CHARS))]
 
 
 class StreamOptions(BaseModel):
@@ -80,15 +88,16 @@ class _Sampling(BaseModel):
     model: StrictStr | None = None
     temperature: Number | None = Field(None, **bounds(minimum=0, maximum=100))  # None: 1.0, or 0 for beam search
     top_p: Number = Field(1.0, **bounds(exclusive_minimum=0, maximum=1))
-    top_k: StrictInt = Field(-1, **bounds(minimum=-1))
+    top_k: StrictInt = Field(-1, **bounds(minimum=-1, maximum=SP.MAX_INT64))
     min_tokens: StrictInt = Field(0, **bounds(minimum=0))
     n: StrictInt = Field(1, **bounds(minimum=1, maximum=MAX_BEST_OF))
     best_of: StrictInt | None = Field(None, **bounds(minimum=1, maximum=MAX_BEST_OF))
     use_beam_search: StrictBool = False
-    length_penalty: Number = 1.0
-    stop: NonEmpty | list[NonEmpty] | None = None
-    stop_token_ids: list[Annotated[StrictInt, Field(**bounds(minimum=0))]] | None = None
-    seed: StrictInt | None = Field(None, **bounds(minimum=0))
+    length_penalty: Number = Field(1.0, **bounds(minimum=-SP.MAX_LENGTH_PENALTY, maximum=SP.MAX_LENGTH_PENALTY))
+    stop: StopString | list[StopString] | None = Field(None, **bounds(max_items=SP.MAX_STOP))
+    stop_token_ids: list[Annotated[StrictInt, Field(**bounds(minimum=0, maximum=SP.MAX_INT64))]] | None = Field(
+        None, **bounds(max_items=SP.MAX_LIST))
+    seed: StrictInt | None = Field(None, **bounds(minimum=0, maximum=SP.MAX_INT64))
     ignore_eos: StrictBool = False
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -96,13 +105,19 @@ class _Sampling(BaseModel):
     presence_penalty: Number = Field(0.0, **bounds(minimum=-2, maximum=2))
     frequency_penalty: Number = Field(0.0, **bounds(minimum=-2, maximum=2))
     repetition_penalty: Number = Field(1.0, **bounds(exclusive_minimum=0))
-    logit_bias: dict[str, Annotated[Number, Field(**bounds(minimum=-100, maximum=100))]] | None = None
+    logit_bias: dict[str, Annotated[Number, Field(**bounds(minimum=-100, maximum=100))]] | None = Field(
+        None, **bounds(max_properties=SP.MAX_LIST, property_names={"pattern": "^[0-9]{1,20}$"}))
     min_p: Number = Field(0.0, **bounds(minimum=0, maximum=1))
-    bad_words: list[NonEmpty] | None = None
+    bad_words: list[BadWord] | None = Field(None, **bounds(max_items=SP.MAX_LIST))
     response_format: ResponseFormat | None = None
-    guided_json: dict | StrictStr | None = None
-    guided_regex: StrictStr | None = None
-    guided_choice: list[StrictStr] | None = None
+    guided_json: dict | StrictStr | None = Field(None, description=f"a JSON schema of at most {MAX_SCHEMA_BYTES} "
+                                                 "bytes as compact JSON")
+    guided_regex: StrictStr | None = Field(None, description=f"at most {MAX_REGEX_CHARS} characters, and at most "
+                                           f"{MAX_REGEX_REPEAT} atoms once counted repetitions (a{{n}}) are "
+                                           "multiplied out", **bounds(max_length=MAX_REGEX_CHARS))
+    guided_choice: list[StrictStr] | None = Field(None, description=f"at most {MAX_CHOICES} strings of at most "
+                                                  f"{MAX_CHOICE_CHARS} characters in all",
+                                                  **bounds(max_items=MAX_CHOICES))
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
@@ -129,10 +144,10 @@ class _Sampling(BaseModel):
         """``logit_bias`` with its keys (token ids as JSON strings, as OpenAI sends them) as ints."""
         if not self.logit_bias:
             return None
-        keys = [k for k in self.logit_bias if not k.strip().isdigit()]
+        keys = [k for k in self.logit_bias if not re.fullmatch(r"[0-9]{1,20}", k)]  # ASCII digits only
         if keys:
-            raise APIError(f"logit_bias keys must be token ids (decimal strings like \"50256\"), got {keys[:5]}",
-                           param="logit_bias", code="invalid_value")
+            raise APIError(f"logit_bias keys must be token ids (decimal strings of ASCII digits like \"50256\"), "
+                           f"got {[k[:24] for k in keys[:5]]}", param="logit_bias", code="invalid_value")
         return {int(k): bias for k, bias in self.logit_bias.items()}
 
     def _guided_decoding(self) -> GuidedDecodingParams | None:
@@ -161,6 +176,13 @@ class _Sampling(BaseModel):
             return GuidedDecodingParams(**spec)
         except RequestError as e:
             raise APIError(f"{field}: {e}", param=field, code="invalid_value") from None
+
+    def guided_rename(self) -> dict[str, str]:
+        """Engine field names of structured output -> the field this request used (``guided_regex``)."""
+        field = next((f for f in ("guided_json", "guided_regex", "guided_choice") if getattr(self, f) is not None),
+                     "response_format")
+        return {name: field for name in ("guided_decoding", "guided_decoding.json", "guided_decoding.json_object",
+                                         "guided_decoding.regex", "guided_decoding.choice")}
 
     @property
     def include_usage(self) -> bool:

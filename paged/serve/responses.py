@@ -65,6 +65,7 @@ class TokenLogprob(TopLogprob):
 
 class ChatLogprobs(BaseModel):
     content: list[TokenLogprob]
+    refusal: list[TokenLogprob] | None = Field(None, description="always null: this server never refuses")
 
 
 # -- whole responses ------------------------------------------------------------------
@@ -90,6 +91,7 @@ class CompletionResponse(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    refusal: str | None = Field(None, description="always null: this server never refuses")
 
 
 class ChatChoice(BaseModel):
@@ -131,13 +133,18 @@ class CompletionChunk(BaseModel):
 
 
 class Delta(BaseModel):
-    role: Literal["assistant"] | None = None
+    """A chunk's new text; only the first chunk of a choice names the role (``OpeningDelta``)."""
+
     content: str | None = None
+
+
+class OpeningDelta(Delta):
+    role: Literal["assistant"] = "assistant"
 
 
 class ChatChunkChoice(BaseModel):
     index: int = Field(ge=0)
-    delta: Delta
+    delta: OpeningDelta | Delta
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason | None
 
@@ -271,8 +278,15 @@ class Formatter:
             top = sorted(entry.items(), key=lambda kv: -kv[1])[: self.num_logprobs] if entry is not None else None
             out.top_logprobs.append({self.token_text(t): lp for t, lp in top} if top is not None else None)
             out.text_offset.append(text_offset)
-            text_offset += len(text)
+            text_offset += self.text_length(tok)
         return out
+
+    def text_length(self, token_id: int) -> int:
+        """The characters ``token_id`` adds to the returned text: none for a special token (a BOS
+        shown in ``tokens`` is not part of an echoed prompt), so ``text_offset`` indexes the text."""
+        if self.tokenizer is None:
+            return 0
+        return len(self.tokenizer.decode([token_id], skip_special_tokens=True))
 
     def _chat_token(self, token_id: int, logprob: float) -> TopLogprob:
         text = self.token_text(token_id)
@@ -302,7 +316,7 @@ class Formatter:
               role: bool = False) -> str:
         """One SSE chunk for choice ``index`` (``role``: the chat stream's opening chunk)."""
         if self.kind == "chat":
-            delta = Delta(role="assistant", content="") if role else Delta(content=text)
+            delta = OpeningDelta(content="") if role else Delta(content=text)
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
             return sse(ChatCompletionChunk(**self._head(), choices=[choice]))
         choice = CompletionChunkChoice(index=index, text=text or "", logprobs=logprobs, finish_reason=finish_reason)
@@ -312,5 +326,6 @@ class Formatter:
         model = ChatCompletionChunk if self.kind == "chat" else CompletionChunk
         return sse(model(**self._head(), choices=[], usage=usage(prompt_tokens, completion_tokens)))
 
-    def error_chunk(self, message: str) -> str:
-        return sse(ErrorResponse(error=ErrorDetail(message=message, type="server_error", param=None, code=None)))
+    def error_chunk(self, message: str, type: str = "server_error", param: str | None = None,
+                    code: str | None = None) -> str:
+        return sse(ErrorResponse(error=ErrorDetail(message=message, type=type, param=param, code=code)))

@@ -264,13 +264,19 @@ class Engine:
     # -- one iteration --------------------------------------------------------
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; returns the requests that advanced or finished in it."""
+        """Run one iteration; returns the requests that advanced or finished in it.
+
+        What one request brings — its grammar, logits processors, sampling, the
+        bookkeeping of its tokens — can fail only that request: it ends with
+        ``finish_reason="error"`` and its ``RequestOutput.error``, its blocks are
+        freed, and the others go on. Only the forward pass itself may raise here.
+        """
         plan = self.scheduler.schedule()
-        attach_contexts(plan, self.running, self._sampling_state)
+        failed = attach_contexts(plan, self.running, self._sampling_state)  # request id -> its exception
         results = self.runner.execute(plan)
         collect_prompt_logprobs(self.running, results, self._sampling_state)
         self.generation_tokens_total += len(results)
-        touched = self.scheduler.update(plan, results)
+        touched = self.scheduler.update(plan, results, failed)
         for req in touched:
             if req.finished:
                 self.requests.pop(req.request_id, None)

@@ -17,7 +17,8 @@ class CompletionOutput:
         logprobs: per generated token, ``{token_id: logprob}`` of the top tokens
             and the sampled one, when ``SamplingParams.logprobs`` is set.
         finish_reason: ``"stop"`` (EOS, stop token or stop string), ``"length"``
-            (max_tokens or the model's context), ``"abort"``, or
+            (max_tokens or the model's context), ``"abort"``, ``"error"`` (the
+            request's own processing failed: ``RequestOutput.error`` says how), or
             ``"kv_cache_exhausted"`` (step03 only: no block left, no preemption yet).
         stop_reason: the stop string or stop token id that ended it, if any.
     """
@@ -48,3 +49,6 @@ class RequestOutput:
     # with SamplingParams.prompt_logprobs: None for the first prompt token, then {token id: logprob}
     # of the most likely tokens and the prompt's own at each position
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # what ended the request when its own processing failed (its grammar met a limit: a RequestError
+    # naming the field; a logits processor raised: that exception); None otherwise
+    error: BaseException | None = None

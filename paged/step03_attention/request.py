@@ -29,6 +29,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     outputs: dict[int, CompletionOutput] = field(default_factory=dict)  # seq_id -> output
     sampling_state: object = None  # a SamplingState when its params process logits (made by the engine)
+    error: BaseException | None = None  # what ended it, when its own processing failed (Scheduler.fail)
 
     @property
     def prompt_logprobs(self) -> list | None:
@@ -42,7 +43,7 @@ class Request:
         completions = [self.outputs[s.seq_id] for s in self.seqs]
         return RequestOutput(
             self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished,
-            prompt_logprobs=self.prompt_logprobs,
+            prompt_logprobs=self.prompt_logprobs, error=self.error,
         )
 
 

@@ -77,12 +77,30 @@ class ModelRunner:
             tokens = greedy_tokens(logits).tolist()
             return {r[0]: SampleResult(t) for r, t in zip(rows, tokens)}
         contexts = [plan.contexts.get(r[0]) for r in rows] if plan.contexts else None
-        results = sample(logits[:len(rows)], [r[2] for r in rows], [self._generator(r[0], r[3]) for r in rows],
-                         contexts) if rows else []
+        results = self._sample(logits[:len(rows)], rows, contexts) if rows else []
         out = {r[0]: res for r, res in zip(rows, results)}
         if plan.contexts:
             self._gather_prompt_logprobs(logits[len(rows):], plan, out)
         return out
+
+    def _sample(self, logits: torch.Tensor, rows: list, contexts) -> list[SampleResult]:
+        """``sample`` over all rows; should it raise, each row alone, so that a row that fails
+        gets its error (``SampleResult.error``) and the others their tokens. (Rows redrawn
+        alone after a failed batch draw on from their generators' state: that path is for a
+        failure nobody expected, and it keeps the server up rather than the draws identical.)"""
+        params = [r[2] for r in rows]
+        gens = [self._generator(r[0], r[3]) for r in rows]
+        try:
+            return sample(logits, params, gens, contexts)
+        except Exception:
+            results = []
+            for i in range(len(rows)):
+                try:
+                    results += sample(logits[i:i + 1], params[i:i + 1], gens[i:i + 1],
+                                      contexts[i:i + 1] if contexts else None)
+                except Exception as e:
+                    results.append(SampleResult(0, error=e))
+            return results
 
     def _prompt_logprob_spans(self, plan: StepPlan) -> list[tuple[int, int, int, int]]:
         """``(seq_id, first token row, rows, first position)`` of each chunk whose logits give prompt

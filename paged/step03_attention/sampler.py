@@ -39,6 +39,7 @@ class SampleResult:
     top_logprobs: dict[int, float] | None = None  # the k most likely tokens
     # per prompt token: None for the first, then {token: logprob} of the k most likely and the prompt's own
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    error: BaseException | None = None  # this row's own processing failed: token_id means nothing
 
 
 def num_top_logprobs(p: SamplingParams) -> int | None:
@@ -96,7 +97,11 @@ def sample(
     """One token per row. ``generators[i]`` is row i's own generator (CPU); ``contexts[i]`` its
     history and grammar when its params process logits (None: no row does)."""
     raw = _upcast(logits)
-    logits = process_logits(raw, params, contexts) if contexts else raw
+    errors: dict[int, BaseException] = {}
+    logits = raw
+    if contexts and any(p.logits_processors for p in params):
+        logits, errors = apply_logits_processors(raw, params, contexts)
+    logits = process_logits(logits, params, contexts) if contexts else logits
     tokens = logits.argmax(dim=1)  # greedy rows keep this
     # --8<-- [start:draw]
     sampled = [i for i, p in enumerate(params) if not p.greedy]
@@ -116,7 +121,35 @@ def sample(
         chosen, tops = logprobs_of(raw[rows], tokens[rows], [num_top_logprobs(params[i]) for i in want])
         for j, i in enumerate(want):
             results[i].logprob, results[i].top_logprobs = chosen[j], tops[j]
+    for i, err in errors.items():
+        results[i].error = err
     return results
+
+
+def apply_logits_processors(logits: torch.Tensor, params: list[SamplingParams],
+                            contexts: list[SamplingContext | None]) -> tuple[torch.Tensor, dict]:
+    """Each row's ``SamplingParams.logits_processors``, in order, on a copy of its row ``[V]``.
+
+    Runs before any generator draws, so a processor that raises (or returns
+    something that is not a finite-or-masked ``[V]`` tensor) touches nothing
+    but its own row: that row keeps its logits and its error is returned
+    (``{row: exception}``), the other rows are sampled as if it were not there.
+    """
+    out, errors = logits.clone(), {}
+    for i, p in enumerate(params):
+        if not p.logits_processors or contexts[i] is None:
+            continue
+        row = out[i].clone()
+        try:
+            for fn in p.logits_processors:
+                row = fn(list(contexts[i].output_token_ids), row)
+                if not isinstance(row, torch.Tensor) or row.shape != out[i].shape:
+                    raise TypeError(f"logits processor {fn!r} returned {type(row).__name__} "
+                                    f"{getattr(row, 'shape', '')}, not a tensor of shape {tuple(out[i].shape)}")
+            out[i] = row
+        except Exception as e:
+            errors[i] = e
+    return out, errors
 
 
 def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, ks: list[int]) -> tuple[list, list]:

@@ -20,7 +20,18 @@ from paged.step03_attention.structured import GuidedDecodingParams
 
 def bad(name: str, value, rule: str, bound=None) -> None:
     """Refuse ``value`` for field ``name``: the message states the rule, ``param`` names the field."""
-    raise RequestError(f"{name} must be {rule}, got {value!r}", param=name, bound=bound)
+    raise RequestError(f"{name} must be {rule}, got {_short(value)}", param=name, bound=bound)
+
+
+def _short(value) -> str:
+    """``value`` for a message, cut to 200 characters (a refused list may be long)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's 4 300-digit string limit, inside a list
+        return f"a {type(value).__name__} holding a huge integer"
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def number_in(value, lo: float, hi: float) -> bool:
@@ -65,6 +76,15 @@ class SamplingParams:
             tokenization is banned whenever the tokens before it were just generated.
         guided_decoding: a ``GuidedDecodingParams`` (JSON schema, JSON object,
             regex or choice) the output must follow.
+        logits_processors: callables ``fn(output_token_ids, logits) -> logits``
+            applied to this request's row of logits ``[V]`` before anything else
+            (vLLM's offline hook; in-process only, not over HTTP). One that raises
+            ends this request with its error; the rest of the batch is not touched.
+
+    Sizes are bounded too (the ``MAX_*`` constants, stated on docs/serving.md), so
+    that what a request costs the engine per iteration is bounded: at most
+    ``MAX_STOP`` stop strings of ``MAX_STOP_CHARS``, ``MAX_LIST`` stop token ids,
+    logit biases and bad words (of at most ``MAX_BAD_WORD_CHARS`` each).
     """
 
     n: int = 1
@@ -90,10 +110,17 @@ class SamplingParams:
     min_p: float = 0.0
     bad_words: list[str] | None = None
     guided_decoding: GuidedDecodingParams | None = None
+    logits_processors: list | None = None
 
     MAX_LOGPROBS = 20
     MAX_LOGIT_BIAS = 100.0
     MAX_ADDITIVE_PENALTY = 2.0
+    MAX_INT64 = 2**63 - 1  # seed and top_k: what a torch generator and an index tensor hold (vLLM's seed bound)
+    MAX_LENGTH_PENALTY = 10.0  # |length_penalty|: length ** 10 stays finite for any context
+    MAX_STOP = 64
+    MAX_STOP_CHARS = 1024
+    MAX_LIST = 1024  # stop_token_ids, logit_bias entries, bad_words
+    MAX_BAD_WORD_CHARS = 256
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -114,8 +141,9 @@ class SamplingParams:
             bad("temperature", self.temperature, "a number in [0, 100]", (0.0, 100.0))
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             bad("top_p", self.top_p, "a number in (0, 1]", (0.0, 1.0))
-        if not isinstance(self.top_k, int) or (self.top_k < 0 and self.top_k != -1):
-            bad("top_k", self.top_k, "-1 (disabled), 0 (disabled) or a positive integer")
+        if not isinstance(self.top_k, int) or (self.top_k < 0 and self.top_k != -1) or self.top_k > self.MAX_INT64:
+            bad("top_k", self.top_k, f"-1 (disabled), 0 (disabled) or a positive integer <= {self.MAX_INT64}",
+                (-1, self.MAX_INT64))
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             bad("max_tokens", self.max_tokens, "an integer >= 1", 1)
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
@@ -123,17 +151,28 @@ class SamplingParams:
                 (0, self.max_tokens))
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", self.stop, "a list of non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if len(self.stop) > self.MAX_STOP or any(len(s) > self.MAX_STOP_CHARS for s in self.stop):
+            raise RequestError(f"stop must be at most {self.MAX_STOP} strings of at most {self.MAX_STOP_CHARS} "
+                               f"characters, got {len(self.stop)} of up to {max(map(len, self.stop))}",
+                               param="stop", bound=(self.MAX_STOP, self.MAX_STOP_CHARS))
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= self.MAX_INT64
+               for t in self.stop_token_ids):
             bad("stop_token_ids", self.stop_token_ids, "a list of non-negative token ids")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            bad("seed", self.seed, "None or a non-negative integer", 0)
+        if len(self.stop_token_ids) > self.MAX_LIST:
+            raise RequestError(f"stop_token_ids has {len(self.stop_token_ids)} entries; at most {self.MAX_LIST} "
+                               "are allowed", param="stop_token_ids", bound=self.MAX_LIST)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed <= self.MAX_INT64):
+            bad("seed", self.seed, f"None or a non-negative integer <= {self.MAX_INT64} (2**63 - 1)",
+                (0, self.MAX_INT64))
         if self.logprobs is not None and (
             not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= self.MAX_LOGPROBS
         ):
             bad("logprobs", self.logprobs, f"None or an integer in [0, {self.MAX_LOGPROBS}]",
                 (0, self.MAX_LOGPROBS))
-        if not isinstance(self.length_penalty, (int, float)):
-            bad("length_penalty", self.length_penalty, "a number")
+        lp = self.MAX_LENGTH_PENALTY
+        if not number_in(self.length_penalty, -lp, lp):
+            bad("length_penalty", self.length_penalty, f"a number in [-{lp:g}, {lp:g}]", (-lp, lp))
         if self.early_stopping not in (True, False, "never"):
             bad("early_stopping", self.early_stopping, "True, False or 'never'")
 
@@ -156,6 +195,9 @@ class SamplingParams:
         bias = self.logit_bias or {}
         if not isinstance(bias, dict) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in bias):
             bad("logit_bias", self.logit_bias, "a dict {token id (int >= 0): bias}")
+        if len(bias) > self.MAX_LIST:
+            raise RequestError(f"logit_bias has {len(bias)} entries; at most {self.MAX_LIST} are allowed",
+                               param="logit_bias", bound=self.MAX_LIST)
         hi = self.MAX_LOGIT_BIAS
         outside = {t: b for t, b in bias.items() if not number_in(b, -hi, hi)}
         if outside:
@@ -164,6 +206,16 @@ class SamplingParams:
             not isinstance(self.bad_words, list) or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)
         ):
             bad("bad_words", self.bad_words, "a list of non-empty strings")
+        words = self.bad_words or []
+        if len(words) > self.MAX_LIST or any(len(w) > self.MAX_BAD_WORD_CHARS for w in words):
+            raise RequestError(f"bad_words must be at most {self.MAX_LIST} words of at most "
+                               f"{self.MAX_BAD_WORD_CHARS} characters, got {len(words)} of up to "
+                               f"{max(map(len, words))}", param="bad_words",
+                               bound=(self.MAX_LIST, self.MAX_BAD_WORD_CHARS))
+        if self.logits_processors is not None and (
+            not isinstance(self.logits_processors, list) or not all(map(callable, self.logits_processors))
+        ):
+            bad("logits_processors", self.logits_processors, "a list of callables fn(output_token_ids, logits)")
         g = self.guided_decoding
         if g is not None:
             if not isinstance(g, GuidedDecodingParams):
@@ -186,7 +238,7 @@ class SamplingParams:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
             or self.logit_bias or self.bad_words or self.guided_decoding is not None
-            or self.min_tokens or self.prompt_logprobs is not None
+            or self.min_tokens or self.prompt_logprobs is not None or self.logits_processors
         )
 
     @property

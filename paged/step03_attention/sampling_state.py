@@ -30,6 +30,10 @@ def check_against_model(params: SamplingParams, vocab_size: int, tokenizer, gram
     if outside:
         raise RequestError(f"logit_bias token ids must be in [0, {vocab_size}) (the model's vocabulary), "
                            f"got {outside[:5]}", param="logit_bias", bound=(0, vocab_size))
+    outside = [t for t in params.stop_token_ids if t >= vocab_size]
+    if outside:
+        raise RequestError(f"stop_token_ids must be in [0, {vocab_size}) (the model's vocabulary), "
+                           f"got {outside[:5]}", param="stop_token_ids", bound=(0, vocab_size))
     for name in ("bad_words", "guided_decoding"):
         if getattr(params, name) and tokenizer is None:
             raise RequestError(f"{name} needs the model's tokenizer (tokenizer.json), and this model has none",
@@ -38,15 +42,16 @@ def check_against_model(params: SamplingParams, vocab_size: int, tokenizer, gram
         grammars().matcher(params.guided_decoding)
 
 
-def bad_word_token_ids(words: list[str], tokenizer) -> list[list[int]]:
-    """Each bad word as the model writes it, alone and after a space (both spellings are banned)."""
-    ids = []
-    for word in words:
-        for spelling in (word, " " + word.lstrip()):
-            tokens = tokenizer.encode(spelling, add_special_tokens=False).ids
-            if tokens and tokens not in ids:
-                ids.append(tokens)
-    return ids
+def bad_word_token_ids(words: list[str], tokenizer) -> dict[tuple[int, ...], set[int]]:
+    """Each bad word as the model writes it, alone and after a space (both spellings are banned),
+    as ``{tokens before the last: {last tokens}}``: built in one pass over the words, and
+    looked up in ``SamplingState.context`` once per distinct prefix length, not once per word."""
+    spellings = [s for word in words for s in (word, " " + word.lstrip())]
+    bans: dict[tuple[int, ...], set[int]] = {}
+    for enc in tokenizer.encode_batch(spellings, add_special_tokens=False):
+        if enc.ids:
+            bans.setdefault(tuple(enc.ids[:-1]), set()).add(enc.ids[-1])
+    return bans
 
 
 class SamplingState:
@@ -62,7 +67,8 @@ class SamplingState:
     def __init__(self, params: SamplingParams, eos_token_ids, tokenizer, compiler: GrammarCompiler | None) -> None:
         self.params = params
         self.stop_ids = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids)))
-        self.bad_words = bad_word_token_ids(params.bad_words, tokenizer) if params.bad_words else []
+        self.bad_words = bad_word_token_ids(params.bad_words, tokenizer) if params.bad_words else {}
+        self.bad_word_prefix_lens = sorted({len(prefix) for prefix in self.bad_words})
         self.compiler = compiler
         self.matchers: dict[int, GrammarMatcher] = {}  # seq id -> its position in the grammar
         self.prompt_logprobs: list | None = None  # once computed
@@ -78,9 +84,9 @@ class SamplingState:
         ctx.prompt_logprobs = want_prompt_logprobs
         if len(out) < p.min_tokens:
             ctx.banned_token_ids = list(self.stop_ids)
-        for word in self.bad_words:
-            if out[len(out) - len(word) + 1:] == word[:-1]:  # the word's other tokens end the output
-                ctx.banned_token_ids.append(word[-1])
+        for n in self.bad_word_prefix_lens:  # a word whose other tokens end the output: ban its last
+            if n <= len(out):
+                ctx.banned_token_ids.extend(self.bad_words.get(tuple(out[len(out) - n:]), ()))
         if p.guided_decoding is not None:
             matcher = self.matchers.get(seq.seq_id)
             if matcher is None:  # a new sequence (or a sample forked before its first token)
@@ -91,20 +97,28 @@ class SamplingState:
     # --8<-- [end:context]
 
 
-def attach_contexts(plan: StepPlan, requests, state_of) -> None:
+def attach_contexts(plan: StepPlan, requests, state_of) -> dict[str, Exception]:
     """Put a ``SamplingContext`` for every live sequence of ``requests`` that process logits into ``plan``.
 
     ``state_of(request)`` returns the request's ``SamplingState``. A request's
     first sequence computes its prompt; parallel samples forked from it get
     their own contexts (and grammar matchers) from their first draw on.
+    Returns ``{request id: exception}`` for the requests whose state failed (a
+    grammar that met a limit): they get no context, and the engine ends them.
     """
+    failed = {}
     for req in requests:
         if not req.params.processes_logits:
             continue
-        state = state_of(req)
-        for i, seq in enumerate(req.seqs):
-            if not seq.is_finished:
-                plan.contexts[seq.seq_id] = state.context(seq, computes_prompt=i == 0)
+        try:
+            state = state_of(req)
+            contexts = {seq.seq_id: state.context(seq, computes_prompt=i == 0)
+                        for i, seq in enumerate(req.seqs) if not seq.is_finished}
+        except Exception as e:  # this request's own failure: it ends, the plan goes on without it
+            failed[req.request_id] = e
+            continue
+        plan.contexts.update(contexts)
+    return failed
 
 
 def collect_prompt_logprobs(requests, results: dict, state_of) -> None:

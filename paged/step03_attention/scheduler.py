@@ -49,6 +49,7 @@ from collections import deque
 
 from paged.step01_allocator import BlockAllocator
 from paged.step02_block_table import BlockTable, Sequence, SequenceStatus
+from paged.step03_attention.errors import RequestError
 from paged.step03_attention.events import EngineEvent
 from paged.step03_attention.outputs import CompletionOutput
 from paged.step03_attention.plan import StepPlan
@@ -198,20 +199,44 @@ class Scheduler:
     # --8<-- [end:schedule]
 
     # --8<-- [start:update]
-    def update(self, plan: StepPlan, results: dict) -> list[Request]:
+    def update(self, plan: StepPlan, results: dict, failed: dict | None = None) -> list[Request]:
         """Record what the workers sampled for ``plan`` (seq id -> ``SampleResult``); retire who finished.
+
+        ``failed`` maps a request id to the exception its own processing raised
+        before sampling (its grammar, its logits processors); a result may carry
+        one too, and so may the request's own bookkeeping here. Each ends only
+        that request (``fail``); the others go on.
 
         Returns the requests that advanced or ended in this iteration (those
         ended while scheduling first), each once.
         """
+        failed = failed or {}
         touched = {r.request_id: r for r in self._ended}
         self._ended = []
         for req in list(self.running):
-            if self._process(req, results):
+            error = failed.get(req.request_id) or next(
+                (results[s.seq_id].error for s in req.seqs if s.seq_id in results and results[s.seq_id].error), None)
+            if error is None:
+                try:
+                    if self._process(req, results):
+                        touched[req.request_id] = req
+                except Exception as e:  # the request's own bookkeeping (a beam score, a stop string)
+                    error = e
+            if error is not None:
+                self.fail(req, error)
                 touched[req.request_id] = req
-            if req.finished:
+            elif req.finished:
                 self._retire(req)
         return list(touched.values())
+
+    def fail(self, req: Request, error: BaseException) -> None:
+        """End ``req`` with its own ``error`` (logged with its id) and free its blocks now."""
+        if isinstance(error, RequestError):
+            logger.warning("request %s failed: %s", req.request_id, error)
+        else:
+            logger.error("request %s failed", req.request_id, exc_info=error)
+        req.error = error
+        self._end(req, "error")
     # --8<-- [end:update]
 
     def _empty_plan(self) -> StepPlan:

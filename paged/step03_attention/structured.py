@@ -24,6 +24,7 @@ first the output is a prefix of a valid text (``finish_reason="length"``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -32,6 +33,17 @@ from paged.step03_attention.errors import RequestError
 # Compact JSON with json.dumps' separators; no free whitespace, which a small
 # model could otherwise repeat until max_tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+# Bounds on what a request may ask the grammar engine to build (vLLM sets none; these are
+# chosen so that compiling a grammar and its first masks takes milliseconds, and stated
+# on docs/serving.md). llguidance's own limits (2 000 items in a parser row, 50 000 per
+# step, lexer fuel) stay as they are; a grammar that reaches one of them while it runs
+# ends its own request with a 400 (``GrammarMatcher.sync``).
+MAX_SCHEMA_BYTES = 64 * 1024  # a JSON schema, serialized compactly
+MAX_REGEX_CHARS = 4096
+MAX_REGEX_REPEAT = 1000  # the regex's counted repetitions, expanded: a{1000} is 1000, (a{10}){10} is 100
+MAX_CHOICES = 1000  # llguidance allows 2 000 alternatives in one row
+MAX_CHOICE_CHARS = 64 * 1024  # all choices together
 
 
 @dataclass(frozen=True)
@@ -80,16 +92,35 @@ def grammar_text(spec: GuidedDecodingParams) -> str:
     elif spec.regex is not None:
         if not isinstance(spec.regex, str):
             raise RequestError(f"{param} must be a string, got {spec.regex!r}", param=param)
+        _check_regex(spec.regex, param)
         grammar = llguidance.LLMatcher.grammar_from_regex(spec.regex)
     else:
         if not isinstance(spec.choice, list) or not all(isinstance(c, str) and c for c in spec.choice):
-            raise RequestError(f"{param} must be a non-empty list of non-empty strings, got {spec.choice!r}",
+            raise RequestError(f"{param} must be a non-empty list of non-empty strings, got {spec.choice!r:.200}",
                                param=param)
+        if len(spec.choice) > MAX_CHOICES:
+            raise RequestError(f"{param} has {len(spec.choice)} choices; at most {MAX_CHOICES} are allowed",
+                               param=param, bound=MAX_CHOICES)
+        chars = sum(map(len, spec.choice))
+        if chars > MAX_CHOICE_CHARS:
+            raise RequestError(f"{param} has {chars} characters in all; at most {MAX_CHOICE_CHARS} are allowed",
+                               param=param, bound=MAX_CHOICE_CHARS)
         grammar = llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
     problem = llguidance.LLMatcher.validate_grammar(grammar)
     if problem:
         raise RequestError(f"{param} is not a valid grammar: {problem.strip()}", param=param)
     return grammar
+
+
+def _check_regex(regex: str, param: str) -> None:
+    if len(regex) > MAX_REGEX_CHARS:
+        raise RequestError(f"{param} has {len(regex)} characters; at most {MAX_REGEX_CHARS} are allowed",
+                           param=param, bound=MAX_REGEX_CHARS)
+    weight = regex_repeat_weight(regex)
+    if weight > MAX_REGEX_REPEAT:
+        raise RequestError(f"{param} expands to {weight} repeated atoms (its counted repetitions such as "
+                           f"a{{n}} multiplied out); at most {MAX_REGEX_REPEAT} are allowed",
+                           param=param, bound=MAX_REGEX_REPEAT)
 
 
 def _schema_object(schema, param: str) -> dict:
@@ -101,7 +132,56 @@ def _schema_object(schema, param: str) -> dict:
             raise RequestError(f"{param} is not valid JSON: {e}", param=param) from None
     if not isinstance(schema, dict):
         raise RequestError(f"{param} must be a JSON schema object, got {type(schema).__name__}", param=param)
+    size = len(json.dumps(schema, separators=(",", ":")))
+    if size > MAX_SCHEMA_BYTES:
+        raise RequestError(f"{param} is {size} bytes as compact JSON; at most {MAX_SCHEMA_BYTES} are allowed",
+                           param=param, bound=MAX_SCHEMA_BYTES)
     return schema
+
+
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+def regex_repeat_weight(regex: str) -> int:
+    """How many copies of its atoms ``regex`` asks for once its counted repetitions are expanded.
+
+    Each atom counts 1; ``x{n}``, ``x{n,}`` and ``x{n,m}`` multiply the weight of
+    ``x`` (an atom or a group) by ``n`` or ``m``; a group weighs the sum of its
+    parts; ``*``, ``+`` and ``?`` add nothing. One pass, linear in the regex:
+    it bounds the lexer's work before llguidance builds anything.
+    """
+    stack, total, last, i = [], 0, 0, 0  # per open group: (its total so far); last: the previous atom's weight
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            total, last, i = total + 1, 1, i + 2
+            continue
+        if c == "[":  # a class is one atom; skip to its closing bracket (a leading ] or ^] is literal)
+            j = i + 1 + (regex[i + 1:i + 2] == "^")
+            j += regex[j:j + 1] == "]"
+            while j < len(regex) and regex[j] != "]":
+                j += 2 if regex[j] == "\\" else 1
+            total, last, i = total + 1, 1, j + 1
+            continue
+        if c == "(":
+            stack.append(total)
+            total, last, i = 0, 0, i + 1
+            continue
+        if c == ")" and stack:
+            inner = total
+            total, last, i = stack.pop() + inner, inner, i + 1
+            continue
+        m = _REPEAT.match(regex, i) if c == "{" else None
+        if m:
+            n = int(m.group(2)) if m.group(2) else int(m.group(1))
+            total += last * (n - 1)
+            last *= n
+            i = m.end()
+            continue
+        if c not in "*+?|^$":
+            total, last = total + 1, 1
+        i += 1
+    return total
 
 
 class GrammarCompiler:
@@ -125,29 +205,61 @@ class GrammarCompiler:
                                param="guided_decoding") from None
 
     def matcher(self, spec: GuidedDecodingParams) -> GrammarMatcher:
+        """A fresh matcher for ``spec``, its first mask computed: a grammar that fails there
+        (a schema that refers only to itself, a limit llguidance meets at once) is refused now,
+        with a ``RequestError``, rather than when the request draws its first token."""
         import llguidance
 
-        m = llguidance.LLMatcher(self._tokenizer, spec.grammar, log_level=0)
+        param = f"guided_decoding.{spec.kind}"
+        m = llguidance.LLMatcher(self._tokenizer, spec.grammar, log_level=0,
+                                 limits=llguidance.LLParserLimits(verbose_errors=False))
+        matcher = GrammarMatcher(m, self.vocab_size, param)
+        if not m.is_error():
+            matcher.first_mask = m.compute_bitmask()
         if m.is_error():  # validated without the tokenizer; some limits show only with it
-            raise RequestError(f"guided_decoding.{spec.kind}: {m.get_error()}", param=f"guided_decoding.{spec.kind}")
-        return GrammarMatcher(m, self.vocab_size)
+            raise RequestError(f"{param}: {_first_line(m.get_error())}", param=param)
+        return matcher
+
+
+def _first_line(error: str) -> str:
+    """llguidance's error without the parser state it may append."""
+    return error.strip().split("\n")[0]
 
 
 class GrammarMatcher:
-    """One sequence's position in its grammar: consumes its output tokens, answers the next mask."""
+    """One sequence's position in its grammar: consumes its output tokens, answers the next mask.
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+    Args:
+        matcher: the ``llguidance.LLMatcher``.
+        vocab_size: the model's vocabulary.
+        param: the request's field (``guided_decoding.regex``), named when the grammar fails.
+    """
+
+    def __init__(self, matcher, vocab_size: int, param: str = "guided_decoding") -> None:
         self._m = matcher
         self._words = (vocab_size + 31) // 32
+        self.param = param
         self.consumed = 0  # output tokens fed so far
+        self.first_mask: bytes | None = None  # computed at admission, used for the first draw
 
     def sync(self, output_token_ids: list[int]) -> None:
-        """Feed the tokens generated since the last call (the sampler only drew allowed ones)."""
+        """Feed the tokens generated since the last call (the sampler only drew allowed ones).
+
+        Raises ``RequestError`` naming the field when the grammar fails on the way (it
+        met one of llguidance's limits: too many items in a step, too many lexer states):
+        the engine ends this request with it, and the others go on.
+        """
         for token in output_token_ids[self.consumed:]:
-            if not self._m.consume_token(token):
-                raise RuntimeError(f"the grammar refused token {token}: {self._m.get_error()}")
-        self.consumed = len(output_token_ids)
+            if not self._m.consume_token(token) or self._m.is_error():
+                raise RequestError(f"{self.param}: the grammar failed at output token {self.consumed + 1}: "
+                                   f"{_first_line(self._m.get_error())}", param=self.param)
+            self.consumed += 1
+            self.first_mask = None
 
     def bitmask(self) -> bytes:
         """Allowed next tokens: bit ``t % 32`` of little-endian int32 word ``t // 32`` is token ``t``."""
-        return self._m.compute_bitmask()[: 4 * self._words]
+        mask = self.first_mask if self.first_mask is not None else self._m.compute_bitmask()
+        if self._m.is_error():
+            raise RequestError(f"{self.param}: the grammar failed after output token {self.consumed}: "
+                               f"{_first_line(self._m.get_error())}", param=self.param)
+        return mask[: 4 * self._words]

@@ -39,7 +39,7 @@ class GroupRequest(Request):
                 outs = [CompletionOutput(i, o.text, o.token_ids, o.cumulative_logprob, o.logprobs,
                                          o.finish_reason, o.stop_reason) for i, o in enumerate(outs)]
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
-                             self.finished, self.num_cached_tokens, self.prompt_logprobs)
+                             self.finished, self.num_cached_tokens, self.prompt_logprobs, self.error)
 
     def _beam_outputs(self) -> list[CompletionOutput]:
         chosen = beam.best(self.finished_beams, self.params.n, self.params.length_penalty)

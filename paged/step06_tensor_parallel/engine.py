@@ -20,6 +20,7 @@ Extends: ``paged.step05_preemption.PreemptingEngine``.
 
 from __future__ import annotations
 
+from paged.step03_attention.errors import RequestError
 from paged.step05_preemption import PreemptingEngine
 from paged.step06_tensor_parallel.runner import DriverRunner
 
@@ -60,6 +61,13 @@ class TensorParallelEngine(PreemptingEngine):
 
     def _num_kv_heads(self, cfg) -> int:
         return cfg.num_kv_heads // self.tensor_parallel_size
+
+    def check_request(self, prompt_token_ids, params) -> None:
+        """As step05; logits processors (Python callables) cannot travel to worker processes."""
+        if self.workers is not None and params.logits_processors:
+            raise RequestError("logits_processors run in-process only: not with tensor_parallel_size > 1",
+                               param="logits_processors")
+        super().check_request(prompt_token_ids, params)
 
     def close(self) -> None:
         """Stop the worker processes (nothing to do when W = 1). The engine cannot step afterwards."""

@@ -42,8 +42,9 @@ BAD = [
     ("temperature", dict(temperature=float("nan")), "a number in [0, 100]"),
     ("top_p", dict(top_p=0.0), "a number in (0, 1]"),
     ("top_p", dict(top_p=1.0 + 1e-9), "a number in (0, 1]"),
-    ("top_k", dict(top_k=-2), "-1 (disabled), 0 (disabled) or a positive integer"),
-    ("top_k", dict(top_k=2.0), "-1 (disabled), 0 (disabled) or a positive integer"),
+    ("top_k", dict(top_k=-2), "-1 (disabled), 0 (disabled) or a positive integer <= 9223372036854775807"),
+    ("top_k", dict(top_k=2.0), "-1 (disabled), 0 (disabled) or a positive integer <= 9223372036854775807"),
+    ("top_k", dict(top_k=2**70), "-1 (disabled), 0 (disabled) or a positive integer <= 9223372036854775807"),
     ("max_tokens", dict(max_tokens=0), "an integer >= 1"),
     ("min_tokens", dict(min_tokens=-1), "an integer in [0, max_tokens=16]"),
     ("min_tokens", dict(max_tokens=4, min_tokens=5), "an integer in [0, max_tokens=4]"),
@@ -51,11 +52,16 @@ BAD = [
     ("stop", dict(stop=["ok", 3]), "a list of non-empty strings"),
     ("stop_token_ids", dict(stop_token_ids=[5, -1]), "a list of non-negative token ids"),
     ("stop_token_ids", dict(stop_token_ids=["5"]), "a list of non-negative token ids"),
-    ("seed", dict(seed=-1), "None or a non-negative integer"),
-    ("seed", dict(seed=1.0), "None or a non-negative integer"),
+    ("stop_token_ids", dict(stop_token_ids=[2**70]), "a list of non-negative token ids"),
+    ("seed", dict(seed=-1), "None or a non-negative integer <= 9223372036854775807 (2**63 - 1)"),
+    ("seed", dict(seed=1.0), "None or a non-negative integer <= 9223372036854775807 (2**63 - 1)"),
+    ("seed", dict(seed=2**64), "None or a non-negative integer <= 9223372036854775807 (2**63 - 1)"),
     ("logprobs", dict(logprobs=-1), "None or an integer in [0, 20]"),
     ("logprobs", dict(logprobs=21), "None or an integer in [0, 20]"),
-    ("length_penalty", dict(length_penalty="1"), "a number"),
+    ("length_penalty", dict(length_penalty="1"), "a number in [-10, 10]"),
+    ("length_penalty", dict(length_penalty=1e308), "a number in [-10, 10]"),
+    ("length_penalty", dict(length_penalty=-1e308), "a number in [-10, 10]"),
+    ("length_penalty", dict(length_penalty=float("nan")), "a number in [-10, 10]"),
     ("early_stopping", dict(early_stopping="sometimes"), "True, False or 'never'"),
 ]
 
@@ -273,3 +279,21 @@ def test_engine_stop_string_spanning_tokens_ends_generation_and_is_not_returned(
     assert out.token_ids == ids[: end + 1]
     assert out.text == text[: text.index(stop)] and stop not in out.text
     assert llm.engine.allocator.num_free == 32
+
+
+@pytest.mark.parametrize("field, kwargs", [
+    ("stop", dict(stop=[f"s{i}" for i in range(SamplingParams.MAX_STOP + 1)])),
+    ("stop", dict(stop=["x" * (SamplingParams.MAX_STOP_CHARS + 1)])),
+    ("stop_token_ids", dict(stop_token_ids=list(range(SamplingParams.MAX_LIST + 1)))),
+    ("logit_bias", dict(logit_bias={t: 1.0 for t in range(SamplingParams.MAX_LIST + 1)})),
+    ("bad_words", dict(bad_words=[f"w{i}" for i in range(SamplingParams.MAX_LIST + 1)])),
+    ("bad_words", dict(bad_words=["w" * (SamplingParams.MAX_BAD_WORD_CHARS + 1)])),
+], ids=["stop-count", "stop-length", "stop-token-ids", "logit-bias", "bad-words-count", "bad-word-length"])
+def test_sampling_params_list_over_its_size_bound_is_refused(field, kwargs):
+    """Per-iteration work grows with these lists, so each has a size bound the message states."""
+    with pytest.raises(RequestError, match=r"at most \d+") as info:
+        SamplingParams(**kwargs)
+    assert info.value.param == field and info.value.bound is not None
+    at_bound = {k: (v[:-1] if isinstance(v, list) and len(v) > 1 else
+                    [v[0][:-1]] if isinstance(v, list) else dict(list(v.items())[:-1])) for k, v in kwargs.items()}
+    SamplingParams(**at_bound)  # one less is accepted

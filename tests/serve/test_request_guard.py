@@ -1,0 +1,61 @@
+"""The guard in front of the app, without a model: the Host check (DNS rebinding) and body parsing bounds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from paged.serve.app import MAX_JSON_DEPTH, Guard, host_allowed, json_depth
+
+pytestmark = pytest.mark.step05
+
+
+@pytest.mark.parametrize("bind, host, allowed", [
+    ("127.0.0.1", "127.0.0.1:8000", True), ("127.0.0.1", "localhost:8000", True), ("127.0.0.1", "[::1]:8000", True),
+    ("127.0.0.1", "evil.example:8000", False), ("127.0.0.1", "localhost.evil.example", False),
+    ("127.0.0.1", "", False), ("0.0.0.0", "10.1.2.3:8000", True), ("0.0.0.0", "rebound.example", False),
+    ("0.0.0.0", "localhost", True), ("10.1.2.3", "10.1.2.3:8000", True), ("10.1.2.3", "127.0.0.1", False),
+    ("::1", "[::1]:80", True), ("::", "[fe80::1]:80", True), ("myhost", "MyHost:80", True),
+])
+def test_host_allowed_names_only_the_bind_address(bind, host, allowed):
+    assert host_allowed(host, bind) is allowed
+
+
+async def _ok(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def _post(guard, headers):
+    async def go():
+        transport = httpx.ASGITransport(app=guard)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as c:
+            return await c.post("/v1/completions", content=b"{}", headers=headers)
+    return asyncio.run(go())
+
+
+def test_guard_without_api_key_refuses_a_rebound_host_with_421():
+    guard = Guard(_ok, api_key=None, max_body_bytes=1024, bind_host="127.0.0.1")
+    assert _post(guard, {"Host": "evil.example:8000", "Content-Type": "application/json"}).status_code == 421
+    assert _post(guard, {"Host": "127.0.0.1:8000", "Content-Type": "application/json"}).status_code == 200
+    keyed = Guard(_ok, api_key="k", max_body_bytes=1024, bind_host="127.0.0.1")  # the key is the protection then
+    r = _post(keyed, {"Host": "evil.example", "Authorization": "Bearer k", "Content-Type": "application/json"})
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("content_type, status", [("application/json", 200), ("application/json; charset=utf-8", 200),
+                                                  ("application/vnd.api+json", 200), ("text/plain", 415),
+                                                  ("application/x-www-form-urlencoded", 415)])
+def test_guard_refuses_a_body_that_is_not_json_by_content_type(content_type, status):
+    guard = Guard(_ok, api_key=None, max_body_bytes=1024, bind_host=None)
+    assert _post(guard, {"Content-Type": content_type}).status_code == status
+
+
+def test_json_depth_counts_nesting_without_recursion():
+    deep = []
+    for _ in range(100_000):  # deeper than Python's recursion limit
+        deep = [deep]
+    assert json_depth({"a": 1}) == 1 and json_depth({"a": [[{"b": []}]]}) == 5
+    assert json_depth(deep) > MAX_JSON_DEPTH
