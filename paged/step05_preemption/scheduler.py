@@ -42,8 +42,9 @@ class PreemptingScheduler(ChunkedPrefillScheduler):
     Args:
         swap: the host block pool (``SwapSpace``; ``SwapSpace(0)``: no swapping).
         preemption_mode: ``"swap"``, ``"recompute"`` or ``"auto"`` (see ``policy.py``).
-        num_params, bytes_per_block, device_type: what ``policy.choose`` ranks swap against
-            recompute by (the model's size, a block's bytes, the device).
+        num_params: the model's size, which ``policy.choose`` ranks swap against recompute by.
+        bytes_per_block: a block's bytes (the same ranking).
+        device_type: the device (the same ranking).
         **kwargs (object): as ``ChunkedPrefillScheduler``.
     """
 
