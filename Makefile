@@ -8,7 +8,7 @@ KATEX  := tools/katex/node_modules/.package-lock.json
 # The notebooks, executed once into build/notebooks/ whenever they or the code change.
 NB_RUN := build/notebooks/.executed
 
-.PHONY: install test test-deep docs notebooks docs-check waste clean gpu-check chat-model clients-check
+.PHONY: install test test-deep lint docs notebooks docs-check waste clean gpu-check chat-model clients-check
 
 install: $(STAMP) $(KATEX) chat-model
 
@@ -34,9 +34,13 @@ $(KATEX): tools/katex/package-lock.json
 	npm ci --prefix tools/katex --no-audit --no-fund --silent
 
 # The docs build runs every notebook (once, when stale) and renders the executed copies.
-test: install
+test: install lint
 	$(PY) -m pytest -p no:cacheprovider
 	$(MAKE) docs
+
+# pyflakes and pycodestyle over the code ([tool.ruff] in pyproject.toml); part of `make test`.
+lint: install
+	$(VENV)/bin/ruff check .
 
 # The property-based tests with the randomized `dev` profile: new examples on every run, ten times
 # as many as `make test` (about 20 min on 2 cores). Run it before calling a change to a step done.
@@ -64,6 +68,16 @@ docs-check: docs
 
 waste: install
 	$(PY) -m paged.bench waste
+
+# Mutation testing of the scheduler and block-manager modules of steps 01-05 ([tool.mutmut] in
+# pyproject.toml) against the model-free scheduler tests; prints the killed / survived counts.
+# Not part of `make test` (about 10 min on 2 cores); mutmut (the `mutation` extra) is installed on first use.
+.PHONY: mutation
+mutation: install
+	$(PY) -c 'import mutmut' 2>/dev/null || $(PY) -m pip install --quiet -e '.[mutation]'
+	rm -rf mutants
+	HYPOTHESIS_PROFILE=mutation $(VENV)/bin/mutmut run --max-children $(or $(JOBS),2)
+	$(VENV)/bin/mutmut results
 
 .PHONY: serve fuzz soak
 serve: install

@@ -6,7 +6,8 @@ whole suite stays well inside CI's budget; it is derandomized, so CI replays
 the same examples on every run and a red run reproduces. ``dev`` is randomized
 and runs more examples: ``make test-deep`` runs the property tests with it
 (new examples every time; a failure prints the seed to reproduce it with
-``--hypothesis-seed``). The header of every run names the profile.
+``--hypothesis-seed``). ``mutation`` (``make mutation``) is ``ci`` with few
+examples, as the tests run once per mutant. The header of every run names the profile.
 """
 
 import os
@@ -22,6 +23,9 @@ settings.register_profile(
     derandomize=True,
 )
 settings.register_profile("dev", deadline=None, max_examples=300)
+# `make mutation` runs the model-free scheduler tests once per mutant: few examples, the same every run
+settings.register_profile("mutation", deadline=None, max_examples=8, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

@@ -143,8 +143,8 @@ def test_layering_check_sees_an_upward_import_inside_a_function(tmp_path):
 
 
 # -- one scheduler: each step overrides only the hooks of its own idea ----------------------------
-SCHEDULER = ("_schedule", "_fit_to_budget", "_blocks_needed", "_take_slots", "_give_slots", "_evict",
-             "_admit", "_admissible", "_insert", "_end", "_check_group")
+SCHEDULER = ("schedule", "update", "new_seq", "_fit_to_budget", "_blocks_needed", "_take_slots", "_give_slots",
+             "_evict", "_admit", "_insert", "_end", "_process", "_retire")
 
 
 def _overrides(cls) -> set[str]:
@@ -152,18 +152,26 @@ def _overrides(cls) -> set[str]:
 
 
 def test_layering_the_scheduler_loop_is_written_once_and_each_step_overrides_its_hooks():
-    """The table of docs/architecture.md, as code: a step that rewrites the loop (``_schedule``)
-    or a hook of another step's idea fails here."""
-    from paged.bench.reservation import ReservingEngine
+    """The table of docs/architecture.md, as code: a scheduler class that rewrites the loop (``schedule``,
+    ``update``) or a hook of another step's idea fails here; the engines compose a scheduler and define
+    no hook of it."""
+    from paged.bench.reservation import OrcaReservation, ReservingEngine
     from paged.step03_attention import Engine
-    from paged.step03_attention.scheduler import Scheduler
-    from paged.step04_sharing import SharingEngine
-    from paged.step05_preemption import PreemptingEngine
+    from paged.step03_attention.scheduler import Reservation, Scheduler
+    from paged.step04_sharing import SharingEngine, SharingScheduler
+    from paged.step05_preemption import ChunkedPrefillScheduler, PreemptingEngine, PreemptingScheduler
     from paged.step06_tensor_parallel import TensorParallelEngine
 
-    assert _overrides(Scheduler) == set(SCHEDULER) - {"_check_group"}
-    assert _overrides(Engine) == {"_check_group"} and issubclass(Engine, Scheduler)
-    assert _overrides(SharingEngine) == {"_blocks_needed", "_take_slots", "_give_slots", "_end", "_check_group"}
-    assert _overrides(PreemptingEngine) == {"_fit_to_budget", "_evict", "_admit"}
-    assert _overrides(TensorParallelEngine) == set()
-    assert _overrides(ReservingEngine) == {"_admissible"}
+    assert _overrides(Scheduler) == set(SCHEDULER)
+    assert _overrides(SharingScheduler) == {"new_seq", "_blocks_needed", "_take_slots", "_give_slots", "_end",
+                                            "_process"}
+    assert _overrides(ChunkedPrefillScheduler) == {"_fit_to_budget"}
+    assert _overrides(PreemptingScheduler) == {"_evict", "_admit", "_retire"}
+    engines = {Engine: Scheduler, SharingEngine: SharingScheduler, PreemptingEngine: PreemptingScheduler,
+               TensorParallelEngine: PreemptingScheduler, ReservingEngine: PreemptingScheduler}
+    for engine, scheduler in engines.items():
+        assert not issubclass(engine, Scheduler) and engine.scheduler_class is scheduler, engine
+        assert all(not hasattr(engine, name) for name in SCHEDULER if name != "new_seq"), engine
+    # the Orca baselines change admission through the scheduler's reservation seam, not a hook
+    assert set(vars(OrcaReservation)) & {"reserve", "release"} == {"reserve", "release"}
+    assert issubclass(OrcaReservation, Reservation)

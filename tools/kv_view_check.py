@@ -53,7 +53,7 @@ import websocket
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: paged is importable
-from paged.serve.kv_view import WATCH_TIMEOUT_S
+from paged.serve.kv_view import WATCH_TIMEOUT_S  # noqa: E402 (after the sys.path line above)
 
 API_KEY = "kv-view-check"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -62,7 +62,8 @@ import numpy as np
 
 from paged.bench import e2e, throughput
 from paged.bench.replay_cost import FIG18A_POINT, GPUS, MAX_NUM_BATCHED_TOKENS, MODELS, CostModel
-from paged.bench.replay_engine import VOCAB, ReplayEngine, stand_in_model
+from paged.bench.replay_engine import ReplayEngine, stand_in_model
+from paged.step03_attention.stand_in import VOCAB
 from paged.bench.traces import synthetic_trace
 
 FIGURES = (12, 13, 14, 16, 17, 18)

@@ -22,9 +22,12 @@ chunks) so that external fragmentation is real. A waiting request is admitted
 only when all its chunks can be placed; the chunks are freed when it ends.
 The K/V itself is written into the request's blocks by the same paged runner.
 
-The rule is one scheduler hook: ``ReservingEngine._admissible`` says whether a
-waiting request may start, and here that means "all its chunks can be placed
-now", on top of the paged engine's "its first blocks are free".
+The rule is the scheduler's admission seam (``Reservation``): the scheduler
+asks ``OrcaReservation.reserve(request)`` when a waiting request's first
+blocks are free — yes only when all its chunks can be placed, and then they
+are — and calls ``release(request)`` when it retires. The chunks live in
+step01's ledger, ``ContiguousReservations``, the same Orca model the trace
+simulator (``simulate_orca``) runs on.
 
 Invariants (``tests/test_bench_e2e.py``):
 
@@ -34,19 +37,48 @@ Invariants (``tests/test_bench_e2e.py``):
 * the arena holds exactly the chunks of live reserved requests (empty when idle);
 * ``memory="paged"`` schedules exactly as ``PreemptingEngine``.
 
-Extends: ``paged.step05_preemption.PreemptingEngine`` (its admission hook).
+Extends: ``paged.step05_preemption.PreemptingEngine`` (its scheduler's reservation policy).
 """
 
 from __future__ import annotations
 
-from paged.step01_allocator import BlockAllocatorError
-from paged.step01_allocator.buddy import BuddyAllocator
-from paged.step01_allocator.orca import POLICIES
+from paged.step01_allocator.orca import POLICIES, ContiguousReservations
 from paged.step01_allocator.waste import TraceRequest
 from paged.step03_attention.errors import RequestError
+from paged.step03_attention.scheduler import Reservation
 from paged.step05_preemption import PreemptingEngine
 
 MEMORY_MODES = ("paged", "orca-max", "orca-pow2", "orca-oracle")
+
+
+# --8<-- [start:reservation]
+class OrcaReservation(Reservation):
+    """Orca's admission: all of a request's contiguous chunks, or it waits (the module docstring).
+
+    Args:
+        memory: ``"orca-max"``, ``"orca-pow2"`` or ``"orca-oracle"``.
+        num_blocks: the block pool the chunks are carved from (the arena spans its indices).
+        block_size: tokens per block (B).
+        max_model_len: the model's context (Orca Max reserves it; the others are capped by it).
+    """
+
+    def __init__(self, memory: str, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        self.policy = POLICIES[memory.removeprefix("orca-")]
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.ledger = ContiguousReservations(num_blocks, exact=True)  # offsets in blocks
+
+    def chunks(self, prompt_len: int, params) -> tuple[int, int]:
+        """``(chunks, blocks per chunk)`` for a request: one chunk per sequence (``best_of``)."""
+        total = min(prompt_len + params.max_tokens, self.max_model_len)
+        slots = self.policy(TraceRequest(prompt_len, total - prompt_len), self.max_model_len)
+        return params.best_of, -(-slots // self.block_size)
+
+    def reserve(self, req) -> bool:
+        return self.ledger.reserve(req.request_id, *self.chunks(len(req.prompt_token_ids), req.params))
+
+    def release(self, req) -> None:
+        self.ledger.release(req.request_id)
+# --8<-- [end:reservation]
 
 
 class ReservingEngine(PreemptingEngine):
@@ -69,75 +101,49 @@ class ReservingEngine(PreemptingEngine):
             kwargs["enable_prefix_caching"] = False
         self.memory = memory
         super().__init__(model, **kwargs)
-        self.arena = BuddyAllocator(self.allocator.num_blocks, exact=True)  # offsets in blocks
-        self.reservations: dict[str, list[int]] = {}  # request id -> chunk offsets
+
+    def _scheduler_options(self) -> dict:
+        if not self.reserving:
+            return super()._scheduler_options()
+        orca = OrcaReservation(self.memory, self.kv_cache.num_blocks, self.block_size, self.max_model_len)
+        return {**super()._scheduler_options(), "reservation": orca}
 
     @property
     def reserving(self) -> bool:
         return self.memory != "paged"
 
-    # --8<-- [start:reservation]
+    @property
+    def arena(self):
+        """The Orca modes' buddy arena over the block indices (None when paged)."""
+        return self.scheduler.reservation.ledger.arena if self.reserving else None
+
+    @property
+    def reservations(self) -> dict[str, list[int]]:
+        """Request id -> offsets of its chunks (empty when paged)."""
+        return self.scheduler.reservation.ledger.held if self.reserving else {}
+
     def reservation(self, prompt_len: int, params) -> tuple[int, int]:
         """``(chunks, blocks per chunk)`` this mode reserves for a request; ``(0, 0)`` if paged."""
-        if not self.reserving:
-            return 0, 0
-        policy = POLICIES[self.memory.removeprefix("orca-")]
-        total = min(prompt_len + params.max_tokens, self.max_model_len)
-        slots = policy(TraceRequest(prompt_len, total - prompt_len), self.max_model_len)
-        return params.best_of, -(-slots // self.block_size)
-    # --8<-- [end:reservation]
+        return self.scheduler.reservation.chunks(prompt_len, params) if self.reserving else (0, 0)
 
     def reserved_blocks(self, request_id: str) -> int:
         """Blocks held in the arena for ``request_id`` (0 if none)."""
-        return sum(self.arena.size_of(o) for o in self.reservations.get(request_id, []))
+        return self.scheduler.reservation.ledger.reserved(request_id) if self.reserving else 0
 
     def check_request(self, prompt_token_ids, params) -> None:
         super().check_request(prompt_token_ids, params)
         chunks, size = self.reservation(len(prompt_token_ids), params)
-        if chunks and not _place(BuddyAllocator(self.arena.capacity, exact=True), chunks, size):
+        ledger = self.scheduler.reservation.ledger if chunks else None
+        if chunks and not ledger.could_ever_hold(chunks, size):
             raise RequestError(
                 f"{self.memory} reserves {chunks} contiguous chunk(s) of {size} blocks for this request; "
-                f"a KV cache of {self.arena.capacity} blocks can never hold them at once: "
+                f"a KV cache of {ledger.arena.capacity} blocks can never hold them at once: "
                 "raise num_blocks or lower max_tokens / max_model_len",
-                param="max_tokens", bound=self.arena.capacity,
+                param="max_tokens", bound=ledger.arena.capacity,
             )
 
     def stats(self) -> dict:
         out = super().stats()
         out["memory"] = self.memory
-        out["blocks_reserved"] = self.arena.num_allocated
+        out["blocks_reserved"] = self.arena.num_allocated if self.reserving else 0
         return out
-
-    # --8<-- [start:admissible]
-    def _admissible(self, req, need) -> bool:
-        """Paged: its first blocks are free. Orca: also, all its chunks can be placed now — then
-        they are, and held until it ends (the scheduler admits it right after this answer)."""
-        if not super()._admissible(req, need):
-            return False
-        if not self.reserving:
-            return True
-        chunks, size = self.reservation(len(req.prompt_token_ids), req.params)
-        offsets = _place(self.arena, chunks, size)
-        if offsets is None:
-            return False  # FCFS: nobody behind it goes first
-        self.reservations[req.request_id] = offsets
-        return True
-    # --8<-- [end:admissible]
-
-    def _retire(self, req) -> None:
-        super()._retire(req)
-        for offset in self.reservations.pop(req.request_id, []):
-            self.arena.free(offset)
-
-
-def _place(arena: BuddyAllocator, chunks: int, size: int) -> list[int] | None:
-    """Allocate ``chunks`` chunks of ``size`` blocks, all or nothing; their offsets or None."""
-    offsets = []
-    try:
-        for _ in range(chunks):
-            offsets.append(arena.allocate(size))
-    except BlockAllocatorError:  # no room now, or a chunk larger than any root
-        for o in offsets:
-            arena.free(o)
-        return None
-    return offsets

@@ -16,6 +16,11 @@ reserved (the buddy gives the tail of its power-of-two block back), and with
 ``exact_chunks=False`` it is padded to a power of two like a classic buddy.
 Nothing is preempted: a reservation is for the request's whole life.
 
+The reservations themselves are one ledger, ``ContiguousReservations``: each
+holder's chunks in a buddy arena, placed all or nothing, released together.
+``simulate_orca`` keeps its trace's reservations there, and so does the
+engine's Orca baseline (``paged.bench.reservation``): one Orca model.
+
 Invariants: a request is admitted only when its whole reservation fits; at the
 end of the trace every chunk is free and the arena is coalesced into its roots.
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Iterable
 
+from paged.step01_allocator.allocator import BlockAllocatorError
 from paged.step01_allocator.buddy import BuddyAllocator, next_pow2
 from paged.step01_allocator.waste import (
     InvalidTraceError,
@@ -62,6 +68,58 @@ POLICIES: dict[str, ReservationPolicy] = {
     "oracle": reserve_oracle,
 }
 # --8<-- [end:policies]
+
+
+# --8<-- [start:ledger]
+class ContiguousReservations:
+    """Orca's memory: every holder's contiguous chunks in one buddy arena.
+
+    Args:
+        capacity: slots (or blocks) the arena spans.
+        exact: ``BuddyAllocator(exact=...)``: False pads each chunk to a power of two.
+    """
+
+    def __init__(self, capacity: int, exact: bool = True) -> None:
+        self.arena = BuddyAllocator(capacity, exact=exact)
+        self.held: dict[object, list[int]] = {}  # holder -> offsets of its chunks
+
+    def reserve(self, holder, chunks: int, size: int) -> bool:
+        """Place ``chunks`` chunks of ``size`` for ``holder``, all or nothing; False (nothing placed)
+        if the arena cannot hold them now. A holder reserves once, until ``release``."""
+        if holder in self.held:
+            raise ValueError(f"{holder!r} already holds a reservation")
+        offsets = _place(self.arena, chunks, size)
+        if offsets is None:
+            return False
+        self.held[holder] = offsets
+        return True
+
+    def release(self, holder) -> None:
+        """Free ``holder``'s chunks (nothing if it holds none)."""
+        for offset in self.held.pop(holder, []):
+            self.arena.free(offset)
+
+    def reserved(self, holder) -> int:
+        """Slots held for ``holder``, buddy padding included (0 if none)."""
+        return sum(self.arena.size_of(o) for o in self.held.get(holder, []))
+
+    def could_ever_hold(self, chunks: int, size: int) -> bool:
+        """Whether an empty arena of this capacity holds ``chunks`` chunks of ``size`` at once."""
+        return _place(BuddyAllocator(self.arena.capacity, exact=self.arena.exact), chunks, size) is not None
+
+
+def _place(arena: BuddyAllocator, chunks: int, size: int) -> list[int] | None:
+    """Allocate ``chunks`` chunks of ``size``, all or nothing; their offsets or None."""
+    offsets = []
+    try:
+        for _ in range(chunks):
+            offsets.append(arena.allocate(size))
+    except BlockAllocatorError:  # no room now, or a chunk larger than any root
+        for o in offsets:
+            arena.free(o)
+        return None
+    return offsets
+# --8<-- [end:ledger]
 
 
 class _Seq:
@@ -112,7 +170,8 @@ def simulate_orca(
         raise ValueError(f"unknown Orca policy {policy!r}; choose one of {sorted(POLICIES)}")
     reserve = POLICIES[policy]
     requests = check_trace(trace, max_len)
-    arena = BuddyAllocator(kv_slots, exact=exact_chunks)
+    ledger = ContiguousReservations(kv_slots, exact=exact_chunks)
+    arena = ledger.arena
     waiting: deque[_Seq] = deque()
     for i, r in enumerate(requests):
         seq = _Seq(r, reserve(r, max_len))
@@ -128,9 +187,9 @@ def simulate_orca(
         for seq in running:  # decode: write one more token into the reservation
             seq.length += 1
             seq.generated += 1
-        while waiting and arena.can_allocate(waiting[0].reserved):  # FCFS admission
+        while waiting and ledger.reserve(waiting[0], 1, waiting[0].reserved):  # FCFS admission
             seq = waiting.popleft()
-            seq.offset = arena.allocate(seq.reserved)
+            seq.offset = ledger.held[seq][0]
             seq.length = seq.request.prompt_len + 1  # prefill + first token
             seq.generated = 1
             running.append(seq)
@@ -139,7 +198,7 @@ def simulate_orca(
         if observer is not None:
             observer(snap)
         for seq in [s for s in running if s.generated == s.request.output_len]:
-            arena.free(seq.offset)
+            ledger.release(seq)
             running.remove(seq)
             report.finished += 1
     return report

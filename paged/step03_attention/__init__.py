@@ -2,8 +2,9 @@
 
 Adds: the attention paths (reference gather + SDPA, block-wise online softmax,
 the native kernels behind one dispatch), ``StepPlan`` and ``ModelRunner``
-(the scheduler/worker split: docs/architecture.md), the first ``Engine`` (Orca-style
-FCFS, no preemption; ``EngineEvent`` records its decisions) and the
+(the scheduler/worker split: docs/architecture.md), the ``Scheduler`` (it owns the queues,
+the block pool and the budgets; FCFS, no preemption) and the first ``Engine``
+(the scheduler, a runner and the outputs; ``EngineEvent`` records its decisions) and the
 vLLM-shaped ``LLM`` / ``SamplingParams`` API.
 """
 
@@ -22,6 +23,7 @@ from paged.step03_attention.reference import causal_sdpa, gather_blocks, referen
 from paged.step03_attention.runner import ModelRunner
 from paged.step03_attention.sampler import SampleResult, sample
 from paged.step03_attention.sampling_params import SamplingParams
+from paged.step03_attention.scheduler import Reservation, Scheduler
 
 __all__ = list(_step02_all) + [
     "AttentionMetadata",
@@ -35,8 +37,10 @@ __all__ = list(_step02_all) + [
     "PagedAttention",
     "RequestError",
     "RequestOutput",
+    "Reservation",
     "SampleResult",
     "SamplingParams",
+    "Scheduler",
     "StepPlan",
     "blockwise_attention",
     "causal_sdpa",

@@ -13,8 +13,10 @@ Every iteration (``step``):
 3. the sampled tokens are recorded; a finished sequence leaves the batch and
    frees its blocks at once.
 
-The engine is plain Python over plain data: the runner is the only place
-tensors live.
+The engine is the three pieces composed: ``self.scheduler`` (a ``Scheduler``:
+queues, block pool, budgets, every decision), ``self.runner`` (the only place
+tensors live) and the outputs it hands back. A later step swaps in its own
+scheduler class (``scheduler_class``) and runner class (``runner_class``).
 
 Observing it: ``engine.add_observer(fn)`` calls ``fn(engine, plan, results)``
 after every iteration, and ``engine.events`` then holds the iteration's
@@ -25,18 +27,14 @@ finished, aborted; ``events.py`` gives each kind's ``detail``).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
-from collections import deque
 
-from paged.step01_allocator import BlockAllocator
-from paged.step02_block_table import BlockTable, KVCache, Sequence
+from paged.step02_block_table import KVCache
 from paged.step03_attention.backends import resolve_backend
 from paged.step03_attention.errors import RequestError
 from paged.step03_attention.events import EngineEvent
-from paged.step03_attention.outputs import CompletionOutput, RequestOutput
-from paged.step03_attention.plan import StepPlan
+from paged.step03_attention.outputs import RequestOutput
 from paged.step03_attention.request import Request, StopChecker
 from paged.step03_attention.runner import ModelRunner
 from paged.step03_attention.sampling_params import SamplingParams
@@ -54,7 +52,7 @@ logger = logging.getLogger("paged")
 DEFAULT_KV_CACHE_MEMORY = 512 * 2**20  # bytes, when neither a budget nor a block count is given
 
 
-class Engine(Scheduler):
+class Engine:
     """Iteration-level batching engine over a paged KV cache.
 
     Args:
@@ -70,6 +68,7 @@ class Engine(Scheduler):
     """
 
     runner_class = ModelRunner
+    scheduler_class = Scheduler
 
     def __init__(
         self,
@@ -108,31 +107,49 @@ class Engine(Scheduler):
             how = "as given"
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-        self.allocator = self._make_allocator(num_blocks, free_order)
         self.kv_cache = KVCache(
             cfg.num_layers, num_blocks, block_size, h_kv, cfg.head_dim, dtype, device
         )
         self.backend = resolve_backend(device, attention_backend)
         self.runner = self.runner_class(model.model, self.kv_cache, self.backend)
         self.stops = StopChecker(model.eos_token_ids, self.max_model_len, model.tokenizer)
+        self.scheduler = self.scheduler_class(
+            num_blocks, block_size, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens, stops=self.stops, free_order=free_order,
+            **self._scheduler_options(),
+        )
         logger.info(
             "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s",
             num_blocks, block_size, num_blocks * block_size,
             self.kv_cache.data.numel() * self.kv_cache.data.element_size() / 2**20, how, self.backend,
         )
         self._rng = random.Random(seed)
-        self._seq_ids = itertools.count()
-        self._arrivals = itertools.count()
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self._finished_seq_ids: list[int] = []
-        self.prompt_tokens_total = 0  # counters for /metrics
-        self.generation_tokens_total = 0
+        self.generation_tokens_total = 0  # for /metrics (prompt tokens: the scheduler counts them)
         self.observers: list = []  # called as fn(engine, plan, results) after each iteration
         self.events: list[EngineEvent] = []  # the last iteration's decisions (events.py)
-        self._new_events: list[EngineEvent] = []  # recorded since the last iteration ended
         self._grammar_compiler: GrammarCompiler | None = None  # built with the first grammar request
+
+    def _scheduler_options(self) -> dict:
+        """Keyword arguments of ``scheduler_class`` beyond the pool and the budgets (a later step adds its own)."""
+        return {}
+
+    # the scheduler's state, read through the engine (observers, snapshots, benchmarks, tests)
+    @property
+    def waiting(self):
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Request]:
+        return self.scheduler.running
+
+    @property
+    def allocator(self):
+        return self.scheduler.allocator
+
+    @property
+    def prompt_tokens_total(self) -> int:
+        return self.scheduler.prompt_tokens_total
 
     def add_observer(self, fn) -> None:
         """Call ``fn(engine, plan, results)`` after every iteration, between iterations.
@@ -170,7 +187,12 @@ class Engine(Scheduler):
                 f"(max_model_len {self.max_model_len} minus one generated token)",
                 param="prompt", bound=self.max_model_len - 1,
             )
-        self._check_prompt_fits_iteration(n)
+        if n > self.max_num_batched_tokens and not self.scheduler.chunked_prefill:
+            raise RequestError(
+                f"the prompt has {n} tokens, more than max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) of one iteration",
+                param="prompt", bound=self.max_num_batched_tokens,
+            )
         need = -(-n // self.block_size)
         if need > self.allocator.num_blocks:
             raise RequestError(
@@ -187,15 +209,6 @@ class Engine(Scheduler):
             raise RequestError("this engine (step03) generates one sequence per request; "
                                "n > 1, best_of and beam search arrive in step04", param=field, bound=1)
 
-    def _check_prompt_fits_iteration(self, n: int) -> None:
-        """Step03 computes a prompt in one iteration, so it must fit the token budget."""
-        if n > self.max_num_batched_tokens:
-            raise RequestError(
-                f"the prompt has {n} tokens, more than max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) of one iteration",
-                param="prompt", bound=self.max_num_batched_tokens,
-            )
-
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, prompt: str | None = None) -> None:
         """Queue a request (FCFS). Invalid requests raise ``RequestError`` and queue nothing."""
@@ -204,43 +217,20 @@ class Engine(Scheduler):
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
         self.check_request(prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        req = self._new_request(request_id, prompt, list(prompt_token_ids), params, seed, next(self._arrivals))
-        self._new_seq(req, req.prompt_token_ids, index=0)
-        self.requests[request_id] = req
-        self.waiting.append(req)
+        self.requests[request_id] = self.scheduler.add(request_id, prompt_token_ids, params, seed, prompt)
 
-    def _new_request(self, request_id, prompt, prompt_token_ids, params, seed, arrival) -> Request:
-        return Request(request_id, prompt, prompt_token_ids, params, seed, arrival)
-
-    def _empty_plan(self) -> StepPlan:
-        return StepPlan()
-
-    def _make_allocator(self, num_blocks: int, free_order) -> BlockAllocator:
-        return BlockAllocator(num_blocks, free_order)
-
-    def _new_seq(self, req: Request, token_ids: list[int], index: int,
-                 table: BlockTable | None = None) -> Sequence:
-        """A sequence of ``req`` (completion ``index``) over ``table`` or a new empty one."""
-        table = table or BlockTable(self.allocator, self.block_size)
-        seq = Sequence(next(self._seq_ids), token_ids, table)
-        req.seqs.append(seq)
-        req.outputs[seq.seq_id] = CompletionOutput(index, "", [])
-        return seq
 
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is and free its blocks; False if unknown or done."""
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return False
-        self._record("aborted", req)
-        for seq in req.seqs:
-            if not seq.is_finished:
-                self.stops.finish(seq, req.outputs[seq.seq_id], "abort")
-        self._retire(req)
+        self.scheduler.abort(req)
+        del self.requests[request_id]
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.scheduler.has_unfinished()
 
     # -- what the server's /metrics shows ------------------------------------
     def stats(self) -> dict:
@@ -250,7 +240,7 @@ class Engine(Scheduler):
         (shared blocks are counted once); ``internal_fragmentation_slots`` are
         the empty slots of used blocks; ``free_slots`` those of free blocks.
         """
-        a, b = self.allocator, self.block_size
+        a, b = self.scheduler.allocator, self.block_size
         filled: dict[int, int] = {}
         for req in self.running:
             for seq in req.seqs:
@@ -261,15 +251,12 @@ class Engine(Scheduler):
         return {
             "running": len(self.running),
             "waiting": len(self.waiting),
-            "swapped": 0,
             "blocks_total": a.num_blocks,
             "blocks_used": a.num_used,
             "blocks_free": a.num_free,
             "token_slots_filled": tokens,
             "internal_fragmentation_slots": a.num_used * b - tokens,
             "free_slots": a.num_free * b,
-            "prefix_cache_hit_rate": 0.0,
-            "preemptions": {"swap": 0, "recompute": 0},
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
         }
@@ -278,21 +265,19 @@ class Engine(Scheduler):
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns the requests that advanced or finished in it."""
-        plan, ended = self._schedule()
+        plan = self.scheduler.schedule()
         attach_contexts(plan, self.running, self._sampling_state)
         results = self.runner.execute(plan)
         collect_prompt_logprobs(self.running, results, self._sampling_state)
         self.generation_tokens_total += len(results)
-        touched = {r.request_id: r for r in ended}
-        for req in list(self.running):
-            if self._process(req, results):
-                touched[req.request_id] = req
+        touched = self.scheduler.update(plan, results)
+        for req in touched:
             if req.finished:
-                self._retire(req)
-        self.events, self._new_events = self._new_events, []
+                self.requests.pop(req.request_id, None)
+        self.events = self.scheduler.take_events()
         for observe in self.observers:  # between iterations: the state the next one starts from
             observe(self, plan, results)
-        return [r.to_output() for r in touched.values()]
+        return [r.to_output() for r in touched]
     # --8<-- [end:step]
 
     def _grammars(self) -> GrammarCompiler:
@@ -308,24 +293,3 @@ class Engine(Scheduler):
             compiler = self._grammars() if req.params.guided_decoding is not None else None
             req.sampling_state = SamplingState(req.params, self.model.eos_token_ids, self.model.tokenizer, compiler)
         return req.sampling_state
-
-    def _process(self, req: Request, results: dict) -> bool:
-        """Record the tokens ``req``'s sequences drew; True if any did."""
-        drew = False
-        for seq in list(req.seqs):
-            if seq.seq_id in results:
-                self.stops.record(seq, req.outputs[seq.seq_id], results[seq.seq_id], req.params)
-                drew = True
-        return drew
-
-    def _retire(self, req: Request) -> None:
-        """A finished or aborted request: free every block now, drop it from the queues."""
-        for seq in req.seqs:
-            seq.block_table.free()
-            self._finished_seq_ids.append(seq.seq_id)
-            self._record("finished", req, seq, reason=seq.finish_reason)
-        if req in self.running:
-            self.running.remove(req)
-        if req in self.waiting:
-            self.waiting.remove(req)
-        self.requests.pop(req.request_id, None)

@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from paged.step03_attention.engine import Engine
+from paged.step03_attention.errors import RequestError
 from paged.step03_attention.outputs import RequestOutput
 from paged.step03_attention.sampling_params import SamplingParams
 

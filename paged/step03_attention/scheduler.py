@@ -1,6 +1,12 @@
-"""The scheduler: one loop, written once here, and the hooks each later step overrides.
+"""The scheduler: it owns the queues, the block pool and the budgets, and decides every iteration.
 
-Every iteration ``_schedule`` fills one ``StepPlan``:
+``Scheduler`` is an object of its own (the engine holds one): ``add(...)``
+queues a request, ``schedule()`` returns the next ``StepPlan``, and
+``update(plan, results)`` takes back what the workers sampled. It is plain
+Python over plain data — sequences, block tables, queues — so it runs without a
+model (``stand_in.py`` drives it in the tests).
+
+One iteration, written once here (``schedule``):
 
 1. each running request, oldest first, gets slots for its pending tokens (a
    sequence's tokens without K/V yet: the newest one when decoding, the whole
@@ -8,38 +14,45 @@ Every iteration ``_schedule`` fills one ``StepPlan``:
    §4.3). When the free blocks do not cover it, the newest running request is
    evicted until they do;
 2. if nobody was evicted, waiting requests are admitted first-come-first-served
-   while the free blocks and the iteration's budgets cover their prompts (a
-   request that cannot fit blocks the ones behind it).
+   while the free blocks, the budgets and the reservation policy allow (a
+   request that cannot start blocks the ones behind it).
 
-Later steps never rewrite the loop; they override its hooks, each with its
-own idea (the table of docs/architecture.md):
+Later steps never rewrite the loop; each extends this class by one named
+class per idea, overriding the hooks of that idea (the table of
+docs/architecture.md):
 
-* ``_fit_to_budget`` — which tokens of a request run this iteration;
+* ``_fit_to_budget`` — which tokens of a request run this iteration (step05:
+  chunked prefill, ``ChunkedPrefillScheduler``);
 * ``_blocks_needed`` / ``_take_slots`` — how many free blocks they take, and
-  the slots they get (step04: prefix-cache hits first);
+  the slots they get (step04: prefix-cache hits first, ``SharingScheduler``);
 * ``_give_slots`` — the tokens into the plan (step04: forks, copy-on-write);
 * ``_evict`` — making room (step03 ends the request with
-  ``finish_reason="kv_cache_exhausted"``; step05 preempts it);
-* ``_admit`` / ``_admissible`` — who starts (step05: swapped groups first);
-* ``_end`` — a request ended early (step04: beams keep their answers).
+  ``finish_reason="kv_cache_exhausted"``; step05 preempts it,
+  ``PreemptingScheduler``);
+* ``_admit`` — who starts (step05: swapped groups first);
+* ``_end`` / ``_process`` — a request ended early, a sampled token recorded
+  (step04: beams).
 
-``Scheduler`` is the half of ``Engine`` that decides; it works on the
-engine's state: the queues ``waiting`` and ``running`` (requests in arrival
-order), the ``allocator``, ``block_size``, the budgets ``max_num_seqs`` and
-``max_num_batched_tokens``, and ``stops`` (which finishes sequences).
+Admission asks one more party: the ``reservation`` policy (``Reservation``):
+``reserve(request)`` at admission, ``release(request)`` at retirement. Paged
+memory reserves nothing; the Orca baselines reserve contiguous chunks
+(``paged.step01_allocator.orca.ContiguousReservation``).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import logging
 from collections import deque
 
-from paged.step02_block_table import Sequence, SequenceStatus
+from paged.step01_allocator import BlockAllocator
+from paged.step02_block_table import BlockTable, Sequence, SequenceStatus
 from paged.step03_attention.events import EngineEvent
+from paged.step03_attention.outputs import CompletionOutput
 from paged.step03_attention.plan import StepPlan
-from paged.step03_attention.request import Request
+from paged.step03_attention.request import Request, StopChecker
 
 logger = logging.getLogger("paged")
 
@@ -52,12 +65,97 @@ class Budget:
     seqs: int  # of max_num_seqs
 
 
+class Reservation:
+    """The admission seam: what paged memory reserves for a request beyond its first blocks — nothing.
+
+    The scheduler calls ``reserve(req)`` once, when ``req`` is about to start
+    (its first blocks are free): False keeps it waiting (and, FCFS, everyone
+    behind it); True means it starts now. It calls ``release(req)`` once, when
+    ``req`` retires. A policy that reserves memory holds it in between.
+    """
+
+    def reserve(self, req: Request) -> bool:
+        return True
+
+    def release(self, req: Request) -> None:
+        pass
+
+
 class Scheduler:
-    """The scheduling loop and its hooks; ``Engine`` inherits them (see the module docstring)."""
+    """FCFS iteration-level scheduling over a paged block pool (see the module docstring).
+
+    Args:
+        num_blocks: physical KV blocks in the pool.
+        block_size: tokens per block (B).
+        max_num_seqs: most sequences in one iteration.
+        max_num_batched_tokens: most tokens in one iteration (prompts included).
+        stops: decides when a sequence is done (``StopChecker``).
+        free_order (list[int] | None): initial free-list order of the allocator (tests shuffle it).
+        reservation: the admission policy (``Reservation``; default: paged, reserves nothing).
+    """
+
+    chunked_prefill = False  # step03 computes a prompt in one iteration: it must fit the token budget
+
+    def __init__(self, num_blocks: int, block_size: int, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 stops: StopChecker, free_order=None, reservation: Reservation | None = None) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.stops = stops
+        self.reservation = reservation or Reservation()
+        self.allocator = self._make_allocator(num_blocks, free_order)
+        self.waiting: deque[Request] = deque()  # arrival order
+        self.running: list[Request] = []  # arrival order
+        self.prompt_tokens_total = 0  # prompt tokens computed (cached ones excluded), for /metrics
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()  # FCFS order
+        self._finished_seq_ids: list[int] = []  # for the next plan: the workers drop their state
+        self._events: list[EngineEvent] = []  # recorded since ``take_events``
+        self._ended: list[Request] = []  # ended while deciding the current plan
+
+    def _make_allocator(self, num_blocks: int, free_order) -> BlockAllocator:
+        return BlockAllocator(num_blocks, free_order)
+
+    # -- requests in and out ---------------------------------------------------
+    def new_seq(self, req: Request, token_ids: list[int], index: int, table: BlockTable | None = None) -> Sequence:
+        """A sequence of ``req`` (completion ``index``) over ``table`` or a new empty one."""
+        table = table or BlockTable(self.allocator, self.block_size)
+        seq = Sequence(next(self._seq_ids), token_ids, table)
+        req.seqs.append(seq)
+        req.outputs[seq.seq_id] = CompletionOutput(index, "", [])
+        return seq
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params, seed: int, prompt: str | None = None) -> Request:
+        """Queue a new request behind every waiting one (FCFS) and return it; its first sequence
+        holds the prompt. The caller has validated it (``Engine.check_request``)."""
+        req = self._new_request(request_id, prompt, list(prompt_token_ids), params, seed, next(self._arrivals))
+        self.new_seq(req, req.prompt_token_ids, index=0)
+        self.waiting.append(req)
+        return req
+
+    def _new_request(self, *args) -> Request:
+        return Request(*args)
+
+    def abort(self, req: Request) -> None:
+        """Stop ``req`` wherever it is and free its blocks now."""
+        self._record("aborted", req)
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self.stops.finish(seq, req.outputs[seq.seq_id], "abort")
+        self._retire(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def take_events(self) -> list[EngineEvent]:
+        """The decisions recorded since the last call, oldest first (``events.py``)."""
+        events, self._events = self._events, []
+        return events
 
     def _record(self, kind: str, req: Request, seq: Sequence | None = None, **detail) -> None:
-        """Note one scheduling decision for ``engine.events`` (see ``events.py``)."""
-        self._new_events.append(EngineEvent(kind, req.request_id, None if seq is None else seq.seq_id, detail))
+        self._events.append(EngineEvent(kind, req.request_id, None if seq is None else seq.seq_id, detail))
 
     def _record_growth(self, req: Request, seq: Sequence, first: int, cached: int = 0) -> None:
         """An ``allocated`` event for the blocks ``seq``'s table gained from index ``first`` on;
@@ -66,9 +164,10 @@ class Scheduler:
         if len(blocks) > first:
             self._record("allocated", req, seq, blocks=blocks[first + cached:], cached=blocks[first:first + cached])
 
+    # -- one iteration -----------------------------------------------------------
     # --8<-- [start:schedule]
-    def _schedule(self) -> tuple[StepPlan, list[Request]]:
-        """Decide one iteration: the plan, and the requests ended while deciding it.
+    def schedule(self) -> StepPlan:
+        """Decide one iteration's plan (requests ended while deciding it come back from ``update``).
 
         Running groups go first, oldest first: each gets its pending tokens if
         the budgets allow (``_fit_to_budget``), after free blocks are made for
@@ -78,7 +177,6 @@ class Scheduler:
         plan = self._empty_plan()
         plan.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
         budget = Budget(tokens=self.max_num_batched_tokens, seqs=self.max_num_seqs)
-        self._ended = []
         evicted = False
         queue = deque(self.running)  # oldest first; victims come from its end
         while queue:
@@ -96,8 +194,28 @@ class Scheduler:
                 self._give_slots(plan, req, work, budget)
         if not evicted:  # no newcomer may take the room an older request just lost
             self._admit(plan, budget)
-        return plan, self._ended
+        return plan
     # --8<-- [end:schedule]
+
+    # --8<-- [start:update]
+    def update(self, plan: StepPlan, results: dict) -> list[Request]:
+        """Record what the workers sampled for ``plan`` (seq id -> ``SampleResult``); retire who finished.
+
+        Returns the requests that advanced or ended in this iteration (those
+        ended while scheduling first), each once.
+        """
+        touched = {r.request_id: r for r in self._ended}
+        self._ended = []
+        for req in list(self.running):
+            if self._process(req, results):
+                touched[req.request_id] = req
+            if req.finished:
+                self._retire(req)
+        return list(touched.values())
+    # --8<-- [end:update]
+
+    def _empty_plan(self) -> StepPlan:
+        return StepPlan()
 
     def _fit_to_budget(self, req: Request, budget: Budget, plan: StepPlan) -> list | None:
         """``[(seq, tokens to compute)]`` for ``req`` this iteration, or None if the budgets say not now.
@@ -126,7 +244,7 @@ class Scheduler:
 
     def _end(self, req: Request, reason: str) -> None:
         """End every live sequence of ``req`` with ``reason`` and free its blocks now;
-        this iteration's ``step`` reports it as finished."""
+        this iteration's ``update`` reports it."""
         for seq in req.seqs:
             if not seq.is_finished:
                 self.stops.finish(seq, req.outputs[seq.seq_id], reason)
@@ -135,10 +253,8 @@ class Scheduler:
 
     # --8<-- [start:admit]
     def _admit(self, plan: StepPlan, budget: Budget) -> None:
-        """FCFS: start waiting requests while the budgets and free blocks cover their prompts.
-
-        A request that does not fit blocks the ones behind it (no overtaking).
-        """
+        """FCFS: start waiting requests while the budgets, the free blocks and the reservation
+        policy allow. A request that cannot start blocks the ones behind it (no overtaking)."""
         while self.waiting:
             req = self.waiting[0]
             work = self._fit_to_budget(req, budget, plan)
@@ -151,18 +267,13 @@ class Scheduler:
                                req.request_id, self.allocator.num_blocks)
                 self._end(req, "length")
                 continue
-            if not self._admissible(req, need):
+            if need > self.allocator.num_free or not self.reservation.reserve(req):
                 return
             self.waiting.popleft()
             self._insert(self.running, req)
             self._record("admitted", req)
             self._give_slots(plan, req, work, budget)
     # --8<-- [end:admit]
-
-    def _admissible(self, req: Request, need: int) -> bool:
-        """May ``req`` start now? When the free blocks cover the ``need`` blocks of its first slots
-        (paged: nothing is reserved ahead; a contiguous-reservation baseline asks more here)."""
-        return need <= self.allocator.num_free
 
     # --8<-- [start:insert]
     @staticmethod
@@ -201,3 +312,25 @@ class Scheduler:
         """
         start = seq.block_table.num_tokens
         return start, seq.block_table.append(n), 0
+
+    # -- after the forward pass ----------------------------------------------------
+    def _process(self, req: Request, results: dict) -> bool:
+        """Record the tokens ``req``'s sequences drew; True if any did."""
+        drew = False
+        for seq in list(req.seqs):
+            if seq.seq_id in results:
+                self.stops.record(seq, req.outputs[seq.seq_id], results[seq.seq_id], req.params)
+                drew = True
+        return drew
+
+    def _retire(self, req: Request) -> None:
+        """A finished or aborted request: free every block now, drop it from the queues."""
+        for seq in req.seqs:
+            seq.block_table.free()
+            self._finished_seq_ids.append(seq.seq_id)
+            self._record("finished", req, seq, reason=seq.finish_reason)
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.reservation.release(req)

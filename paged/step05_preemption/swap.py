@@ -27,14 +27,15 @@ class SwapSpace:
 
     Args:
         num_blocks: host blocks (from ``--swap-space`` bytes).
-        like: the device cache whose block shape and dtype to copy.
+        like: the device cache whose block shape and dtype to copy; None: only the allocator
+            and the moves (the scheduler's half, for running it without a model).
     """
 
-    def __init__(self, num_blocks: int, like: KVCache) -> None:
+    def __init__(self, num_blocks: int, like: KVCache | None = None) -> None:
         self.allocator = BlockAllocator(num_blocks)
         self.cache = (
             KVCache(like.num_layers, num_blocks, like.block_size, like.num_kv_heads, like.head_dim,
-                    like.dtype, "cpu") if num_blocks > 0 else None
+                    like.dtype, "cpu") if num_blocks > 0 and like is not None else None
         )
 
     @staticmethod

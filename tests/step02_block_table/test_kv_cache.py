@@ -129,7 +129,9 @@ class PagedKVMachine(RuleBasedStateMachine):
         written = [s for s in slots if s >= 0]
         mask = torch.ones(self.cache.num_blocks * self.block_size, dtype=torch.bool)
         mask[written] = False
-        flat = lambda t: t.flatten(2, 3)  # [L, 2, N * B, H_kv, D]
+        def flat(t):
+            return t.flatten(2, 3)  # [L, 2, N * B, H_kv, D]
+
         assert torch.equal(flat(self.cache.data)[:, :, mask], flat(before)[:, :, mask])
 
     @rule(table=consumes(seqs))

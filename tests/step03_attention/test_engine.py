@@ -108,6 +108,18 @@ def test_engine_rejects_bad_requests_and_changes_nothing(checkpoint, prompt, par
     assert not engine.has_unfinished() and engine.allocator.num_free == 64 and not engine.requests
 
 
+def test_llm_generate_bad_prompt_raises_request_error_naming_the_prompt(checkpoint):
+    """``LLM.generate`` validates every prompt before queueing any: a bad one raises the promised
+    ``RequestError`` (its message led by the prompt's index, its field kept), and nothing runs."""
+    _, _, path = checkpoint
+    llm = LLM(str(path), dtype="float64", block_size=4, num_blocks=64, attention_backend="reference")
+    with pytest.raises(RequestError, match=r"^prompt 1: the prompt is empty") as info:
+        llm.generate([[1, 2, 3], []], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert info.value.param == "prompt"
+    assert not llm.engine.has_unfinished() and not llm.engine.requests
+    assert llm.engine.allocator.num_free == 64
+
+
 def test_engine_prompt_larger_than_cache_is_rejected(checkpoint):
     _, _, path = checkpoint
     engine = _engine(path, num_blocks=2)

@@ -32,17 +32,19 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from paged.models.random_llama import load_random_llama
 from paged.step02_block_table import KVCache
-from paged.step05_preemption import PreemptingEngine, SamplingParams
+from paged.step05_preemption import PreemptingEngine, PreemptingScheduler, SamplingParams
 from tests.invariants import check_allocator
+from tests.scheduler_harness import Harness
 
 VOCAB = 64
 MAX_REQUESTS = 8
+MAX_LEN = 64  # the model's context (the model-free machine's max_model_len)
 FINISH_WITHIN = 3000  # iterations after the last arrival
 
 @functools.cache
 def _model():
     """Built once per process (a few milliseconds per iteration)."""
-    return load_random_llama(vocab_size=VOCAB, max_position_embeddings=64)
+    return load_random_llama(vocab_size=VOCAB, max_position_embeddings=MAX_LEN)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -182,3 +184,27 @@ SchedulerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 test_scheduler_state_machine = SchedulerMachine.TestCase
+
+
+class ModelFreeSchedulerMachine(SchedulerMachine):
+    """The same machine, rules and invariants over the scheduler alone: a ``PreemptingScheduler``
+    stepped with the stand-in runner (``tests/scheduler_harness.py``), no model and no tensor.
+    Thousands of iterations take seconds, so it runs five times the profile's examples."""
+
+    @initialize(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
+                mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
+                budget=st.sampled_from([None, 4, 9]))
+    def start(self, block_size, num_blocks, mode, host_blocks, budget):
+        self.engine = Harness(PreemptingScheduler, num_blocks, block_size, preemption_mode=mode,
+                              swap_blocks=host_blocks, max_num_batched_tokens=budget or 2048,
+                              max_model_len=MAX_LEN)
+        self.params: dict[str, SamplingParams] = {}
+        self.aborted: set[str] = set()
+        self.finished: dict[str, object] = {}
+
+
+ModelFreeSchedulerMachine.TestCase.settings = settings(
+    max_examples=5 * settings().max_examples, stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+test_scheduler_state_machine_model_free = ModelFreeSchedulerMachine.TestCase

@@ -21,7 +21,6 @@ check the real collectives end to end.)
 import threading
 from dataclasses import dataclass, field
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 

@@ -1,0 +1,159 @@
+"""The scheduler without a model: a ``Scheduler`` of any step driven by step03's ``StandInRunner``.
+
+``Harness`` is the engine's loop (schedule → execute → update) with the
+runner replaced by the stand-in, so a scheduling test builds no model, no KV
+tensor and no kernel: thousands of iterations take a second. It records
+every plan and the events of every iteration, and checks the allocator
+invariants (tests/invariants.py) when asked.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from paged.step03_attention.request import StopChecker
+from paged.step03_attention.sampling_params import SamplingParams
+from paged.step03_attention.stand_in import StandInRunner
+from paged.step05_preemption.swap import SwapSpace
+
+EOS = 2
+
+
+@dataclass
+class Iteration:
+    """One iteration as the harness saw it."""
+
+    plan: object  # the StepPlan
+    touched: list  # requests that advanced or ended
+    events: list  # EngineEvents, oldest first
+    running_before: list = field(default_factory=list)  # request ids, arrival order
+    swapped_before: list = field(default_factory=list)
+    waiting_before: list = field(default_factory=list)
+
+    def kinds(self, kind: str) -> list[str]:
+        """Request ids of this iteration's ``kind`` events, in order (one per request)."""
+        seen = []
+        for e in self.events:
+            if e.kind == kind and e.request_id not in seen:
+                seen.append(e.request_id)
+        return seen
+
+
+class Harness:
+    """A scheduler of class ``scheduler_class`` and a stand-in runner, stepped like an engine.
+
+    Args:
+        scheduler_class: ``Scheduler``, ``SharingScheduler``, ``PreemptingScheduler``, ...
+        num_blocks, block_size, max_num_seqs, max_num_batched_tokens: the pool and the budgets.
+        max_model_len: the most tokens a sequence may hold.
+        swap_blocks: host blocks, for a scheduler that swaps (``PreemptingScheduler``).
+        eos_rate: how often the stand-in draws EOS (requests then stop early).
+        **kwargs: more arguments of ``scheduler_class`` (``preemption_mode=``, ``free_order=``, ...).
+    """
+
+    def __init__(self, scheduler_class, num_blocks: int, block_size: int = 4, *, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048, max_model_len: int = 4096, swap_blocks: int | None = None,
+                 eos_rate: float = 0.0, **kwargs) -> None:
+        if swap_blocks is not None:
+            kwargs["swap"] = SwapSpace(swap_blocks)
+        self.stops = StopChecker([EOS], max_model_len)
+        self.scheduler = scheduler_class(num_blocks, block_size, max_num_seqs=max_num_seqs,
+                                         max_num_batched_tokens=max_num_batched_tokens, stops=self.stops, **kwargs)
+        self.runner = StandInRunner(eos=EOS, eos_rate=eos_rate)
+        self.history: list[Iteration] = []
+        self.events: list = []  # the last iteration's
+        self.requests: dict[str, object] = {}  # the live ones, as engine.requests
+        self.outputs: dict[str, object] = {}  # request id -> its last RequestOutput
+        self._ids = itertools.count()
+
+    # -- the engine's API, over the scheduler (what the engine does around it, minus the model) --
+    def add_request(self, rid: str, prompt_token_ids: list[int], params: SamplingParams):
+        seed = params.seed if params.seed is not None else len(self.requests) + 1
+        req = self.scheduler.add(rid, prompt_token_ids, params, seed=seed)
+        self.requests[rid] = req
+        return req
+
+    def abort(self, rid: str) -> bool:
+        req = self.requests.get(rid)
+        if req is None or req.finished:
+            return False
+        self.scheduler.abort(req)
+        del self.requests[rid]
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list:
+        """One iteration: schedule, the stand-in's draws, update; returns the touched requests' outputs."""
+        s = self.scheduler
+        before = (self.ids(s.running), self.ids(getattr(s, "swapped", [])), self.ids(s.waiting))
+        plan = s.schedule()
+        results = self.runner.execute(plan)
+        touched = s.update(plan, results)
+        outs = []
+        for req in touched:
+            out = req.to_output()
+            self.outputs[req.request_id] = out
+            outs.append(out)
+            if req.finished:
+                self.requests.pop(req.request_id, None)
+        self.events = s.take_events()
+        self.history.append(Iteration(plan, touched, self.events, *before))
+        return outs
+
+    def tick(self) -> Iteration:
+        """One iteration (``step``), returned as the harness saw it."""
+        self.step()
+        return self.history[-1]
+
+    @property
+    def last(self) -> Iteration:
+        return self.history[-1]
+
+    # the scheduler's state, named as on the engine
+    block_size = property(lambda self: self.scheduler.block_size)
+    running = property(lambda self: self.scheduler.running)
+    waiting = property(lambda self: self.scheduler.waiting)
+    swapped = property(lambda self: self.scheduler.swapped)
+    allocator = property(lambda self: self.scheduler.allocator)
+    swap = property(lambda self: self.scheduler.swap)
+
+    # -- shorthands for the rule tests ---------------------------------------------------
+    def add(self, prompt, max_tokens: int = 8, rid: str | None = None, **params):
+        """Queue a request: ``prompt`` a token list or a length (tokens from its id); returns it."""
+        rid = rid if rid is not None else f"r{next(self._ids)}"
+        tokens = list(prompt) if not isinstance(prompt, int) else [3 + (7 * len(rid) + i) % 1000 for i in range(prompt)]
+        params.setdefault("temperature", 0.0)
+        return self.add_request(rid, tokens, SamplingParams(max_tokens=max_tokens, **params))
+
+    def ids(self, queue) -> list[str]:
+        return [r.request_id for r in queue]
+
+    def plan_seq(self, it: Iteration, rid: str) -> bool:
+        """Whether a sequence of request ``rid`` is in iteration ``it``'s plan."""
+        return any(e.request_id == rid for e in it.events if e.kind == "admitted") or any(
+            s.seq_id in it.plan.seq_ids for r in it.touched + self.scheduler.running if r.request_id == rid
+            for s in r.seqs)
+
+    def run(self, max_iterations: int = 10_000) -> list[Iteration]:
+        """Step until nothing is left; fails (instead of hanging) after ``max_iterations``."""
+        start = len(self.history)
+        for _ in range(max_iterations):
+            if not self.scheduler.has_unfinished():
+                return self.history[start:]
+            self.step()
+        raise AssertionError(f"still unfinished after {max_iterations} iterations: "
+                             f"running {self.ids(self.scheduler.running)}, waiting {self.ids(self.scheduler.waiting)}")
+
+    def finish_reasons(self, rid: str) -> list:
+        req = self.requests.get(rid) or self._finished(rid)
+        return [s.finish_reason for s in req.seqs]
+
+    def _finished(self, rid: str):
+        for it in self.history:
+            for req in it.touched:
+                if req.request_id == rid:
+                    return req
+        raise KeyError(rid)
