@@ -216,7 +216,9 @@ def test_chat_top_logprobs_hold_the_sampled_token(server, stream):
                    if c["choices"] and c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
     else:
         content = post(server, "/v1/chat/completions", body).json()["choices"][0]["logprobs"]["content"]
-    tid = lambda s: int(s.split(":")[1])
+    def tid(spelt: str) -> int:
+        return int(spelt.split(":")[1])
+
     check_sampled_inside([(tid(e["token"]), e["logprob"], {tid(t["token"]): t["logprob"] for t in e["top_logprobs"]})
                           for e in content], 1)
 
