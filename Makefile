@@ -8,7 +8,7 @@ KATEX  := tools/katex/node_modules/.package-lock.json
 # The notebooks, executed once into build/notebooks/ whenever they or the code change.
 NB_RUN := build/notebooks/.executed
 
-.PHONY: install test test-deep lint docs notebooks docs-check waste clean gpu-check chat-model
+.PHONY: install test test-deep lint docs notebooks docs-check waste clean gpu-check chat-model clients-check
 
 install: $(STAMP) $(KATEX) chat-model iproute2
 
@@ -170,3 +170,29 @@ figures: install
 			>$(FIG)/replay_fig$$f.txt || exit 1; done
 	{ date -u; $(PY) -m paged.bench replay --figure 14 --max-num-seqs 1024 --json; } \
 		>$(FIG)/replay_fig14_seqs1024.txt
+
+# Clients nobody here wrote, unpatched, against a live server on SmolLM2 (float32): lm-eval's
+# local-completions and local-chat-completions on the task set in tools/clients/tasks, compared with
+# transformers on the same weights, and guidellm synchronous + sweep (see tools/clients_check.py).
+# They live in their own venv (heavy: datasets, pandas, scikit-learn...), with torch pinned to the
+# project's: a dry run first proves that nothing would pull another torch or nvidia-* packages.
+# Not part of `make test` (about 15 minutes on 2 cores). Figures: build/clients-check/summary.md.
+CLIENTS_VENV  := build/clients-venv
+CLIENTS_PY    := $(CLIENTS_VENV)/bin/python
+CLIENTS       := 'lm_eval[api]==0.4.13' guidellm==0.8.1 transformers==5.24.0 gguf==0.19.0
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-$(shell echo "$(CLIENTS)" | md5sum | cut -c1-8)
+
+$(CLIENTS_STAMP):
+	test -x $(CLIENTS_PY) || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_PY) -m pip install --quiet --upgrade pip
+	$(CLIENTS_PY) -m pip install --quiet torch==2.13.0
+	echo torch==2.13.0 >$(CLIENTS_VENV)/constraints.txt
+	$(CLIENTS_PY) -m pip install --quiet --dry-run --report $(CLIENTS_VENV)/dry-run.json \
+		-c $(CLIENTS_VENV)/constraints.txt $(CLIENTS)
+	$(PY) tools/clients_check.py --check-dry-run $(CLIENTS_VENV)/dry-run.json
+	$(CLIENTS_PY) -m pip install --quiet -c $(CLIENTS_VENV)/constraints.txt $(CLIENTS)
+	touch $@
+
+clients-check: install $(CLIENTS_STAMP)
+	$(PY) tools/clients_check.py --clients-python $(CLIENTS_PY) \
+		--model $$($(PY) -c 'from paged.models.default import chat_model_path as p; print(p())')

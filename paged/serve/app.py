@@ -54,6 +54,7 @@ from paged.serve.kv_view import KVView, page
 from paged.serve.metrics import ServerMetrics
 from paged.serve.openapi import error_responses, event_stream, request_body
 from paged.serve.openapi import install as install_openapi
+from paged.serve import tokenize
 from paged.serve.protocol import EXPECTED, LIST_BOUNDS, ChatCompletionRequest, CompletionRequest
 from paged.serve.responses import (ChatCompletionChunk, ChatCompletionResponse, CompletionChunk, CompletionResponse,
                                    Health, Index, ModelCard, ModelList)
@@ -63,7 +64,8 @@ try:
     __version__ = version("paged")
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0"
-GUARDED_PREFIXES = ("/v1", "/kv/")  # the API and the KV data; /kv (a page with no data) stays open
+# the API, the tokenizer routes (/tokenize covers /tokenizer_info) and the KV data; /kv (a page with no data) stays open
+GUARDED_PREFIXES = ("/v1", "/kv/", "/tokenize", "/detokenize")
 MAX_JSON_DEPTH = 64  # nested arrays / objects in a body (a JSON schema needs a dozen)
 MAX_JSON_INT_DIGITS = 40  # far past every field's bound (2**64 has 20), far below Python's 4 300-digit limit
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -294,7 +296,8 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
                   openapi_url=None, description="OpenAI-compatible completions and chat over paged's engine.")
     app.state.engine = engine
     install_handlers(app)
-    install_openapi(app, [CompletionRequest, ChatCompletionRequest], [CompletionChunk, ChatCompletionChunk],
+    install_openapi(app, [CompletionRequest, ChatCompletionRequest, *tokenize.REQUEST_MODELS],
+                    [CompletionChunk, ChatCompletionChunk],
                     api_key=api_key is not None)
 
     @app.get("/health", tags=["server"], summary="Is the engine running?",
@@ -342,6 +345,8 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    tokenize.install(app, serving, llm.model, parse_body)  # /tokenize, /detokenize, /tokenizer_info (vLLM's)
+
     # the live KV view is for people watching the server, not part of the OpenAI API: not in the document
     @app.get("/kv", include_in_schema=False)
     async def kv_page():
@@ -354,7 +359,8 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     @app.get("/", tags=["server"], summary="What this server serves")
     async def root() -> Index:
         return Index(name="paged", model=served_model_name,
-                     endpoints=["/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics",
+                     endpoints=["/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
+                                "/tokenizer_info", "/health", "/metrics",
                                 "/openapi.json", "/docs", "/kv"])
 
     guarded = Guard(app, api_key, max_body_bytes, bind_host)

@@ -73,14 +73,36 @@ class ChatRenderer:
         self.template = compile_template(template)
         self.end_of_turn_ids = self._end_of_turn_ids()
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages`` (each ``{"role", "content"}`` with text content)."""
-        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.specials)
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               variables: dict | None = None) -> str:
+        """The prompt text for ``messages`` (each ``{"role", "content"}`` with text content).
 
-    def encode(self, messages: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
-        """Prompt text and token ids; the template's own special tokens are not doubled."""
-        text = self.render(messages, add_generation_prompt)
-        return text, self.tokenizer.encode(text, add_special_tokens=False).ids
+        ``variables`` (a request's ``chat_template_kwargs``) are extra names the template may read;
+        ``messages``, ``add_generation_prompt`` and the special tokens are always this call's own.
+        """
+        return self.template.render({**(variables or {}), "messages": messages,
+                                     "add_generation_prompt": add_generation_prompt, **self.specials})
+
+    def encode(self, messages: list[dict], add_generation_prompt: bool = True, continue_final_message: bool = False,
+               add_special_tokens: bool = False, variables: dict | None = None) -> tuple[str, list[int]]:
+        """Prompt text and token ids; the template's own special tokens are not doubled.
+
+        ``continue_final_message``: the text ends right after the last message's content, with no
+        end-of-turn token, so the model carries on that message (a prefilled reply).
+        ``add_special_tokens``: the tokenizer's own (a BOS) on top of the template's, as vLLM's field.
+        """
+        text = self.render(messages, add_generation_prompt, variables)
+        if continue_final_message:
+            final = messages[-1]["content"]
+            end = text.rfind(final) if final else -1
+            if end < 0 and final.strip():
+                final = final.strip()
+                end = text.rfind(final)
+            if end < 0:
+                raise TemplateError("continue_final_message: the chat template does not write the final "
+                                    "message's content as given, so there is no end of it to continue from")
+            text = text[:end + len(final)]
+        return text, self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def _end_of_turn_ids(self) -> list[int]:
         """The special token the template writes right after an assistant message, as ``[id]`` (else ``[]``)."""

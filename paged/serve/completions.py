@@ -62,6 +62,13 @@ class _Timing:
                 self.metrics.finished.labels(c.finish_reason or "unknown").inc()
 
 
+def _final_text(completion, include_stop_str: bool) -> str:
+    """The engine's text (cut before the stop string), with the stop string that ended it when asked
+    (vLLM's ``include_stop_str_in_output``)."""
+    stop = completion.stop_reason if include_stop_str and completion.finish_reason == "stop" else None
+    return completion.text + stop if isinstance(stop, str) else completion.text
+
+
 async def _wait_for_disconnect(raw: Request) -> None:
     while (await raw.receive())["type"] != "http.disconnect":
         pass
@@ -102,14 +109,18 @@ class OpenAIServing:
                 if self.tokenizer is None:
                     raise APIError("this model has no tokenizer.json: send prompt as token ids", param="prompt")
                 prompts.append(p)
-                ids.append(self.tokenizer.encode(p).ids)
+                ids.append(self.tokenizer.encode(p, add_special_tokens=req.add_special_tokens).ids)
             else:
                 prompts.append(None)
                 ids.append(p)
+        for i, one in enumerate(ids):
+            if req.truncate_prompt_tokens is not None and len(one) > req.truncate_prompt_tokens:
+                ids[i], prompts[i] = one[-req.truncate_prompt_tokens:], None  # the last ones, as vLLM keeps
         prompt_logprobs = req.logprobs if req.echo else None  # echo with logprobs: the prompt's too
         rename = req.guided_rename()
         params = self._params(req, ids, req.max_tokens, req.logprobs, rename, prompt_logprobs=prompt_logprobs)
-        fmt = Formatter("completion", f"cmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.logprobs)
+        fmt = Formatter("completion", self._response_id("cmpl", req), self.model_name, self.tokenizer, req.logprobs,
+                        req.return_tokens_as_token_ids)
         echo = [self._prompt_text(p, i) for p, i in zip(prompts, ids)] if req.echo else None
         return await self._serve(req, raw, fmt, ids, prompts, params, rename, echo)
 
@@ -118,10 +129,17 @@ class OpenAIServing:
         if self.chat is None:
             raise APIError(f"{self.no_chat}; use /v1/completions instead", param="messages",
                            code="chat_template_missing")
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
-            text, ids = self.chat.encode([{"role": m.role, "content": m.text()} for m in req.messages])
+            text, ids = self.chat.encode(messages, req.add_generation_prompt and not req.continue_final_message,
+                                         req.continue_final_message, req.add_special_tokens,
+                                         self._template_variables(req))
         except ValueError as e:
             raise APIError(str(e), param="messages") from None
+        if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
+            text, ids = None, ids[-req.truncate_prompt_tokens:]
+        # vLLM's chat echo: a reply that continues the last message (same role) starts with that message
+        echo = [messages[-1]["content"]] if req.echo and messages[-1]["role"] == "assistant" else None
         max_tokens = req.requested_max_tokens
         if max_tokens is None:  # OpenAI's default for chat: whatever context is left
             max_tokens = max(1, self.max_model_len - len(ids))
@@ -130,8 +148,22 @@ class OpenAIServing:
                   **req.guided_rename()}
         params = self._params(req, [ids], max_tokens, req.num_logprobs, rename)
         params.stop_token_ids += [t for t in self.chat.end_of_turn_ids if t not in params.stop_token_ids]
-        fmt = Formatter("chat", f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.tokenizer, req.num_logprobs)
-        return await self._serve(req, raw, fmt, [ids], [text], params, rename, None)
+        fmt = Formatter("chat", self._response_id("chatcmpl", req), self.model_name, self.tokenizer,
+                        req.num_logprobs, req.return_tokens_as_token_ids)
+        return await self._serve(req, raw, fmt, [ids], [text], params, rename, echo)
+
+    @staticmethod
+    def _response_id(prefix: str, req) -> str:
+        """``cmpl-<request_id>`` when the client named its request (vLLM's ``request_id``), else a fresh uuid."""
+        return f"{prefix}-{req.request_id or uuid.uuid4().hex}"
+
+    @staticmethod
+    def _template_variables(req: ChatCompletionRequest) -> dict:
+        """``chat_template_kwargs`` and ``documents``: extra variables the chat template may read."""
+        variables = dict(req.chat_template_kwargs or {})
+        if req.documents is not None:
+            variables["documents"] = req.documents
+        return variables
 
     # -- checks -----------------------------------------------------------------------
     def _check_model(self, model: str | None) -> None:
@@ -168,7 +200,9 @@ class OpenAIServing:
 
     # -- run ------------------------------------------------------------------------
     async def _serve(self, req, raw, fmt, ids, prompts, params, rename, echo) -> Response:
-        rids = [f"{fmt.id}-{i}" for i in range(len(ids))]
+        # engine ids stay unique even when two clients send the same request_id
+        tag = f"{fmt.id}-{uuid.uuid4().hex[:8]}" if req.request_id else fmt.id
+        rids = [f"{tag}-{i}" for i in range(len(ids))]
         try:
             stream = await self.engine.add(list(zip(rids, ids, [params] * len(ids), prompts)))
         except RequestError as e:
@@ -177,7 +211,7 @@ class OpenAIServing:
             raise APIError(str(e), 503) from None
         timing = _Timing(self.metrics)
         if req.stream:
-            gen = self._stream(stream, rids, ids, params, fmt, timing, echo, req.include_usage, rename)
+            gen = self._stream(stream, rids, ids, params, fmt, timing, echo, req, rename)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         finals = await self._collect(stream, rids, raw, timing, rename)
@@ -188,7 +222,7 @@ class OpenAIServing:
             prompt_lp = finals[rid].prompt_logprobs
             echoed = (ids[i], prompt_lp) if echo and prompt_lp is not None else None
             for c in finals[rid].outputs:
-                text = (echo[i] if echo else "") + c.text
+                text = (echo[i] if echo else "") + _final_text(c, req.include_stop_str_in_output)
                 choices.append(fmt.choice(i * params.n + c.index, text, c, echoed))
                 completion_tokens += len(c.token_ids)
         return json_response(fmt.response(choices, sum(map(len, ids)), completion_tokens))
@@ -223,8 +257,12 @@ class OpenAIServing:
             self.engine.abort(gone)
             self.metrics.finished.labels("abort").inc(len(gone))
 
-    async def _stream(self, stream, rids, ids, params, fmt, timing, echo, include_usage, rename):
+    async def _stream(self, stream, rids, ids, params, fmt, timing, echo, req, rename):
         n, finals = params.n, {}
+
+        def counts(i: int, index: int):  # continuous_usage_stats: this choice's counts so far, in every chunk
+            return (len(ids[i]), sent_tokens[index]) if req.continuous_usage else None
+
         texts: dict[int, TextStream] = {}
         sent_tokens: dict[int, int] = {}
         offsets: dict[int, int] = {}
@@ -238,9 +276,9 @@ class OpenAIServing:
                     texts[index], sent_tokens[index] = TextStream(self.tokenizer, params.stop), 0
                     offsets[index] = len(echo[i]) if echo else 0
                     if fmt.kind == "chat":
-                        yield fmt.chunk(index, None, role=True)
-                    elif echo and i not in echo_pending:
-                        yield fmt.chunk(index, echo[i])
+                        yield fmt.chunk(index, None, role=True, counts=counts(i, index))
+                    if echo and i not in echo_pending:
+                        yield fmt.chunk(index, echo[i], counts=counts(i, index))
             pos = {rid: i for i, rid in enumerate(rids)}
             while len(finals) < len(rids):
                 out = await stream.get()
@@ -257,7 +295,7 @@ class OpenAIServing:
                     echo_pending.discard(i)
                     lp = fmt.logprobs(ids[i], out.prompt_logprobs)
                     for j in range(n):
-                        yield fmt.chunk(i * n + j, echo[i], lp)
+                        yield fmt.chunk(i * n + j, echo[i], lp, counts=counts(i, i * n + j))
                 for c in out.outputs:
                     index = i * n + c.index
                     if index in ended:
@@ -265,7 +303,7 @@ class OpenAIServing:
                     if c.finish_reason is None:
                         text = texts[index].feed(c.token_ids)
                     else:  # the final text, stop string cut: send its unsent rest (not the new tokens' text)
-                        text = texts[index].finish(c.text)
+                        text = texts[index].finish(_final_text(c, req.include_stop_str_in_output))
                         ended.add(index)
                     new = c.token_ids[sent_tokens[index]:]
                     if not (text or new or c.finish_reason):
@@ -275,10 +313,10 @@ class OpenAIServing:
                     sent_tokens[index] = len(c.token_ids)
                     offsets[index] += sum(map(fmt.text_length, new)) if isinstance(lp, CompletionLogprobs) else 0
                     if text or lp or c.finish_reason:
-                        yield fmt.chunk(index, text, lp, c.finish_reason)
+                        yield fmt.chunk(index, text, lp, c.finish_reason, counts=counts(i, index))
                 if out.finished:
                     finals[out.request_id] = out
-            if include_usage and len(finals) == len(rids):
+            if req.include_usage and len(finals) == len(rids):
                 done = sum(len(c.token_ids) for o in finals.values() for c in o.outputs)
                 yield fmt.usage_chunk(sum(map(len, ids)), done)
             yield SSE_DONE

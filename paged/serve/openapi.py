@@ -106,7 +106,7 @@ def openapi_document(app: FastAPI, request_models: list[type[BaseModel]], chunk_
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
                                                             "description": "the server's --api-key"}}
         for path, operations in doc["paths"].items():
-            if path.startswith("/v1"):
+            if path.startswith(("/v1", "/tokenize", "/detokenize")):  # app.GUARDED_PREFIXES' documented routes
                 for op in operations.values():
                     op["security"] = [{"bearer": []}]
     return doc

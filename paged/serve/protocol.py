@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from paged import SamplingParams
 from paged.serve.errors import APIError
+from paged.serve.extensions import ChatExtensions, CompletionExtensions
 from paged.step04_sharing.engine import MAX_BEST_OF
 from paged.step03_attention.errors import RequestError
 from paged.step03_attention.structured import (MAX_CHOICE_CHARS, MAX_CHOICES, MAX_REGEX_CHARS, MAX_REGEX_REPEAT,
@@ -59,7 +60,8 @@ BadWord = Annotated[StrictStr, Field(**bounds(min_length=1, max_length=SP.MAX_BA
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: StrictBool = False
+    include_usage: StrictBool | None = None  # None: False, but continuous_usage_stats still sends usage (vLLM)
+    continuous_usage_stats: StrictBool = False  # vLLM's: usage in every chunk, not only after the last
 
 
 class JsonSchemaFormat(BaseModel):
@@ -186,10 +188,18 @@ class _Sampling(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
+        """The usage-only chunk at the end: asked for, or implied by ``continuous_usage_stats`` as in vLLM."""
+        o = self.stream_options
+        return bool(o and (o.include_usage or (o.include_usage is None and o.continuous_usage_stats)))
+
+    @property
+    def continuous_usage(self) -> bool:
+        """``usage`` in every chunk (vLLM's ``continuous_usage_stats``; off when ``include_usage`` is false)."""
+        o = self.stream_options
+        return bool(o and o.continuous_usage_stats and o.include_usage is not False)
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(_Sampling, CompletionExtensions):
     """``POST /v1/completions``: a prompt as text, texts, token ids, or lists of token ids."""
 
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(**bounds(min_items=1))
@@ -230,7 +240,7 @@ class ChatMessage(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, ChatExtensions):
     """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat.py``)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -245,7 +255,7 @@ class ChatCompletionRequest(_Sampling):
     def _chat_rules(self):
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise APIError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # top_logprobs: 0 alone is harmless (vLLM's rule)
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
         if self.tools or self.tool_choice not in (None, "none"):
             raise APIError("tools are not supported by this engine", param="tools", code="unsupported_parameter")

@@ -223,6 +223,15 @@ def token_bytes(tokenizer, token_id: int, text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
+def _ranked(entry: dict[int, float], chosen: int, k: int) -> list[tuple[int, float]]:
+    """The ``k`` most likely of ``entry`` and, when it is not among them, the chosen token (k + 1 then)."""
+    ranked = sorted(entry.items(), key=lambda kv: -kv[1])
+    top = ranked[:k]
+    if all(t != chosen for t, _ in top):
+        top.append((chosen, entry[chosen]))
+    return top
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                  total_tokens=prompt_tokens + completion_tokens)
@@ -237,10 +246,13 @@ class Formatter:
         model: the served model name.
         tokenizer: spells token ids for logprobs (None: ids are shown as ``"token_id:<id>"``).
         num_logprobs: top alternatives per position (None: no logprobs).
+        tokens_as_ids: spell every token ``"token_id:<id>"`` (vLLM's ``return_tokens_as_token_ids``).
     """
 
-    def __init__(self, kind: str, response_id: str, model: str, tokenizer, num_logprobs: int | None) -> None:
+    def __init__(self, kind: str, response_id: str, model: str, tokenizer, num_logprobs: int | None,
+                 tokens_as_ids: bool | None = False) -> None:
         self.kind = kind
+        self.tokens_as_ids = bool(tokens_as_ids)
         self.id = response_id
         self.model = model
         self.tokenizer = tokenizer
@@ -251,7 +263,7 @@ class Formatter:
         return {"id": self.id, "created": self.created, "model": self.model}
 
     def token_text(self, token_id: int) -> str:
-        if self.tokenizer is None:
+        if self.tokenizer is None or self.tokens_as_ids:
             return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
@@ -260,13 +272,15 @@ class Formatter:
                  text_offset: int = 0) -> CompletionLogprobs | ChatLogprobs | None:
         """Logprobs of ``token_ids`` in the endpoint's format, or None when not requested.
 
-        An entry may be None (an echoed prompt's first token has no logprob): it shows as null."""
+        An entry may be None (an echoed prompt's first token has no logprob): it shows as null.
+        An entry holds the top ``num_logprobs`` tokens and the chosen one, so a position lists up to
+        ``num_logprobs + 1`` alternatives, the chosen token among them, as vLLM and OpenAI do."""
         if self.num_logprobs is None or entries is None:
             return None
         if self.kind == "chat":
             content = []
             for tok, entry in zip(token_ids, entries):
-                top = sorted(entry.items(), key=lambda kv: -kv[1])[: self.num_logprobs]
+                top = _ranked(entry, tok, self.num_logprobs)
                 content.append(TokenLogprob(**self._chat_token(tok, entry[tok]).model_dump(),
                                             top_logprobs=[self._chat_token(t, lp) for t, lp in top]))
             return ChatLogprobs(content=content)
@@ -275,7 +289,7 @@ class Formatter:
             text = self.token_text(tok)
             out.tokens.append(text)
             out.token_logprobs.append(entry[tok] if entry is not None else None)
-            top = sorted(entry.items(), key=lambda kv: -kv[1])[: self.num_logprobs] if entry is not None else None
+            top = _ranked(entry, tok, self.num_logprobs) if entry is not None else None
             out.top_logprobs.append({self.token_text(t): lp for t, lp in top} if top is not None else None)
             out.text_offset.append(text_offset)
             text_offset += self.text_length(tok)
@@ -313,14 +327,16 @@ class Formatter:
 
     # -- stream chunks ------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, logprobs=None, finish_reason: str | None = None,
-              role: bool = False) -> str:
-        """One SSE chunk for choice ``index`` (``role``: the chat stream's opening chunk)."""
+              role: bool = False, counts: tuple[int, int] | None = None) -> str:
+        """One SSE chunk for choice ``index`` (``role``: the chat stream's opening chunk; ``counts``:
+        ``(prompt, completion)`` tokens so far, sent as ``usage`` for vLLM's ``continuous_usage_stats``)."""
+        counts = usage(*counts) if counts is not None else None
         if self.kind == "chat":
             delta = OpeningDelta(content="") if role else Delta(content=text)
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
-            return sse(ChatCompletionChunk(**self._head(), choices=[choice]))
+            return sse(ChatCompletionChunk(**self._head(), choices=[choice], usage=counts))
         choice = CompletionChunkChoice(index=index, text=text or "", logprobs=logprobs, finish_reason=finish_reason)
-        return sse(CompletionChunk(**self._head(), choices=[choice]))
+        return sse(CompletionChunk(**self._head(), choices=[choice], usage=counts))
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
         model = ChatCompletionChunk if self.kind == "chat" else CompletionChunk

@@ -87,9 +87,10 @@ def wait_idle(app) -> dict:
 
 
 OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
-              "POST /v1/chat/completions", "GET /metrics", "GET /"]
+              "POST /v1/chat/completions", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info",
+              "GET /metrics", "GET /"]
 # the operations with something to break (a body): the others have no request the schema refuses
-WITH_BODY = ["POST /v1/completions", "POST /v1/chat/completions"]
+WITH_BODY = ["POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize", "POST /detokenize"]
 RUNS = [(label, GenerationMode.POSITIVE) for label in OPERATIONS] + \
        [(label, GenerationMode.NEGATIVE) for label in WITH_BODY]
 

@@ -1,0 +1,181 @@
+"""The tokenizer over HTTP, in vLLM's shapes: ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``.
+
+Clients use them to count tokens without generating (guidellm, prompt
+budgeting) or, like lm-eval's ``tokenizer_backend=remote``, as their whole
+tokenizer: ``/tokenizer_info`` gives the special tokens and the chat template,
+``/tokenize`` and ``/detokenize`` do the rest. They never reach the engine.
+
+``/tokenize`` takes either a completion prompt (``prompt``, special tokens
+added by default, as ``/v1/completions`` adds them) or chat ``messages``
+(rendered by the same ``ChatRenderer`` as ``/v1/chat/completions``, so the
+count is exactly that endpoint's ``usage.prompt_tokens``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+
+from paged.serve.errors import APIError
+from paged.serve.openapi import COMPONENTS, error_responses
+from paged.serve.protocol import ChatMessage
+
+
+class TokenizeCompletionRequest(BaseModel):
+    """``POST /tokenize`` with a prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: StrictStr | None = None
+    prompt: StrictStr
+    add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool = False
+
+
+class TokenizeChatRequest(BaseModel):
+    """``POST /tokenize`` with chat messages, rendered as ``/v1/chat/completions`` renders them."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: StrictStr | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
+    return_token_strs: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_ending(self):
+        if self.continue_final_message and self.add_generation_prompt and \
+                "add_generation_prompt" in self.model_fields_set:
+            raise APIError("continue_final_message needs add_generation_prompt: false", param="continue_final_message")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int = Field(ge=0)
+    max_model_len: int = Field(ge=1)
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    """What a client needs to tokenize as the server does (the fields of a ``tokenizer_config.json``)."""
+
+    tokenizer_class: str
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    chat_template: str | None = None
+    model_max_length: int = Field(ge=1)
+    vocab_size: int = Field(ge=0)
+
+
+class TokenizeRequest:
+    """Either body of ``POST /tokenize``: ``messages`` picks the chat one (as vLLM's union does)."""
+
+    models = (TokenizeCompletionRequest, TokenizeChatRequest)
+
+    @staticmethod
+    def model_validate(data: dict) -> TokenizeCompletionRequest | TokenizeChatRequest:
+        return (TokenizeChatRequest if "messages" in data else TokenizeCompletionRequest).model_validate(data)
+
+
+# the request models whose schemas the published document carries (``openapi.install``)
+REQUEST_MODELS = [TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest]
+EXAMPLES = {
+    "tokenize": {"prompt": {"prompt": "def fib(n):"},
+                 "chat": {"messages": [{"role": "user", "content": "Hello"}], "return_token_strs": True}},
+    "detokenize": {"ids": {"tokens": [5, 6, 7]}, "one": {"tokens": [42]}},
+}
+
+
+def _body(route: str, *models) -> dict:
+    """``openapi_extra`` for a tokenizer route: its request shapes (one, or either of two) and examples."""
+    refs = [{"$ref": COMPONENTS + m.__name__} for m in models]
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": refs[0] if len(refs) == 1 else {"anyOf": refs},
+        "examples": {name: {"value": v} for name, v in EXAMPLES[route].items()}}}}}
+
+
+def install(app, serving, model, parse_body) -> None:
+    """Add the three routes to ``app``.
+
+    Args:
+        app: the FastAPI app.
+        serving: the ``OpenAIServing`` (its tokenizer, chat renderer, model name and context length).
+        model: the ``LoadedModel`` (its special tokens and chat template, for ``/tokenizer_info``).
+        parse_body: the app's body parser (every malformed body gets its own 400).
+    """
+
+    def tokenizer():
+        if serving.tokenizer is None:
+            raise APIError("this model has no tokenizer.json, so there is no tokenizer to serve", 404,
+                           code="tokenizer_missing")
+        return serving.tokenizer
+
+    def check_ids(ids: list[int]) -> None:
+        vocab = tokenizer().get_vocab_size(with_added_tokens=True)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise APIError(f"tokens: ids must be in [0, {vocab}) for this tokenizer, got {bad[:5]}",
+                           param="tokens", code="invalid_value")
+
+    errors = error_responses(400, 401, 413, _404="no model of that name, or the model has no tokenizer")
+
+    @app.post("/tokenize", tags=["tokenizer"], summary="Token ids of a prompt or of chat messages",
+              openapi_extra=_body("tokenize", *TokenizeRequest.models), responses=errors)
+    async def tokenize(raw: Request) -> TokenizeResponse:
+        req = await parse_body(raw, TokenizeRequest)
+        serving._check_model(req.model)
+        tok = tokenizer()
+        if isinstance(req, TokenizeChatRequest):
+            if serving.chat is None:
+                raise APIError(serving.no_chat, param="messages", code="chat_template_missing")
+            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+            try:
+                _, ids = serving.chat.encode(messages, req.add_generation_prompt and not req.continue_final_message,
+                                             req.continue_final_message, req.add_special_tokens,
+                                             req.chat_template_kwargs)
+            except ValueError as e:
+                raise APIError(str(e), param="messages") from None
+        else:
+            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens).ids
+        strs = [tok.decode([t], skip_special_tokens=False) for t in ids] if req.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=serving.max_model_len, tokens=ids, token_strs=strs)
+
+    @app.post("/detokenize", tags=["tokenizer"], summary="The text of token ids",
+              openapi_extra=_body("detokenize", DetokenizeRequest), responses=errors)
+    async def detokenize(raw: Request) -> DetokenizeResponse:
+        req = await parse_body(raw, DetokenizeRequest)
+        serving._check_model(req.model)
+        check_ids(req.tokens)
+        return DetokenizeResponse(prompt=tokenizer().decode(req.tokens, skip_special_tokens=False))
+
+    @app.get("/tokenizer_info", tags=["tokenizer"], summary="The tokenizer's special tokens and chat template",
+             responses=error_responses(401, _404="the model has no tokenizer"))
+    async def tokenizer_info() -> TokenizerInfo:
+        tok, specials = tokenizer(), model.special_tokens or {}
+        return TokenizerInfo(tokenizer_class="PreTrainedTokenizerFast", bos_token=specials.get("bos_token") or None,
+                             eos_token=specials.get("eos_token") or None, pad_token=specials.get("pad_token") or None,
+                             chat_template=model.chat_template, model_max_length=serving.max_model_len,
+                             vocab_size=tok.get_vocab_size(with_added_tokens=True))
