@@ -11,6 +11,7 @@ when nothing of the sequence is cached yet.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -22,14 +23,22 @@ BACKENDS = ("reference", "blockwise", "cpu", "cuda")
 ENV_VAR = "PAGED_ATTENTION_BACKEND"
 
 
-def native_decode(name: str):
-    """The decode kernel of a native backend, or None (with one warning) if it cannot build."""
+def native_decode(name: str, fixed_split: bool = False):
+    """The decode kernel of a native backend, or None (with one warning) if it cannot build.
+
+    ``fixed_split``: the cpu kernel never splits a sequence into partitions (it does when
+    the batch has too few sequences for the threads), so a query's reduction over blocks
+    does not depend on the batch; cuda's v1 kernel never splits.
+    """
     if name == "cpu":
         from paged.kernels import cpu as module
     else:
         from paged.kernels import cuda as module
     if module.available():
-        return module.paged_attention_decode if name == "cpu" else module.paged_attention_v1
+        if name != "cpu":
+            return module.paged_attention_v1
+        return functools.partial(module.paged_attention_decode, partition_blocks=0) if fixed_split \
+            else module.paged_attention_decode
     return None
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 from collections import deque
 
@@ -52,6 +53,7 @@ from paged.step03_attention.structured import GrammarCompiler
 logger = logging.getLogger("paged")
 
 DEFAULT_KV_CACHE_MEMORY = 512 * 2**20  # bytes, when neither a budget nor a block count is given
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"  # vLLM's spelling of the switch
 
 
 class Engine(Scheduler):
@@ -67,6 +69,10 @@ class Engine(Scheduler):
         attention_backend: ``reference|blockwise|cpu|cuda``; default: fastest.
         seed: seeds the generators of requests that give no seed.
         free_order (list[int] | None): initial free-list order of the allocator (tests shuffle it).
+        batch_invariant: every token attended as a query of its own through one kernel
+            (``AttentionMetadata``), so a request's tokens and logprobs are bitwise the same
+            whatever else is in the batch and however its prompt is split; default:
+            ``VLLM_BATCH_INVARIANT`` (``1`` / ``0``), else ``_batch_invariant``'s rule.
     """
 
     runner_class = ModelRunner
@@ -84,6 +90,7 @@ class Engine(Scheduler):
         attention_backend: str | None = None,
         seed: int = 0,
         free_order=None,
+        batch_invariant: bool | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
@@ -113,7 +120,10 @@ class Engine(Scheduler):
             cfg.num_layers, num_blocks, block_size, h_kv, cfg.head_dim, dtype, device
         )
         self.backend = resolve_backend(device, attention_backend)
-        self.runner = self.runner_class(model.model, self.kv_cache, self.backend)
+        if batch_invariant is None and os.environ.get(BATCH_INVARIANT_ENV, "") in ("0", "1"):
+            batch_invariant = os.environ[BATCH_INVARIANT_ENV] == "1"
+        self.batch_invariant = self._batch_invariant(batch_invariant)
+        self.runner = self.runner_class(model.model, self.kv_cache, self.backend, self.batch_invariant)
         self.stops = StopChecker(model.eos_token_ids, self.max_model_len, model.tokenizer)
         logger.info(
             "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s",
@@ -217,6 +227,12 @@ class Engine(Scheduler):
 
     def _make_allocator(self, num_blocks: int, free_order) -> BlockAllocator:
         return BlockAllocator(num_blocks, free_order)
+
+    def _batch_invariant(self, requested: bool | None) -> bool:
+        """Whether the runner attends per token; step03's default is off: prompts take the
+        faster prompt paths (a prompt's tokens then may differ in the last bits from the
+        same tokens computed one at a time)."""
+        return bool(requested)
 
     def _new_seq(self, req: Request, token_ids: list[int], index: int,
                  table: BlockTable | None = None) -> Sequence:

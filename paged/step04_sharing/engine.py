@@ -89,6 +89,12 @@ class SharingEngine(Engine):
         self.enable_prefix_caching = enable_prefix_caching
         super().__init__(model, **kwargs)
 
+    def _batch_invariant(self, requested: bool | None) -> bool:
+        """With the prefix cache on, per-token attention unless asked otherwise: a prompt
+        served from the cache computes only its tail, and must get the bits a whole
+        prefill gets (docs/step04_sharing.md, what "transparent" means in bfloat16)."""
+        return self.enable_prefix_caching if requested is None else requested
+
     def _make_allocator(self, num_blocks, free_order):
         self.block_manager = BlockManager(num_blocks, self.block_size, self.enable_prefix_caching, free_order)
         return self.block_manager.allocator
