@@ -126,9 +126,10 @@ class Engine(Scheduler):
         self.runner = self.runner_class(model.model, self.kv_cache, self.backend, self.batch_invariant)
         self.stops = StopChecker(model.eos_token_ids, self.max_model_len, model.tokenizer)
         logger.info(
-            "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s",
+            "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s%s",
             num_blocks, block_size, num_blocks * block_size,
             self.kv_cache.data.numel() * self.kv_cache.data.element_size() / 2**20, how, self.backend,
+            ", per token (batch-invariant)" if self.batch_invariant else "",
         )
         self._rng = random.Random(seed)
         self._seq_ids = itertools.count()

@@ -138,7 +138,7 @@ def test_answer_is_bitwise_the_solo_answer_over_random_axes(demo, data):
     mode = data.draw(st.sampled_from(["none", "swap", "recompute"]), label="preemption")
     if mode != "none":
         kw.update(num_blocks=10, preemption_mode=mode)
-    warm = target[: data.draw(st.integers(0, len(target)), label="cached_prefix")] if data.draw(st.booleans()) else None
+    warm = target[: data.draw(st.integers(1, len(target)), label="cached_prefix")] if data.draw(st.booleans()) else None
     got, _ = run(demo, target, others, position=data.draw(st.integers(0, len(others))), warm=warm, **kw)
     assert got == run(demo, target)[0]
 
