@@ -47,6 +47,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--min-output", type=int, default=64)
     parser.add_argument("--max-output", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-invariant", type=int, choices=(0, 1), default=None,
+                        help="per-token attention on (1) or off (0); default: the engine's")
 
 
 def make_workload(num_requests, prompt_mean, prompt_spread, min_output, max_output, vocab, seed):
@@ -96,7 +98,8 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
-              kv_cache_memory=int(args.kv_cache_gib * 2**30), enable_prefix_caching=False)
+              kv_cache_memory=int(args.kv_cache_gib * 2**30), enable_prefix_caching=False,
+              batch_invariant=None if args.batch_invariant is None else bool(args.batch_invariant))
     load_s = time.perf_counter() - start
     requests = make_workload(args.num_requests, args.prompt_mean, args.prompt_spread, args.min_output,
                              args.max_output, llm.model.config.vocab_size, args.seed)
@@ -122,6 +125,7 @@ def run(args) -> int:
         "cores_used": [round(r["cores_used"], 2) for r in runs],
         "threads": torch.get_num_threads(),
         "attention_backend": llm.engine.backend,
+        "batch_invariant": llm.engine.batch_invariant,
         "fused_ops": os.environ.get("PAGED_FUSED_OPS", "1") != "0",
         "cpu": _cpu_model(),
         "torch": torch.__version__,

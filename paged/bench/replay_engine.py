@@ -54,7 +54,7 @@ class ReplayRunner(StandInRunner):
     swap_cache = None  # the host KVCache the engine hands every runner; the replay moves no data
     cost = None  # a replay_cost.CostModel, set by ReplayEngine; None: the clock stands still
 
-    def __init__(self, model, kv_cache, backend) -> None:
+    def __init__(self, model, kv_cache, backend, batch_invariant: bool = False) -> None:
         super().__init__()
         self.kv_cache, self.backend = kv_cache, backend
         self.elapsed = 0.0  # seconds of the modelled hardware, all iterations so far

@@ -171,8 +171,13 @@ def paged_attention_decode(
     context_lens: torch.Tensor,  # [S] int32, including the current token
     scale: float,
     out: torch.Tensor | None = None,  # [S, H, D]
+    partition_blocks: int = -1,
 ) -> torch.Tensor:  # [S, H, D]
     """Decode attention of one query per sequence over its paged K/V.
+
+    ``partition_blocks``: -1 lets the AVX-512 kernel split long sequences into
+    partitions when the batch is too small for the threads; 0 never splits (a
+    query's result then does not depend on the batch: batch-invariant mode).
 
     Query head ``h`` reads KV head ``h // (H // H_kv)``. Sequence ``s`` sees the
     ``context_lens[s]`` tokens in physical blocks ``block_tables[s, :ceil(len/B)]``
@@ -187,7 +192,8 @@ def paged_attention_decode(
     if module is None:
         result = _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
         return result if out is None else out.copy_(result)
-    return module.decode(query, key_cache, value_cache, block_tables, context_lens, float(scale), out)
+    return module.decode(query, key_cache, value_cache, block_tables, context_lens, float(scale), out,
+                         partition_blocks=partition_blocks)
 
 
 def _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, scale) -> torch.Tensor:

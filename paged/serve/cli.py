@@ -26,7 +26,7 @@ ENGINE_OPTIONS = {
     "enable_prefix_caching": "--enable-prefix-caching", "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens", "max_model_len": "--max-model-len",
     "tensor_parallel_size": "--tensor-parallel-size", "attention_backend": "--attention-backend",
-    "seed": "--seed", "nnodes": "--nnodes", "master_addr": "--master-addr", "master_port": "--master-port",
+    "seed": "--seed", "batch_invariant": "--batch-invariant", "nnodes": "--nnodes", "master_addr": "--master-addr", "master_port": "--master-port",
     "distributed_timeout": "--distributed-timeout", "join_timeout": "--join-timeout",
 }
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -132,6 +132,9 @@ def parser() -> argparse.ArgumentParser:
                    "ranks, and a headless host for the driver (default 600)")
     g.add_argument("--attention-backend", choices=["reference", "blockwise", "cpu", "cuda"])
     g.add_argument("--seed", type=int, help="seeds requests that bring no seed")
+    g.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                   help="attend every token on its own, so an answer does not depend on the batch "
+                        "(default: on with the prefix cache; also $VLLM_BATCH_INVARIANT)")
     p.add_argument("--api-key", default=os.environ.get("PAGED_API_KEY") or None,
                    help="require 'Authorization: Bearer <key>' on /v1 (default: $PAGED_API_KEY)")
     p.add_argument("--max-request-bytes", type=byte_size, default=DEFAULT_MAX_BODY_BYTES,

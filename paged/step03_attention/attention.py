@@ -8,6 +8,14 @@ each new query over its sequence's blocks (paper §4.1, Figure 5).
 
 ``AttentionMetadata`` is built once per iteration from the ``StepPlan``: the
 plan's lists become tensors here, once, not once per layer (docs/architecture.md, StepPlan).
+
+Batch-invariant mode (``per_token``): every new token, prompt or decode, is
+attended as a query of its own over the cache, through the same kernel and the
+same order over blocks, with the context it sees (``token_tables``,
+``token_lens``). A token's result then depends only on its sequence's K/V, not
+on how many other tokens share the pass, whether its prompt's prefix came from
+the prefix cache, where a chunk of the prompt ended, or whether it is being
+recomputed after a preemption (docs/architecture.md, batch invariance).
 """
 
 from __future__ import annotations
@@ -34,14 +42,18 @@ class AttentionMetadata:
     decode_seqs: torch.Tensor | None  # [S_d] one-token sequences of a mixed batch
     decode_rows: torch.Tensor | None  # [S_d] their token rows in the packed batch
     prompts: list[tuple[int, int, int, int]]  # (seq, first token, q_len, ctx_len) of the others
+    token_tables: torch.Tensor | None = None  # [T, M] int32, batch-invariant mode: each token's table
+    token_lens: torch.Tensor | None = None  # [T] int32, the context each token sees (its position + 1)
 
     @property
     def all_decode(self) -> bool:
         return not self.prompts
 
     @classmethod
-    def build(cls, slot_mapping, block_tables, context_lens, query_lens, device) -> "AttentionMetadata":
-        """From the plan's lists: slot_mapping [T], block_tables S lists, context_lens [S], query_lens [S]."""
+    def build(cls, slot_mapping, block_tables, context_lens, query_lens, device,
+              per_token: bool = False) -> "AttentionMetadata":
+        """From the plan's lists: slot_mapping [T], block_tables S lists, context_lens [S], query_lens [S];
+        ``per_token`` adds each token's own table and context length (batch-invariant mode)."""
         width = max((len(t) for t in block_tables), default=0) or 1
         table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
         decode, rows, prompts, start = [], [], [], 0
@@ -53,6 +65,12 @@ class AttentionMetadata:
                 prompts.append((s, start, q, c))
             start += q
         mixed = bool(prompts and decode)
+        token_tables = token_lens = None
+        if per_token:
+            token_lens = torch.tensor([c - q + 1 + i for q, c in zip(query_lens, context_lens) for i in range(q)],
+                                      dtype=torch.int32, device=device)
+            token_tables = table.to(device).repeat_interleave(
+                torch.tensor(list(query_lens), device=device), dim=0)  # [T, M]
         return cls(
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
             block_tables=table.to(device),
@@ -62,6 +80,8 @@ class AttentionMetadata:
             decode_seqs=torch.tensor(decode, dtype=torch.int64, device=device) if mixed else None,
             decode_rows=torch.tensor(rows, dtype=torch.int64, device=device) if mixed else None,
             prompts=prompts,
+            token_tables=token_tables,
+            token_lens=token_lens,
         )
 
 
@@ -72,11 +92,16 @@ class PagedAttention:
         kv_cache: the cache of every layer.
         meta: this iteration's metadata.
         backend: ``reference``, ``blockwise``, ``cpu``, ``cuda`` or ``emulated-cuda`` (see backends.py).
+
+    With ``meta.token_tables`` set (batch-invariant mode) every token goes through
+    the backend's one-query-per-row path; otherwise prompts take the faster
+    prompt paths below.
     """
 
     def __init__(self, kv_cache: KVCache, meta: AttentionMetadata, backend: str) -> None:
         self.kv_cache, self.meta, self.backend = kv_cache, meta, backend
-        self._decode = native_decode(backend) if backend in NATIVE else None
+        self._decode = native_decode(backend, fixed_split=meta.token_tables is not None) \
+            if backend in NATIVE else None
         self._write = native_write(backend)
 
     # --8<-- [start:paged_attention]
@@ -88,6 +113,11 @@ class PagedAttention:
             self.kv_cache.write(layer, k, v, m.slot_mapping)
         else:  # the C++ row copy: no index tensors, no host check of the slots
             self._write(kc, vc, k, v, m.slot_mapping)
+        if m.token_tables is not None:  # batch-invariant: each token a query of its own, one path
+            if self._decode is not None:
+                return self._decode(q, kc, vc, m.token_tables, m.token_lens, scale)
+            fn = blockwise_attention if self.backend == "blockwise" else reference_attention
+            return fn(q, kc, vc, m.token_tables, m.token_lens, None, scale)
         if self._decode is None:  # the pure-PyTorch paths take every sequence as it comes
             fn = blockwise_attention if self.backend == "blockwise" else reference_attention
             q_lens = None if m.all_decode else m.query_lens

@@ -17,6 +17,7 @@ when nothing of the sequence is cached yet.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -43,11 +44,23 @@ def _kernels(name: str):
     return module if module.available() else None
 
 
-def native_decode(name: str):
+def native_decode(name: str, fixed_split: bool = False):
     """The decode kernel of a native backend (on ``cuda`` / ``emulated-cuda``: v1 or v2
-    by shape), or None if it cannot build."""
+    by shape), or None if it cannot build.
+
+    ``fixed_split``: a query's reduction over blocks must not depend on the batch.
+    The cpu kernel then never splits a sequence into partitions (it does when the
+    batch has too few sequences for the threads); on ``cuda`` / ``emulated-cuda``
+    it is always v1 (the v1 / v2 choice depends on the number of sequences).
+    """
     module = _kernels(name)
-    return None if module is None else module.paged_attention_decode
+    if module is None:
+        return None
+    if not fixed_split:
+        return module.paged_attention_decode
+    if name == "cpu":
+        return functools.partial(module.paged_attention_decode, partition_blocks=0)
+    return module.paged_attention_v1
 
 
 def native_write(name: str):

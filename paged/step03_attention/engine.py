@@ -28,6 +28,7 @@ finished, aborted; ``events.py`` gives each kind's ``detail``).
 from __future__ import annotations
 
 import logging
+import os
 import random
 
 from paged.step02_block_table import KVCache
@@ -50,6 +51,7 @@ from paged.step03_attention.structured import GrammarCompiler
 logger = logging.getLogger("paged")
 
 DEFAULT_KV_CACHE_MEMORY = 512 * 2**20  # bytes, when neither a budget nor a block count is given
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"  # vLLM's spelling of the switch
 
 
 class Engine:
@@ -65,6 +67,10 @@ class Engine:
         attention_backend: ``reference|blockwise|cpu|cuda``; default: fastest.
         seed: seeds the generators of requests that give no seed.
         free_order (list[int] | None): initial free-list order of the allocator (tests shuffle it).
+        batch_invariant: every token attended as a query of its own through one kernel
+            (``AttentionMetadata``), so a request's tokens and logprobs are bitwise the same
+            whatever else is in the batch and however its prompt is split; default:
+            ``VLLM_BATCH_INVARIANT`` (``1`` / ``0``), else ``_batch_invariant``'s rule.
     """
 
     runner_class = ModelRunner
@@ -83,6 +89,7 @@ class Engine:
         attention_backend: str | None = None,
         seed: int = 0,
         free_order=None,
+        batch_invariant: bool | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
@@ -111,7 +118,10 @@ class Engine:
             cfg.num_layers, num_blocks, block_size, h_kv, cfg.head_dim, dtype, device
         )
         self.backend = resolve_backend(device, attention_backend)
-        self.runner = self.runner_class(model.model, self.kv_cache, self.backend)
+        if batch_invariant is None and os.environ.get(BATCH_INVARIANT_ENV, "") in ("0", "1"):
+            batch_invariant = os.environ[BATCH_INVARIANT_ENV] == "1"
+        self.batch_invariant = self._batch_invariant(batch_invariant)
+        self.runner = self.runner_class(model.model, self.kv_cache, self.backend, self.batch_invariant)
         self.stops = StopChecker(model.eos_token_ids, self.max_model_len, model.tokenizer)
         self.scheduler = self.scheduler_class(
             num_blocks, block_size, max_num_seqs=self.max_num_seqs,
@@ -119,9 +129,10 @@ class Engine:
             **self._scheduler_options(),
         )
         logger.info(
-            "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s",
+            "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s%s",
             num_blocks, block_size, num_blocks * block_size,
             self.kv_cache.data.numel() * self.kv_cache.data.element_size() / 2**20, how, self.backend,
+            ", per token (batch-invariant)" if self.batch_invariant else "",
         )
         self._rng = random.Random(seed)
         self.requests: dict[str, Request] = {}
@@ -219,6 +230,11 @@ class Engine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         self.requests[request_id] = self.scheduler.add(request_id, prompt_token_ids, params, seed, prompt)
 
+    def _batch_invariant(self, requested: bool | None) -> bool:
+        """Whether the runner attends per token; step03's default is off: prompts take the
+        faster prompt paths (a prompt's tokens then may differ in the last bits from the
+        same tokens computed one at a time)."""
+        return bool(requested)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is and free its blocks; False if unknown or done."""

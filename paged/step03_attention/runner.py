@@ -34,10 +34,13 @@ class ModelRunner:
         model: a ``paged.models`` causal LM.
         kv_cache: the paged cache, sized by the engine.
         backend: attention path name (``backends.resolve_backend``).
+        batch_invariant: attend every token as a query of its own (``AttentionMetadata``).
     """
 
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, backend: str) -> None:
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, backend: str,
+                 batch_invariant: bool = False) -> None:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
+        self.batch_invariant = batch_invariant
         self.device = kv_cache.data.device
         prepack_linears(model)  # serving from here on: oneDNN-packed weights on a CPU in bfloat16
         self._generators: dict[int, torch.Generator] = {}
@@ -54,7 +57,8 @@ class ModelRunner:
         if not plan.seq_ids:
             return {}
         meta = AttentionMetadata.build(
-            plan.slot_mapping, plan.block_tables, plan.context_lens, plan.query_lens, self.device
+            plan.slot_mapping, plan.block_tables, plan.context_lens, plan.query_lens, self.device,
+            per_token=self.batch_invariant,
         )
         input_ids = torch.tensor(plan.input_ids, dtype=torch.int64, device=self.device)
         positions = torch.tensor(plan.positions, dtype=torch.int64, device=self.device)

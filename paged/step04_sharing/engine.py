@@ -57,6 +57,12 @@ class SharingEngine(Engine):
     def block_manager(self) -> BlockManager:
         return self.scheduler.block_manager
 
+    def _batch_invariant(self, requested: bool | None) -> bool:
+        """With the prefix cache on, per-token attention unless asked otherwise: a prompt
+        served from the cache computes only its tail, and must get the bits a whole
+        prefill gets (docs/step04_sharing.md, what "transparent" means in bfloat16)."""
+        return self.enable_prefix_caching if requested is None else requested
+
     def stats(self) -> dict:
         out = super().stats()
         out["prefix_cache_hit_rate"] = self.block_manager.hit_rate()

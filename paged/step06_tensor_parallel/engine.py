@@ -50,7 +50,7 @@ class TensorParallelEngine(PreemptingEngine):
             if workers is not None:
                 # --8<-- [start:init]
                 workers.send(("init", self.allocator.num_blocks, self.block_size,
-                              self.swap.allocator.num_blocks, self.backend))
+                              self.swap.allocator.num_blocks, self.backend, self.batch_invariant))
                 workers.barrier()  # every rank has allocated the same blocks for its heads
                 self.runner = DriverRunner(self.runner, workers)
                 # --8<-- [end:init]

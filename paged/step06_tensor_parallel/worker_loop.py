@@ -8,7 +8,7 @@ nothing; the scheduler and the block manager exist only in the driver.
 Messages, broadcast by rank 0 (the same to every rank):
 
     StepPlan                         swaps, copies, the forward pass (no sampling)
-    ("init", N, B, N_host, backend)  allocate the KV cache and the host swap pool
+    ("init", N, B, N_host, backend, batch_invariant)  allocate the KV cache and the host swap pool
     ("kv",)                          debug: send this rank's KV cache and swap pool back
     ("fault", rank, text)            debug: rank ``rank`` raises ``RuntimeError(text)`` at its next plan
     ("stop",)                        return
@@ -55,13 +55,13 @@ def error_report(rank: int, exc: BaseException) -> tuple:
 
 
 def make_runner(loaded, group: TPGroup, num_blocks: int, block_size: int, swap_blocks: int,
-                backend: str) -> ShardRunner:
+                backend: str, batch_invariant: bool = False) -> ShardRunner:
     """This rank's runner: a KV cache of ``N`` blocks with ``H_kv / W`` heads and its host swap pool."""
     cfg = loaded.config
     weight = next(loaded.model.parameters())
     kv = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads // group.world_size,
                  cfg.head_dim, weight.dtype, weight.device)
-    runner = ShardRunner(loaded.model, kv, backend)
+    runner = ShardRunner(loaded.model, kv, backend, batch_invariant)
     runner.swap_cache = SwapSpace(swap_blocks, kv).cache
     if backend in ("cpu", "cuda"):
         native_decode(backend)  # load (or build) the kernel now, not while the others wait in a collective
