@@ -6,14 +6,15 @@ import time
 import pytest
 
 from paged.kernels import cpu
+from paged.kernels.build_cache import source_key
 
 
 def test_the_build_folder_changes_with_the_sources(tmp_path):
     (tmp_path / "a.cpp").write_text("int f() { return 1; }")
-    before = cpu._source_key(tmp_path)
-    assert cpu._source_key(tmp_path) == before  # the same sources, the same folder
+    before = source_key(tmp_path)
+    assert source_key(tmp_path) == before  # the same sources, the same folder
     (tmp_path / "a.cpp").write_text("int f() { return 2; }")
-    assert cpu._source_key(tmp_path) != before
+    assert source_key(tmp_path) != before
 
 
 def test_a_stale_lock_is_removed_and_a_fresh_one_kept(tmp_path):

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import torch
 
+from paged.kernels.build_cache import build_dir, source_key
+
 _SOURCES = ("bindings.cpp", "paged_attention_avx512.cpp", "paged_attention_scalar.cpp", "fused_ops.cpp")
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)
 _lock = threading.Lock()
@@ -72,22 +74,8 @@ def _cpu_key() -> str:
     return f"{torch.backends.cpu.get_cpu_capability().lower()}-{digest}"
 
 
-def _source_key(src: Path) -> str:
-    """A hash of every file in ``csrc/cpu``: changed sources (another checkout, a later commit)
-    build into a folder of their own, so a stale library is never loaded in their place."""
-    digest = hashlib.sha1()
-    for path in sorted(p for p in src.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(src).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:8]
-
-
 def _build_dir(src: Path) -> Path:
-    base = os.environ.get("PAGED_EXTENSIONS_DIR") or Path.home() / ".cache" / "paged" / "torch_extensions"
-    version = torch.__version__.replace("+", "_")
-    path = Path(base) / f"paged_cpu-torch{version}-{_cpu_key()}-src{_source_key(src)}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return build_dir("paged_cpu", _cpu_key(), f"src{source_key(src)}")
 
 
 # A build takes a minute or two; torch's lock file names no owner, so one left by a process

@@ -33,11 +33,12 @@ range when they are given on the CPU.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from pathlib import Path
 
 import torch
+
+from paged.kernels.build_cache import build_dir
 
 __all__ = ["available", "copy_blocks", "load", "paged_attention_decode", "paged_attention_v1", "paged_attention_v2",
            "select_version", "write_kv"]  # fmt: skip
@@ -59,12 +60,8 @@ def source_dir() -> Path:
 
 
 def _build_dir() -> Path:
-    base = os.environ.get("PAGED_EXTENSIONS_DIR") or Path.home() / ".cache" / "paged" / "torch_extensions"
     major, minor = torch.cuda.get_device_capability()
-    version = torch.__version__.replace("+", "_")
-    path = Path(base) / f"paged_cuda-torch{version}-cuda{torch.version.cuda}-sm{major}{minor}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return build_dir("paged_cuda", f"cuda{torch.version.cuda}", f"sm{major}{minor}")
 
 
 def load(verbose: bool = False):

@@ -26,7 +26,6 @@ False (the tests then skip, saying why; there is no fallback).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import threading
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from paged.kernels.build_cache import build_dir, source_key
 from paged.kernels.cuda import decode_with, source_dir
 
 __all__ = ["available", "copy_blocks", "load", "paged_attention_decode", "paged_attention_v1", "paged_attention_v2",
@@ -52,21 +52,8 @@ _module = None
 _error: Exception | None = None
 
 
-def _source_key(src: Path) -> str:
-    """A hash of every file under ``csrc/cuda`` (kernels, headers, the emulation)."""
-    digest = hashlib.sha1()
-    for path in sorted(p for p in src.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(src).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:8]
-
-
 def _build_dir(src: Path) -> Path:
-    base = os.environ.get("PAGED_EXTENSIONS_DIR") or Path.home() / ".cache" / "paged" / "torch_extensions"
-    version = torch.__version__.replace("+", "_")
-    path = Path(base) / f"paged_cuda_emulated-torch{version}-src{_source_key(src)}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return build_dir("paged_cuda_emulated", f"src{source_key(src)}")
 
 
 def load(verbose: bool = False):
