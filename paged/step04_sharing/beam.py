@@ -36,6 +36,8 @@ class Hypothesis:
     cumulative_logprob: float
     ended_by: int | None  # the EOS / stop token id, or None when cut by length
     text: str = ""  # detokenized by the engine
+    parent: int | None = None  # the live beam it extends (its index in ``select``'s ``beams``)
+    logprobs: list[dict[int, float]] | None = None  # per token, when the request asked for them
 
     def score(self, length_penalty: float) -> float:
         return beam_score(self.cumulative_logprob, len(self.token_ids), length_penalty)
@@ -62,7 +64,7 @@ def select(
         if len(chosen) == k:
             break
         if is_end(tok):
-            finished.append(Hypothesis(beams[b][1] + [tok], score, tok))
+            finished.append(Hypothesis(beams[b][1] + [tok], score, tok, parent=b))
         else:
             chosen.append((b, tok, score))
     return chosen, finished

@@ -43,7 +43,7 @@ class GroupRequest(Request):
 
     def _beam_outputs(self) -> list[CompletionOutput]:
         chosen = beam.best(self.finished_beams, self.params.n, self.params.length_penalty)
-        return [CompletionOutput(i, h.text, h.token_ids, h.cumulative_logprob, None,
+        return [CompletionOutput(i, h.text, h.token_ids, h.cumulative_logprob, h.logprobs,
                                  "stop" if h.ended_by is not None else "length",
                                  h.ended_by if h.ended_by is not None and h.ended_by not in self._eos else None)
                 for i, h in enumerate(chosen)]

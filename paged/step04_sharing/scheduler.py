@@ -151,10 +151,12 @@ class SharingScheduler(Scheduler):
         outs = req.outputs
         ends = lambda t: (t in self.stops.eos and not p.ignore_eos) or t in p.stop_token_ids  # noqa: E731
         beams = [(outs[s.seq_id].cumulative_logprob or 0.0, list(s.output_token_ids)) for s in live]
-        proposals = [results[s.seq_id].top_logprobs for s in live]
-        chosen, done = beam.select(beams, proposals, k, ends)
+        proposals = [results[s.seq_id].top_logprobs for s in live]  # >= 2k: more if logprobs asks more
+        best_2k = [dict(sorted(prop.items(), key=lambda e: (-e[1], e[0]))[:2 * k]) for prop in proposals]
+        chosen, done = beam.select(beams, best_2k, k, ends)
         for h in done:
             h.text = self.stops.decode(h.token_ids)
+            h.logprobs = self._beam_logprobs(req, live[h.parent], proposals[h.parent])
         req.finished_beams += done
         # --8<-- [start:beam_update]
         # the next beams: the first pick of a parent extends it, later picks fork it first
@@ -166,11 +168,13 @@ class SharingScheduler(Scheduler):
             picks = by_parent.get(b)
             if not picks:
                 continue
+            logprobs = self._beam_logprobs(req, seq, proposals[b])
             forks = [self._fork(req, seq, index=0) for _ in picks[1:]]
             for s, (tok, score) in zip([seq] + forks, picks):
                 s.append_token(tok)
                 outs[s.seq_id].token_ids.append(tok)
                 outs[s.seq_id].cumulative_logprob = score
+                outs[s.seq_id].logprobs = list(logprobs) if logprobs is not None else None
                 next_seqs.append(s)
         for seq in live:
             if seq not in next_seqs:
@@ -186,11 +190,20 @@ class SharingScheduler(Scheduler):
                 s.finish("stop")
             req.beam_done = True
 
+    def _beam_logprobs(self, req, parent, proposal) -> list[dict[int, float]] | None:
+        """The parent's logprobs and this step's entry (its proposals: the chosen token is among
+        them), when the request asked for logprobs; the answer ranks the top ones."""
+        if req.params.logprobs is None:
+            return None
+        return list(req.outputs[parent.seq_id].logprobs or []) + [dict(proposal)]
+
     def _keep_live_beams(self, req) -> None:
         """Every live beam, as it stands, joins the finished hypotheses (cut by length)."""
         for s in req.seqs:
             if not s.is_finished:
-                h = beam.Hypothesis(list(s.output_token_ids), req.outputs[s.seq_id].cumulative_logprob or 0.0, None)
+                out = req.outputs[s.seq_id]
+                h = beam.Hypothesis(list(s.output_token_ids), out.cumulative_logprob or 0.0, None,
+                                    logprobs=out.logprobs)
                 h.text = self.stops.decode(h.token_ids)
                 req.finished_beams.append(h)
 

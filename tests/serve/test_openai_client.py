@@ -114,6 +114,19 @@ def test_beam_search_equals_offline_beam_search(client, offline):
     assert len(r.choices) == 2
 
 
+def test_beam_search_returns_the_logprobs_it_was_asked_for(client, offline):
+    """Each beam's logprobs through the server equal the offline engine's (bitwise: same engine,
+    same floats through JSON's round-trip of a double), at most 2 alternatives per token plus the chosen one."""
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=6, temperature=0, n=2, logprobs=2,
+                                  extra_body={"use_beam_search": True, "best_of": 3})
+    want = offline.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=6, n=2, best_of=3, logprobs=2,
+                                                         use_beam_search=True), use_tqdm=False)[0]
+    for c, o in zip(r.choices, want.outputs, strict=True):
+        assert c.logprobs is not None
+        assert c.logprobs.token_logprobs == [e[t] for t, e in zip(o.token_ids, o.logprobs)]
+        assert all(1 <= len(top) <= 3 for top in c.logprobs.top_logprobs)
+
+
 def test_logprobs_completion_and_chat(client):
     r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=3,
                                   extra_body={"ignore_eos": True})

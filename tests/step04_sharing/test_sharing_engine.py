@@ -195,3 +195,30 @@ def test_sharing_engine_rejects_bad_groups(model, params, match):
     with pytest.raises(ValueError, match=match):
         engine.add_request("bad", PROMPT, SamplingParams(**params))
     assert not engine.has_unfinished() and engine.allocator.num_used == 0
+
+
+@pytest.mark.parametrize("num_logprobs", [1, 9])  # 9 > 2k: more entries than the beams choose from
+def test_beam_search_returns_the_logprobs_it_was_asked_for(model, num_logprobs):
+    """Each returned beam carries one entry per token: the chosen token's logprob equals a contiguous
+    recompute of it (toleranced, float64: a different summation order), the entries sum to the
+    beam's cumulative logprob (bitwise: the engine adds them in the same order), and asking for
+    logprobs changes no beam (token-identical)."""
+    plain = SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0, max_tokens=6)
+    asked = SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0, max_tokens=6,
+                           logprobs=num_logprobs)
+    got = drain(_engine(model), [("plain", PROMPT, plain), ("asked", PROMPT, asked)])
+    assert _tokens(got["asked"]) == _tokens(got["plain"])
+    for o in got["asked"].outputs:
+        assert o.logprobs is not None and len(o.logprobs) == len(o.token_ids)
+        total = 0.0
+        for i, (tok, entry) in enumerate(zip(o.token_ids, o.logprobs)):
+            assert tok in entry and len(entry) >= num_logprobs
+            attn = ContiguousAttention(model.model.config.num_layers)
+            tokens = PROMPT + o.token_ids[:i]
+            attn.begin([0], [len(tokens)])
+            with torch.no_grad():
+                hidden = model.model(torch.tensor(tokens), torch.arange(len(tokens)), attn)
+                want = model.model.compute_logits(hidden[-1:])[0].log_softmax(-1)[tok].item()
+            assert entry[tok] == pytest.approx(want, rel=FLOAT64["rtol"], abs=FLOAT64["atol"])
+            total += entry[tok]
+        assert total == o.cumulative_logprob
