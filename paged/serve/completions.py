@@ -121,7 +121,8 @@ class OpenAIServing:
         params = self._params(req, ids, req.max_tokens, req.logprobs, rename, prompt_logprobs=prompt_logprobs)
         fmt = Formatter("completion", self._response_id("cmpl", req), self.model_name, self.tokenizer, req.logprobs,
                         req.return_tokens_as_token_ids)
-        echo = [self._prompt_text(p, i) for p, i in zip(prompts, ids)] if req.echo else None
+        # decoded only once the engine has accepted the ids (an id out of the vocabulary is a 400)
+        echo = (lambda: [self._prompt_text(p, i) for p, i in zip(prompts, ids)]) if req.echo else None
         return await self._serve(req, raw, fmt, ids, prompts, params, rename, echo)
 
     async def chat_completions(self, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -209,6 +210,8 @@ class OpenAIServing:
             raise from_request_error(e, rename) from None
         except EngineDeadError as e:
             raise APIError(str(e), 503) from None
+        if callable(echo):
+            echo = echo()
         timing = _Timing(self.metrics)
         if req.stream:
             gen = self._stream(stream, rids, ids, params, fmt, timing, echo, req, rename)
