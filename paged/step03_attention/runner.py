@@ -56,12 +56,7 @@ class ModelRunner:
             self._prompt_logprobs.pop(seq_id, None)
         if not plan.seq_ids:
             return {}
-        meta = AttentionMetadata.build(
-            plan.slot_mapping, plan.block_tables, plan.context_lens, plan.query_lens, self.device,
-            per_token=self.batch_invariant,
-        )
-        input_ids = torch.tensor(plan.input_ids, dtype=torch.int64, device=self.device)
-        positions = torch.tensor(plan.positions, dtype=torch.int64, device=self.device)
+        input_ids, positions, meta = self._inputs(plan)
         with torch.inference_mode():
             hidden = self.model(input_ids, positions, PagedAttention(self.kv_cache, meta, self.backend))
             rows = self._sample_rows(plan)  # (seq_id, token row, params, seed)
@@ -69,10 +64,30 @@ class ModelRunner:
             if not rows and not spans:
                 return {}
             extra = [t for _, first, n, _ in spans for t in range(first, first + n)]
-            idx = torch.tensor([r[1] for r in rows] + extra, device=self.device)
-            logits = self.model.compute_logits(hidden[idx])  # [S' (+ prompt rows), V]
-            return self._draw(logits, rows, plan)
+            idx = [r[1] for r in rows] + extra
+            if self.batch_invariant and len(idx) == 1:
+                idx = idx * 2  # no one-row GEMM: see _inputs
+            logits = self.model.compute_logits(hidden[torch.tensor(idx, device=self.device)])  # [S' (+ prompt rows), V]
+            return self._draw(logits[: len(rows) + len(extra)], rows, plan)
     # --8<-- [end:execute]
+
+    def _inputs(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """The plan's token ids, positions and attention metadata as tensors.
+
+        Batch-invariant mode runs a plan of one token as two copies of it (two sequences with
+        the same table, the same K/V written twice to the same slot; row 0 is used). A one-row
+        GEMM takes the BLAS's matrix-vector path, whose sums can round to other bits than the
+        same row's in a GEMM of two rows or more (SmolLM2's down projection, K = 1536, on an
+        AVX2 CPU); from two rows up the row's bits do not depend on the row count
+        (``test_batch_invariance.py``).
+        """
+        ids, pos, slots = plan.input_ids, plan.positions, plan.slot_mapping
+        tables, ctx, q_lens = plan.block_tables, plan.context_lens, plan.query_lens
+        if self.batch_invariant and len(ids) == 1:
+            ids, pos, slots, tables, ctx, q_lens = ids * 2, pos * 2, slots * 2, tables * 2, ctx * 2, q_lens * 2
+        meta = AttentionMetadata.build(slots, tables, ctx, q_lens, self.device, per_token=self.batch_invariant)
+        return (torch.tensor(ids, dtype=torch.int64, device=self.device),
+                torch.tensor(pos, dtype=torch.int64, device=self.device), meta)
 
     def _draw(self, logits: torch.Tensor, rows: list, plan: StepPlan) -> dict[int, SampleResult]:
         """One vectorised sampling call over the rows' logits ``[S', V]``, then any prompt logprobs

@@ -144,18 +144,40 @@ def test_answer_is_bitwise_the_solo_answer_over_random_axes(demo, data):
 
 
 def test_gemm_rows_do_not_depend_on_the_row_count(demo):
-    """Bitwise: each linear of the model gives a row the same bits in a GEMM of 1, 7, 64 or 300
-    rows, wherever the row sits. Per-token attention rests on this; a BLAS that picks its
-    kernel by the row count (float32 MKL does, for small counts) would fail here."""
+    """Bitwise: each linear gives a row the same bits in a GEMM of 2, 3, 7, 64 or 300 rows,
+    wherever the row sits: the demo model's linears and random ones of SmolLM2's shapes (its
+    down projection, K = 1536, is where a one-row GEMM rounded differently on an AVX2 CPU).
+    Per-token attention rests on this; a BLAS that picked its kernel by the row count from two
+    rows up (float32 MKL does, for small counts) would fail here. One row is never computed
+    alone in batch-invariant mode (next test)."""
     gen = torch.Generator().manual_seed(0)
+    smollm2_shapes = [torch.nn.Linear(i, o, bias=False).to(torch.bfloat16)
+                      for i, o in [(576, 1728), (576, 3072), (1536, 576), (576, 576)]]
     with torch.inference_mode():
         for name, linear in [("qkv", demo.model.model.layers[0].self_attn.qkv_proj),
                              ("down", demo.model.model.layers[0].mlp.down_proj),
-                             ("lm_head", demo.model.lm_head)]:
-            x = torch.randn(300, linear.in_features, generator=gen).to(torch.bfloat16)
+                             ("lm_head", demo.model.lm_head)] + [(f"{w.in_features}->{w.out_features}", w)
+                                                                  for w in smollm2_shapes]:
+            x = (3 * torch.randn(300, linear.in_features, generator=gen)).to(torch.bfloat16)
             full = F.linear(x, linear.weight)
-            for lo, hi in [(0, 1), (5, 6), (3, 10), (100, 164), (299, 300)]:
+            for lo, hi in [(0, 2), (5, 7), (3, 10), (100, 164), (298, 300)]:
                 assert torch.equal(F.linear(x[lo:hi], linear.weight), full[lo:hi]), (name, lo, hi)
+            for lo in range(0, 300, 3):
+                assert torch.equal(F.linear(x[lo:lo + 3], linear.weight), full[lo:lo + 3]), (name, lo)
+
+
+def test_batch_invariant_mode_never_runs_a_one_row_gemm(demo):
+    """A request alone decodes one token per step; batch-invariant mode runs it as two copies,
+    so every linear sees at least two rows (and the answer is the solo answer, as above)."""
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[0]))
+             for m in demo.model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        run(demo, prompt_of(random.Random(1), demo.config.vocab_size, 5))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen and min(seen) >= 2, sorted(set(seen))[:5]
 
 
 @pytest.mark.slow
@@ -172,3 +194,6 @@ def test_smollm2_answer_bitwise_equal_across_axes():
                       num_blocks=10, preemption_mode="recompute", max_num_batched_tokens=24)
     assert engine.preemptions["recompute"] >= 1
     assert got == alone
+    # beside 7 others, no preemption, whole prompts: the decode steps of a lone request ran one-row
+    # GEMMs whose down projection rounded otherwise, from the 5th token (before the two-copy rule)
+    assert run(model, target, companions(random.Random(4), model.config.vocab_size, 7), position=2)[0] == alone
