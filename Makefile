@@ -81,7 +81,7 @@ waste: install
 # `make lab STEP=02`; SOURCE=reference runs the reference's functions through the same switch.
 .PHONY: lab
 lab:
-	@test -n "$(STEP)" || { echo "usage: make lab STEP=NN [SOURCE=reference] (labs: 01 02 03 06)" >&2; exit 2; }
+	@test -n "$(STEP)" || { echo "usage: make lab STEP=NN [SOURCE=reference] (labs: 01 02 03 04 05 06)" >&2; exit 2; }
 	$(PY) -m tests.labs $(STEP) $(if $(filter reference,$(SOURCE)),--reference)
 
 # Mutation testing of the scheduler and block-manager modules of steps 01-05 ([tool.mutmut] in

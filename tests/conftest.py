@@ -80,6 +80,13 @@ def pytest_configure(config):
         settings.load_profile("lab")
 
 
+def pytest_unconfigure(config):
+    if getattr(config, "_lab", None):  # several labs in one process (tests.labs --check)
+        from tests import labs
+
+        labs.uninstall()
+
+
 def _lab_deselect(config, items):
     from tests import labs
 

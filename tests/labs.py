@@ -2,6 +2,7 @@
 
     python -m tests.labs 02                # what `make lab STEP=02` runs: labs/step02.py
     python -m tests.labs 02 --reference    # the reference's own functions, through the same switch
+    python -m tests.labs --check           # every lab, stubs and reference, in one process (JSON)
 
 A lab names, for one step, the one or two functions that carry its idea (``targets``)
 and the tests of that step that exercise them (``tests``). ``pytest --lab 02`` (see
@@ -64,6 +65,20 @@ LABS: dict[str, Lab] = {
          "tests/step03_attention/test_attention_paths.py::test_paged_attention_mixed_batch_equals_contiguous"
          "[blockwise]"),
     ),
+    "04": Lab(
+        "sharing blocks: fork, and copy-on-write on the first write",
+        (("paged.step04_sharing.cow_table", "CowBlockTable.fork", "fork"),
+         ("paged.step04_sharing.cow_table", "CowBlockTable.append", "append")),
+        ("tests/step04_sharing/test_sharing_stateful.py",
+         "tests/step04_sharing/test_scheduler_rules.py::test_rule_a_group_computes_its_prompt_once_and_forks"),
+    ),
+    "05": Lab(
+        "preemption: evict a whole group, bring swapped groups back first",
+        (("paged.step05_preemption.scheduler", "PreemptingScheduler._preempt", "_preempt"),
+         ("paged.step05_preemption.scheduler", "PreemptingScheduler._resume_swapped", "_resume_swapped")),
+        ("tests/step05_preemption/test_scheduler_rules.py",
+         "tests/step05_preemption/test_scheduler_stateful.py::test_scheduler_state_machine_model_free"),
+    ),
     "06": Lab(
         "the column and row split of a linear layer's weight",
         (("paged.step06_tensor_parallel.sharding", "column_reads", "column_reads"),
@@ -123,13 +138,54 @@ def install(step: str, source: str = "labs") -> tuple[str, Lab, str]:
         functions = [getattr(module, name) for _, name in owners]
         origin = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
     for ((owner, attr), _), function in zip(owners, functions):
+        _replaced.append((owner, attr, vars(owner)[attr]))
         setattr(owner, attr, function)
     return key, lab, origin
+
+
+_replaced: list = []  # (owner, name, the reference's function), most recent last
+
+
+def uninstall() -> None:
+    """Put every reference function ``install`` replaced back (the end of a lab's run)."""
+    while _replaced:
+        owner, attr, function = _replaced.pop()
+        setattr(owner, attr, function)
 
 
 def selected(nodeid: str, lab: Lab) -> bool:
     """Whether the test ``nodeid`` is one of the lab's (a whole file, a test, or a test's case)."""
     return any(nodeid == t or nodeid.startswith(t + "::") or nodeid.startswith(t + "[") for t in lab.tests)
+
+
+def _pytest_args(key: str, source: str) -> list[str]:
+    files = sorted({t.split("::")[0] for t in LABS[key].tests})
+    return [*files, f"--lab={key}", f"--lab-source={source}", "-p", "no:cacheprovider", "-q", "--tb=no"]
+
+
+def check(keys: list[str]) -> dict:
+    """Every lab of ``keys`` twice in this one process: with its stubs (stopping at the first
+    failure) and with the reference. Returns ``{key: {"labs" | "reference": {"rc", "output"}}}``.
+
+    What ``tests/test_labs.py`` reads: one interpreter, so torch, Hypothesis and the test modules
+    are imported once instead of once per run.
+    """
+    import contextlib
+    import io
+
+    import pytest
+
+    results: dict = {}
+    for key in keys:
+        for source, extra in (("labs", ["-x"]), ("reference", [])):
+            out = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out):
+                    rc = int(pytest.main([*_pytest_args(key, source), *extra]))
+            finally:
+                uninstall()  # the next run starts from the reference, whatever happened
+            results.setdefault(key, {})[source] = {"rc": rc, "output": out.getvalue()}
+    return results
 
 
 def main(argv: list[str]) -> int:
@@ -138,6 +194,17 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
+    if argv[0] == "--check":  # python -m tests.labs --check [NN ...]: JSON on stdout (tests/test_labs.py)
+        import json
+
+        try:
+            keys = [get(step)[0] for step in argv[1:]] or sorted(LABS)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
+        results = check(keys)
+        print(json.dumps(results))
+        return 0
     step, rest = argv[0], argv[1:]
     try:
         key, lab = get(step)
@@ -145,9 +212,7 @@ def main(argv: list[str]) -> int:
         print(err, file=sys.stderr)
         return 2
     source = "reference" if "--reference" in rest else "labs"
-    files = sorted({t.split("::")[0] for t in lab.tests})
-    return int(pytest.main([*files, f"--lab={key}", f"--lab-source={source}", "-p", "no:cacheprovider",
-                            "-q", "--tb=no", *[a for a in rest if a != "--reference"]]))
+    return int(pytest.main([*_pytest_args(key, source), *[a for a in rest if a != "--reference"]]))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,7 @@ class KVCache:
                     f"slot {int(slot_mapping.max())} is outside the cache's "
                     f"{num_slots} slots (N={self.num_blocks} blocks of B={self.block_size})"
                 )
+        # --8<-- [start:write_rows]
         # Row of slot s in _rows: (layer * 2 + kv) * N * B + s. Out-of-range slots
         # (unchecked on an accelerator) go to the spare row too, never to a neighbour.
         valid = (slot_mapping >= 0) & (slot_mapping < num_slots)  # [T]
@@ -163,6 +164,7 @@ class KVCache:
         value_rows = torch.where(valid, slot_mapping + key_base + num_slots, self._spare_row)
         self._rows.index_copy_(0, key_rows, k)
         self._rows.index_copy_(0, value_rows, v)
+        # --8<-- [end:write_rows]
 
     # --8<-- [end:write]
 
@@ -201,10 +203,12 @@ class KVCache:
                 f"num_tokens={num_tokens} is outside 0..{capacity}: the block table "
                 f"has {blocks.numel()} blocks of {self.block_size} tokens"
             )
+        # --8<-- [start:gather_rows]
         used = -(-num_tokens // self.block_size)  # blocks holding the tokens
         kv = self.data[layer].index_select(1, blocks[:used])  # [2, used, B, H_kv, D]
         kv = kv.view(2, used * self.block_size, self.num_kv_heads, self.head_dim)
         return kv[0, :num_tokens], kv[1, :num_tokens]
+        # --8<-- [end:gather_rows]
 
     # --8<-- [end:gather]
 

@@ -51,7 +51,6 @@ class BlockManager:
         table.reuse_cached = reuse_cached
         return table
 
-    # --8<-- [start:prompt]
     def _cacheable_blocks(self, prompt: list[int]) -> int:
         """Full prompt blocks that lie wholly before the block of the last prompt token."""
         return (len(prompt) - 1) // self.block_size
@@ -77,6 +76,7 @@ class BlockManager:
             parent = self.allocator.hash_of(block)
         return hits
 
+    # --8<-- [start:allocate_prompt]
     def allocate_prompt(self, table: CowBlockTable, prompt: list[int],
                         num_new: int | None = None) -> tuple[int, list[int]]:
         """Map cached blocks, then slots for the rest (at most ``num_new`` tokens of it, for a
@@ -105,7 +105,7 @@ class BlockManager:
             raise
         table.hashes = hashes
         return cached, slots
-    # --8<-- [end:prompt]
+    # --8<-- [end:allocate_prompt]
 
     def has_unnamed_full_blocks(self, table: CowBlockTable) -> bool:
         """Whether ``register_full_blocks`` has anything to do (cheap: no token list needed).

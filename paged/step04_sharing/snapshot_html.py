@@ -57,14 +57,27 @@ def _cell_title(pool: dict, requests: list[dict], c: int) -> str:
             f"{pool['parked'][c]} parked, {pool['filled'][c]}/{count * pool['block_size']} slots filled")
 
 
+LABELLED_CELLS = 64  # a pool of at most this many cells (a notebook's) draws large squares, numbered
+
+
 def pool_html(name: str, pool: dict, requests: list[dict]) -> str:
-    """One pool as a wrapping row of squares, with its heading."""
+    """One pool as a wrapping row of squares, with its heading.
+
+    A small pool (at most ``LABELLED_CELLS`` cells, one block each) draws 28 px squares with the
+    block number in each, so a table's ``logical -> physical`` entries can be found by eye; a
+    larger one draws 14 px squares, numbers in the hover text only.
+    """
     per = pool["blocks_per_cell"]
+    labelled = per == 1 and len(pool["used"]) <= LABELLED_CELLS
+    size = 28 if labelled else 14
     cells = []
     for c in range(len(pool["used"])):
         background, frame = cell_style(pool, requests, c)
+        label = (f'<span style="font:11px/28px sans-serif;color:#111;text-shadow:0 0 2px #fff">{c}</span>'
+                 if labelled else "")
         cells.append(f'<span title="{escape(_cell_title(pool, requests, c))}" style="display:inline-block;'
-                     f'width:14px;height:14px;margin:1px;background:{background};box-shadow:{frame}"></span>')
+                     f'width:{size}px;height:{size}px;margin:1px;text-align:center;vertical-align:top;'
+                     f'background:{background};box-shadow:{frame}">{label}</span>')
     scale = "one block per cell" if per == 1 else f"{per} blocks per cell"
     return (f"<div><b>{escape(name)} pool</b>: {pool['num_used']} of {pool['num_blocks']} blocks used "
             f"({pool['block_size']} tokens each; {scale})</div>"

@@ -7,8 +7,8 @@ several iterations). This engine builds it with a host pool (``SwapSpace``:
 ``swap_space`` bytes) and hands the pool's cache to its runner, which moves
 the blocks (swap-out before swap-in, both before the forward pass).
 
-Budgets: ``max_num_seqs`` sequences and ``max_num_batched_tokens`` (default
-2048) tokens per iteration.
+Budgets: ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens
+(2048 by default) per iteration.
 
 Extends: ``paged.step04_sharing.SharingEngine`` (``scheduler_class``,
 ``runner_class``, the swap pool).

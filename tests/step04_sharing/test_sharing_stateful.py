@@ -136,4 +136,5 @@ class SharingMachine(RuleBasedStateMachine):
 
 
 TestSharingMachine = SharingMachine.TestCase
-TestSharingMachine.settings = settings(settings(), max_examples=20, stateful_step_count=25)
+# half the profile's examples (each runs paged attention per live sequence after every rule): 20 under ci
+TestSharingMachine.settings = settings(settings(), max_examples=settings().max_examples // 2, stateful_step_count=25)

@@ -17,6 +17,7 @@ import torch
 from paged.models import load_model
 from paged.step04_sharing import SamplingParams, SharingEngine
 from paged.step04_sharing.snapshot import blocks_per_cell, pool_view
+from paged.step04_sharing.snapshot_html import LABELLED_CELLS
 from tests.hf_models import build_hf_model, save_checkpoint
 
 pytestmark = pytest.mark.step04
@@ -132,3 +133,12 @@ def test_repr_html_draws_a_square_per_block_and_names_each_request(model):
     html = engine._repr_html_()
     assert html.count("title=\"block ") == 20
     assert "par" in html and "0&rarr;" in html and "token states" in html
+
+
+def test_repr_html_numbers_the_squares_of_a_small_pool_only(model):
+    """Exact markup: a 20-block pool draws 28 px squares numbered 0..19 (readable in a notebook);
+    a pool of more than ``LABELLED_CELLS`` blocks keeps 14 px squares without numbers."""
+    small = SharingEngine(model, block_size=B, num_blocks=20)._repr_html_()
+    assert small.count("width:28px") == 20 and ">19</span>" in small and "width:14px" not in small
+    big = SharingEngine(model, block_size=B, num_blocks=LABELLED_CELLS + 1)._repr_html_()
+    assert big.count("width:14px") == LABELLED_CELLS + 1 and "width:28px" not in big
