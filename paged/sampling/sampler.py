@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from paged.step03_attention.logits_processors import SamplingContext, process_logits
-from paged.step03_attention.sampling_params import SamplingParams
+from paged.sampling.logits_processors import SamplingContext, process_logits
+from paged.sampling.sampling_params import SamplingParams
 
 
 @dataclass
