@@ -17,7 +17,7 @@ import importlib
 
 _WHERE = {
     "GuidedDecodingParams": "structured",
-    "SampleResult": "sampler",
+    "SampleResult": "result",
     "SamplingContext": "logits_processors",
     "SamplingParams": "sampling_params",
     "SamplingState": "sampling_state",

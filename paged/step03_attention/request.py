@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from paged.step02_block_table import Sequence
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
-from paged.sampling.sampler import SampleResult
+from paged.sampling.result import SampleResult
 from paged.sampling.sampling_params import SamplingParams
 
 
