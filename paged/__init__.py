@@ -6,6 +6,9 @@ ladder (step06: ``tensor_parallel_size=1`` by default, no worker process then);
 the engine refuses raises ``RequestError`` (a ``ValueError`` naming the field).
 """
 
-from paged.step06_tensor_parallel import LLM, CompletionOutput, RequestError, RequestOutput, SamplingParams
+from paged._lazy import lazy_package
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestError"]
+# from step06, on first use: ``import paged.step03_attention.scheduler`` loads no model and no torch
+_OWN = {name: "paged.step06_tensor_parallel" for name in
+        ("LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestError")}
+__all__, __getattr__, __dir__ = lazy_package(__name__, _OWN)

@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from paged.step03_attention.request import StopChecker
-from paged.step03_attention.sampling_params import SamplingParams
+from paged.sampling.sampling_params import SamplingParams
 from paged.step03_attention.stand_in import StandInRunner
 from paged.step05_preemption.swap import SwapSpace
 

@@ -16,7 +16,7 @@ from paged.bench.__main__ import main as bench_main
 from paged.models.random_llama import load_random_llama
 from paged.step03_attention import SamplingParams
 from paged.bench.reservation import ReservingEngine
-from paged.step03_attention.errors import RequestError
+from paged.errors import RequestError
 from paged.step05_preemption import PreemptingEngine
 
 B, CONTEXT = 4, 64

@@ -48,7 +48,7 @@ def test_layering_every_all_name_exists():
 
 # -- import direction ------------------------------------------------------------------
 PAGED = Path(paged.__file__).resolve().parent
-BELOW_THE_STEPS = ("paged.models", "paged.kernels")  # what every step may import
+BELOW_THE_STEPS = ("paged.models", "paged.kernels", "paged.sampling", "paged.errors", "paged._lazy")  # what a step may import
 ABOVE_THE_STEPS = ("paged.bench", "paged.serve", "paged.demo")  # what no step may import
 
 
@@ -93,8 +93,8 @@ def _step_number(name: str) -> int | None:
 def upward_imports(folder: Path) -> list[str]:
     """The imports under ``folder`` (a step, ``paged/models`` or ``paged/kernels``) that point up the ladder.
 
-    Step N may import steps < N, itself, ``paged.models`` and ``paged.kernels``;
-    those two import no step. Nothing of them imports ``paged`` itself (it is
+    Step N may import steps < N, itself, and what lies below the steps (``paged.models``,
+    ``paged.kernels``, ``paged.sampling``, ``paged.errors``); those import no step. Nothing of them imports ``paged`` itself (it is
     the top of the ladder), ``paged.bench``, ``paged.serve`` or ``paged.demo``.
     """
     bad = []
@@ -113,20 +113,22 @@ def upward_imports(folder: Path) -> list[str]:
     return bad
 
 
-LAYERS = sorted(p for p in PAGED.iterdir() if p.name.startswith("step")) + [PAGED / "models", PAGED / "kernels"]
+LAYERS = (sorted(p for p in PAGED.iterdir() if p.name.startswith("step"))
+          + [PAGED / "models", PAGED / "kernels", PAGED / "sampling"])
 
 
 @pytest.mark.parametrize("folder", LAYERS, ids=[p.name for p in LAYERS])
 def test_layering_imports_point_down_the_ladder(folder):
     """Read from the source (the AST, so lazy imports inside functions count): step N imports only steps
-    below it, ``paged.models`` and ``paged.kernels``; those two import no step; none imports
+    below it and what lies below the steps (``paged.models``, ``paged.kernels``, ``paged.sampling``,
+    ``paged.errors``); those import no step; none imports
     ``paged.bench``, ``paged.serve``, ``paged.demo`` or the top-level ``paged``."""
     assert upward_imports(folder) == []
 
 
 def test_layering_check_sees_an_upward_import_inside_a_function(tmp_path):
-    """The checker itself: a lazy ``paged.bench`` import in a step, and a step import in ``paged.models``,
-    are both reported."""
+    """The checker itself: a lazy ``paged.bench`` import in a step, and a step import in ``paged.models``
+    or ``paged.sampling``, are each reported (``paged.errors`` from ``paged.sampling`` is not)."""
     step = tmp_path / "paged" / "step03_attention"
     models = tmp_path / "paged" / "models"
     step.mkdir(parents=True)
@@ -138,6 +140,10 @@ def test_layering_check_sees_an_upward_import_inside_a_function(tmp_path):
     try:
         assert upward_imports(step) == ["paged/step03_attention/tool.py:4 imports paged.bench.sharing"]
         assert upward_imports(models) == ["paged/models/x.py:1 imports paged.step02_block_table.KVCache"]
+        sampling = tmp_path / "paged" / "sampling"
+        sampling.mkdir()
+        (sampling / "y.py").write_text("from paged.errors import RequestError\nfrom paged.step03_attention.plan import StepPlan\n")
+        assert upward_imports(sampling) == ["paged/sampling/y.py:2 imports paged.step03_attention.plan.StepPlan"]
     finally:
         PAGED = saved
 

@@ -36,7 +36,7 @@ from paged.bench.reservation import ReservingEngine
 from paged.models.config import ModelConfig
 from paged.models.loader import LoadedModel
 from paged.step02_block_table import KVCache
-from paged.step03_attention.sampler import SampleResult
+from paged.sampling.sampler import SampleResult
 from paged.step03_attention.stand_in import VOCAB, StandInRunner
 
 def stand_in_model(max_len: int = 2048, eos: int = 2) -> LoadedModel:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from paged.step01_allocator.orca import POLICIES, ContiguousReservations
 from paged.step01_allocator.waste import TraceRequest
-from paged.step03_attention.errors import RequestError
+from paged.errors import RequestError
 from paged.step03_attention.scheduler import Reservation
 from paged.step05_preemption import PreemptingEngine
 

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from paged.step03_attention.structured import GuidedDecodingParams
+from paged.sampling.structured import GuidedDecodingParams
 from paged.step05_preemption import PreemptingEngine, SamplingParams
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["kind", "size", "name"],

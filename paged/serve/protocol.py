@@ -21,8 +21,8 @@ from paged import SamplingParams
 from paged.serve.errors import APIError
 from paged.serve.extensions import ChatExtensions, CompletionExtensions
 from paged.step04_sharing.engine import MAX_BEST_OF
-from paged.step03_attention.errors import RequestError
-from paged.step03_attention.structured import (MAX_CHOICE_CHARS, MAX_CHOICES, MAX_REGEX_CHARS, MAX_REGEX_REPEAT,
+from paged.errors import RequestError
+from paged.sampling.structured import (MAX_CHOICE_CHARS, MAX_CHOICES, MAX_REGEX_CHARS, MAX_REGEX_REPEAT,
                                                MAX_SCHEMA_BYTES, GuidedDecodingParams)
 
 Number = StrictFloat  # accepts 1 and 1.5, refuses "1" and true

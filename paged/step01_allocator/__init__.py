@@ -7,35 +7,22 @@ paged blocks (``paging.simulate_paged``) and with Orca's three contiguous
 reservation policies (``orca.simulate_orca``).
 """
 
-from paged.step01_allocator.allocator import (
-    BlockAllocator,
-    BlockAllocatorError,
-    DoubleFreeError,
-    InvalidBlockError,
-    OutOfBlocksError,
-)
-from paged.step01_allocator.buddy import BuddyAllocator, RequestTooLargeError
-from paged.step01_allocator.orca import simulate_orca
-from paged.step01_allocator.paging import simulate_paged
-from paged.step01_allocator.waste import (
-    InvalidTraceError,
-    TraceRequest,
-    WasteReport,
-    WasteSnapshot,
-)
+from paged._lazy import lazy_package
 
-__all__ = [
-    "BlockAllocator",
-    "BlockAllocatorError",
-    "DoubleFreeError",
-    "InvalidBlockError",
-    "OutOfBlocksError",
-    "BuddyAllocator",
-    "RequestTooLargeError",
-    "InvalidTraceError",
-    "TraceRequest",
-    "WasteReport",
-    "WasteSnapshot",
-    "simulate_orca",
-    "simulate_paged",
-]
+# each name -> the module that defines it ("module:attribute" where the name differs)
+_OWN = {
+    "BlockAllocator": "allocator",
+    "BlockAllocatorError": "allocator",
+    "DoubleFreeError": "allocator",
+    "InvalidBlockError": "allocator",
+    "OutOfBlocksError": "allocator",
+    "BuddyAllocator": "buddy",
+    "RequestTooLargeError": "buddy",
+    "InvalidTraceError": "waste",
+    "TraceRequest": "waste",
+    "WasteReport": "waste",
+    "WasteSnapshot": "waste",
+    "simulate_orca": "orca",
+    "simulate_paged": "paging",
+}
+__all__, __getattr__, __dir__ = lazy_package(__name__, _OWN, below=None)

@@ -7,16 +7,13 @@ Adds: ``BlockTable`` (a sequence's logical → physical block mapping, its
 re-exported unchanged.
 """
 
-from paged.step01_allocator import *  # noqa: F401,F403  (the ladder: re-export step01)
-from paged.step01_allocator import __all__ as _step01_all
-from paged.step02_block_table.block_table import BlockTable
-from paged.step02_block_table.kv_cache import KVCache
-from paged.step02_block_table.sequence import Sequence, SequenceStatus
+from paged._lazy import lazy_package
 
-__all__ = [
-    *_step01_all,
-    "BlockTable",
-    "KVCache",
-    "Sequence",
-    "SequenceStatus",
-]
+# each name -> the module that defines it ("module:attribute" where the name differs)
+_OWN = {
+    "BlockTable": "block_table",
+    "KVCache": "kv_cache",
+    "Sequence": "sequence",
+    "SequenceStatus": "sequence",
+}
+__all__, __getattr__, __dir__ = lazy_package(__name__, _OWN, below="paged.step01_allocator")

@@ -5,48 +5,35 @@ the native kernels behind one dispatch), ``StepPlan`` and ``ModelRunner``
 (the scheduler/worker split: docs/architecture.md), the ``Scheduler`` (it owns the queues,
 the block pool and the budgets; FCFS, no preemption) and the first ``Engine``
 (the scheduler, a runner and the outputs; ``EngineEvent`` records its decisions) and the
-vLLM-shaped ``LLM`` / ``SamplingParams`` API.
+vLLM-shaped ``LLM`` / ``SamplingParams`` API (sampling itself lies below the ladder, in ``paged.sampling``).
 """
 
-from paged.step02_block_table import *  # noqa: F401,F403  (the ladder: re-export step02)
-from paged.step02_block_table import __all__ as _step02_all
-from paged.step03_attention.attention import AttentionMetadata, PagedAttention
-from paged.step03_attention.backends import BACKENDS, prefill_attention, resolve_backend
-from paged.step03_attention.blockwise import blockwise_attention
-from paged.step03_attention.engine import Engine
-from paged.step03_attention.errors import RequestError
-from paged.step03_attention.events import EVENT_KINDS, EngineEvent
-from paged.step03_attention.llm import LLM
-from paged.step03_attention.outputs import CompletionOutput, RequestOutput
-from paged.step03_attention.plan import StepPlan
-from paged.step03_attention.reference import causal_sdpa, gather_blocks, reference_attention
-from paged.step03_attention.runner import ModelRunner
-from paged.step03_attention.sampler import SampleResult, sample
-from paged.step03_attention.sampling_params import SamplingParams
-from paged.step03_attention.scheduler import Reservation, Scheduler
+from paged._lazy import lazy_package
 
-__all__ = list(_step02_all) + [
-    "AttentionMetadata",
-    "BACKENDS",
-    "CompletionOutput",
-    "EVENT_KINDS",
-    "Engine",
-    "EngineEvent",
-    "LLM",
-    "ModelRunner",
-    "PagedAttention",
-    "RequestError",
-    "RequestOutput",
-    "Reservation",
-    "SampleResult",
-    "SamplingParams",
-    "Scheduler",
-    "StepPlan",
-    "blockwise_attention",
-    "causal_sdpa",
-    "gather_blocks",
-    "prefill_attention",
-    "reference_attention",
-    "resolve_backend",
-    "sample",
-]
+# each name -> the module that defines it ("module:attribute" where the name differs)
+_OWN = {
+    "AttentionMetadata": "attention",
+    "BACKENDS": "backends",
+    "CompletionOutput": "outputs",
+    "EVENT_KINDS": "events",
+    "Engine": "engine",
+    "EngineEvent": "events",
+    "LLM": "llm",
+    "ModelRunner": "runner",
+    "PagedAttention": "attention",
+    "RequestError": "paged.errors",
+    "RequestOutput": "outputs",
+    "Reservation": "scheduler",
+    "SampleResult": "paged.sampling.result",
+    "SamplingParams": "paged.sampling.sampling_params",
+    "Scheduler": "scheduler",
+    "StepPlan": "plan",
+    "blockwise_attention": "blockwise",
+    "causal_sdpa": "reference",
+    "gather_blocks": "reference",
+    "prefill_attention": "backends",
+    "reference_attention": "reference",
+    "resolve_backend": "backends",
+    "sample": "paged.sampling.sampler",
+}
+__all__, __getattr__, __dir__ = lazy_package(__name__, _OWN, below="paged.step02_block_table")

@@ -33,20 +33,20 @@ import random
 
 from paged.step02_block_table import KVCache
 from paged.step03_attention.backends import resolve_backend
-from paged.step03_attention.errors import RequestError
+from paged.errors import RequestError
 from paged.step03_attention.events import EngineEvent
 from paged.step03_attention.outputs import RequestOutput
 from paged.step03_attention.request import Request, StopChecker
 from paged.step03_attention.runner import ModelRunner
-from paged.step03_attention.sampling_params import SamplingParams
-from paged.step03_attention.sampling_state import (
+from paged.sampling.sampling_params import SamplingParams
+from paged.sampling.sampling_state import (
     SamplingState,
     attach_contexts,
     check_against_model,
     collect_prompt_logprobs,
 )
 from paged.step03_attention.scheduler import Scheduler
-from paged.step03_attention.structured import GrammarCompiler
+from paged.sampling.structured import GrammarCompiler
 
 logger = logging.getLogger("paged")
 

@@ -18,9 +18,9 @@ import torch
 from tqdm.auto import tqdm
 
 from paged.step03_attention.engine import Engine
-from paged.step03_attention.errors import RequestError
+from paged.errors import RequestError
 from paged.step03_attention.outputs import RequestOutput
-from paged.step03_attention.sampling_params import SamplingParams
+from paged.sampling.sampling_params import SamplingParams
 
 
 def default_model_path() -> str:

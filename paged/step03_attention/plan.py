@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from paged.step03_attention.sampling_params import SamplingParams
+from paged.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from paged.step03_attention.logits_processors import SamplingContext
+    from paged.sampling.logits_processors import SamplingContext
 
 
 # --8<-- [start:stepplan]

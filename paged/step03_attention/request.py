@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from paged.step02_block_table import Sequence
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
-from paged.step03_attention.sampler import SampleResult
-from paged.step03_attention.sampling_params import SamplingParams
+from paged.sampling.result import SampleResult
+from paged.sampling.sampling_params import SamplingParams
 
 
 @dataclass

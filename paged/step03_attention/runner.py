@@ -24,7 +24,7 @@ from paged.models.layers import prepack_linears
 from paged.step02_block_table import KVCache
 from paged.step03_attention.attention import AttentionMetadata, PagedAttention
 from paged.step03_attention.plan import StepPlan
-from paged.step03_attention.sampler import SampleResult, num_top_logprobs, prompt_logprob_entries, sample
+from paged.sampling.sampler import SampleResult, num_top_logprobs, prompt_logprob_entries, sample
 
 
 class ModelRunner:

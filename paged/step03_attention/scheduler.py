@@ -49,7 +49,7 @@ from collections import deque
 
 from paged.step01_allocator import BlockAllocator
 from paged.step02_block_table import BlockTable, Sequence, SequenceStatus
-from paged.step03_attention.errors import RequestError
+from paged.errors import RequestError
 from paged.step03_attention.events import EngineEvent
 from paged.step03_attention.outputs import CompletionOutput
 from paged.step03_attention.plan import StepPlan

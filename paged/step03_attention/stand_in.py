@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from paged.step03_attention.sampler import SampleResult, num_top_logprobs
+from paged.sampling.result import SampleResult, num_top_logprobs
 
 VOCAB = 32000  # token ids drawn by the stand-in: 3 .. VOCAB - 1 (clear of BOS 1 and EOS 2)
 _MASK = 2**64 - 1

@@ -10,31 +10,23 @@ step's ``LLM``. ``LLM`` here shadows step03's name on purpose: it is the same
 API over this step's engine.
 """
 
-from paged.step03_attention import *  # noqa: F401,F403  (the ladder: re-export step03)
-from paged.step03_attention import __all__ as _step03_all
-from paged.step04_sharing.beam import Hypothesis, beam_score
-from paged.step04_sharing.block_manager import BlockManager
-from paged.step04_sharing.cow_table import CowBlockTable
-from paged.step04_sharing.engine import SharingEngine
-from paged.step04_sharing.llm import LLM
-from paged.step04_sharing.request import GroupRequest
-from paged.step04_sharing.prefix_cache import CachingBlockAllocator, block_hash
-from paged.step04_sharing.runner import SharingModelRunner, SharingStepPlan, copy_blocks
-from paged.step04_sharing.scheduler import SharingScheduler, sample_seed
+from paged._lazy import lazy_package
 
-__all__ = [n for n in _step03_all if n != "LLM"] + [
-    "BlockManager",
-    "CachingBlockAllocator",
-    "CowBlockTable",
-    "GroupRequest",
-    "Hypothesis",
-    "LLM",
-    "SharingEngine",
-    "SharingModelRunner",
-    "SharingScheduler",
-    "SharingStepPlan",
-    "beam_score",
-    "block_hash",
-    "copy_blocks",
-    "sample_seed",
-]
+# each name -> the module that defines it ("module:attribute" where the name differs)
+_OWN = {
+    "BlockManager": "block_manager",
+    "CachingBlockAllocator": "prefix_cache",
+    "CowBlockTable": "cow_table",
+    "GroupRequest": "request",
+    "Hypothesis": "beam",
+    "SharingEngine": "engine",
+    "SharingModelRunner": "runner",
+    "SharingScheduler": "scheduler",
+    "SharingStepPlan": "plan",
+    "beam_score": "beam",
+    "block_hash": "prefix_cache",
+    "copy_blocks": "runner",
+    "sample_seed": "scheduler",
+    "LLM": "llm",
+}
+__all__, __getattr__, __dir__ = lazy_package(__name__, _OWN, below="paged.step03_attention")

@@ -24,7 +24,7 @@ that may hold several sequences and rank them (``GroupRequest``).
 from __future__ import annotations
 
 from paged.step03_attention import Engine
-from paged.step03_attention.errors import RequestError
+from paged.errors import RequestError
 from paged.step04_sharing import snapshot
 from paged.step04_sharing.block_manager import BlockManager
 from paged.step04_sharing.runner import SharingModelRunner

@@ -13,20 +13,12 @@ Extends: ``paged.step03_attention.ModelRunner`` and ``StepPlan``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
 
 from paged.step02_block_table import KVCache
 from paged.step03_attention import ModelRunner, StepPlan
 from paged.step03_attention.backends import native_copy
-
-
-@dataclass
-class SharingStepPlan(StepPlan):
-    """``StepPlan`` plus ``fanout``: ``(seq that computed the row, child seq, child seed)``."""
-
-    fanout: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 # --8<-- [start:copy]

@@ -28,7 +28,7 @@ from paged.step03_attention.scheduler import Scheduler
 from paged.step04_sharing import beam
 from paged.step04_sharing.block_manager import BlockManager
 from paged.step04_sharing.request import GroupRequest
-from paged.step04_sharing.runner import SharingStepPlan
+from paged.step04_sharing.plan import SharingStepPlan
 
 
 def sample_seed(seed: int, index: int) -> int:

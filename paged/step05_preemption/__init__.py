@@ -9,23 +9,17 @@ step's ``LLM``. (The paper's Orca baselines run in this same engine, with an
 admission rule of their own: ``paged.bench.reservation``.)
 """
 
-from paged.step04_sharing import *  # noqa: F401,F403  (the ladder: re-export step04)
-from paged.step04_sharing import __all__ as _step04_all
-from paged.step05_preemption.chunked import ChunkedPrefillScheduler
-from paged.step05_preemption.engine import PreemptingEngine
-from paged.step05_preemption.llm import LLM
-from paged.step05_preemption.policy import MODES as PREEMPTION_MODES
-from paged.step05_preemption.runner import PreemptingModelRunner
-from paged.step05_preemption.scheduler import PreemptingScheduler
-from paged.step05_preemption.swap import SwapSpace, copy_between
+from paged._lazy import lazy_package
 
-__all__ = [n for n in _step04_all if n != "LLM"] + [
-    "ChunkedPrefillScheduler",
-    "LLM",
-    "PREEMPTION_MODES",
-    "PreemptingEngine",
-    "PreemptingModelRunner",
-    "PreemptingScheduler",
-    "SwapSpace",
-    "copy_between",
-]
+# each name -> the module that defines it ("module:attribute" where the name differs)
+_OWN = {
+    "ChunkedPrefillScheduler": "chunked",
+    "PREEMPTION_MODES": "policy:MODES",
+    "PreemptingEngine": "engine",
+    "PreemptingModelRunner": "runner",
+    "PreemptingScheduler": "scheduler",
+    "SwapSpace": "swap",
+    "copy_between": "swap",
+    "LLM": "llm",
+}
+__all__, __getattr__, __dir__ = lazy_package(__name__, _OWN, below="paged.step04_sharing")

@@ -16,10 +16,12 @@ Extends: step01's allocator and step02's ``KVCache`` (a second instance of each)
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from paged.step01_allocator import BlockAllocator
-from paged.step02_block_table import KVCache
+
+if TYPE_CHECKING:  # the scheduler's half (the allocator and the moves) runs with no torch loaded
+    from paged.step02_block_table import KVCache
 
 
 class SwapSpace:
@@ -34,7 +36,7 @@ class SwapSpace:
     def __init__(self, num_blocks: int, like: KVCache | None = None) -> None:
         self.allocator = BlockAllocator(num_blocks)
         self.cache = (
-            KVCache(like.num_layers, num_blocks, like.block_size, like.num_kv_heads, like.head_dim,
+            type(like)(like.num_layers, num_blocks, like.block_size, like.num_kv_heads, like.head_dim,
                     like.dtype, "cpu") if num_blocks > 0 and like is not None else None
         )
 
@@ -74,6 +76,8 @@ class SwapSpace:
 # --8<-- [start:copy_between]
 def copy_between(src: KVCache, dst: KVCache, pairs: list[tuple[int, int]]) -> None:
     """Copy block ``s`` of ``src`` to block ``d`` of ``dst`` for every pair, all layers at once."""
+    import torch  # here, not at the top: only the runner's half moves tensors
+
     s = torch.tensor([a for a, _ in pairs], dtype=torch.int64, device=src.device)
     d = torch.tensor([b for _, b in pairs], dtype=torch.int64, device=dst.device)
     dst.data[:, :, d] = src.data[:, :, s].to(dst.device)  # [L, 2, P, B, H_kv, D]

@@ -11,41 +11,27 @@ name a lost host), started by ``python -m paged.serve --nnodes N ...``, or by
 torchrun through ``torchrun_entry``.
 """
 
-from paged.step05_preemption import *  # noqa: F401,F403  (the ladder: re-export step05)
-from paged.step05_preemption import __all__ as _step05_all
-from paged.step06_tensor_parallel.engine import TensorParallelEngine
-from paged.step06_tensor_parallel.group import TPGroup, connect, free_loopback_port
-from paged.step06_tensor_parallel.hosts import Nodes
-from paged.step06_tensor_parallel.llm import LLM
-from paged.step06_tensor_parallel.runner import DriverRunner, ShardRunner
-from paged.step06_tensor_parallel.sharding import (
-    ParallelLMHead,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    check_shardable,
-    load_shard,
-    shard_model,
-)
-from paged.step06_tensor_parallel.sharded_model import ShardedModel, load_sharded
-from paged.step06_tensor_parallel.worker_group import WorkerError, WorkerGroup
+from paged._lazy import lazy_package
 
-__all__ = [n for n in _step05_all if n != "LLM"] + [
-    "LLM",
-    "DriverRunner",
-    "Nodes",
-    "ParallelLMHead",
-    "RowParallelLinear",
-    "ShardRunner",
-    "ShardedModel",
-    "TPGroup",
-    "TensorParallelEngine",
-    "VocabParallelEmbedding",
-    "WorkerError",
-    "WorkerGroup",
-    "check_shardable",
-    "connect",
-    "free_loopback_port",
-    "load_shard",
-    "load_sharded",
-    "shard_model",
-]
+# each name -> the module that defines it ("module:attribute" where the name differs)
+_OWN = {
+    "DriverRunner": "runner",
+    "Nodes": "hosts",
+    "ParallelLMHead": "sharding",
+    "RowParallelLinear": "sharding",
+    "ShardRunner": "runner",
+    "ShardedModel": "sharded_model",
+    "TPGroup": "group",
+    "TensorParallelEngine": "engine",
+    "VocabParallelEmbedding": "sharding",
+    "WorkerError": "worker_group",
+    "WorkerGroup": "worker_group",
+    "check_shardable": "sharding",
+    "connect": "group",
+    "free_loopback_port": "group",
+    "load_shard": "sharding",
+    "load_sharded": "sharded_model",
+    "shard_model": "sharding",
+    "LLM": "llm",
+}
+__all__, __getattr__, __dir__ = lazy_package(__name__, _OWN, below="paged.step05_preemption")

@@ -20,7 +20,7 @@ Extends: ``paged.step05_preemption.PreemptingEngine``.
 
 from __future__ import annotations
 
-from paged.step03_attention.errors import RequestError
+from paged.errors import RequestError
 from paged.step05_preemption import PreemptingEngine
 from paged.step06_tensor_parallel.runner import DriverRunner
 

@@ -29,7 +29,7 @@ import pickle
 import time
 
 from paged.step03_attention import SamplingParams
-from paged.step04_sharing.runner import SharingStepPlan
+from paged.step04_sharing.plan import SharingStepPlan
 
 
 def plan_bytes(plan) -> int:

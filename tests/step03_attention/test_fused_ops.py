@@ -35,8 +35,8 @@ from paged.models.layers import RMSNorm, RotaryEmbedding, prepack_linears, silu_
 from paged.step02_block_table.kv_cache import zeros_on_demand
 from paged.step03_attention.backends import prefill_attention
 from paged.step03_attention.runner import greedy_tokens
-from paged.step03_attention.sampler import sample
-from paged.step03_attention.sampling_params import SamplingParams
+from paged.sampling.sampler import sample
+from paged.sampling.sampling_params import SamplingParams
 from tests import tolerances
 from tests.hf_models import build_hf_model, save_checkpoint
 from tests.oracle import contiguous_attention

@@ -15,8 +15,8 @@ import pytest
 from paged import LLM, SamplingParams
 from paged.demo import DEFAULT_MODEL_PATH
 from paged.step03_attention import LLM as Step03LLM
-from paged.step03_attention.errors import RequestError
-from paged.step03_attention.structured import GuidedDecodingParams
+from paged.errors import RequestError
+from paged.sampling.structured import GuidedDecodingParams
 
 pytestmark = pytest.mark.step03
 

@@ -20,7 +20,7 @@ from paged.demo import DEFAULT_MODEL_PATH
 from paged.models import load_model
 from paged.step05_preemption import PreemptingEngine, SamplingParams
 from tests.engine_loop import drain
-from tests.step03_attention.test_sampling_engine import assert_prompt_logprobs_match
+from tests.sampling.test_sampling_engine import assert_prompt_logprobs_match
 
 TEXT = ("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n\n\n"
         "def sub(a, b):\n    return a - b\n")

@@ -20,26 +20,22 @@ After every rule these must hold:
 At the end, with no more arrivals, every request that was not aborted must
 finish within a bounded number of iterations, with at most ``max_tokens``
 tokens per completion, and every device and host block must be free.
-All checks are exact (integers); the model's values do not matter here.
+All checks are exact (integers); the model's values do not matter here. The rules and invariants
+are those of ``test_scheduler_model_free.py`` (the same machine over the scheduler alone); this
+file runs them over a real ``PreemptingEngine``.
 """
 
 import functools
-import math
 
 import torch
 from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize
 
 from paged.models.random_llama import load_random_llama
 from paged.step02_block_table import KVCache
-from paged.step05_preemption import PreemptingEngine, PreemptingScheduler, SamplingParams
-from tests.invariants import check_allocator
-from tests.scheduler_harness import Harness
+from paged.step05_preemption import PreemptingEngine, SamplingParams
+from tests.step05_preemption.test_scheduler_model_free import MAX_LEN, VOCAB, ModelFreeSchedulerMachine
 
-VOCAB = 64
-MAX_REQUESTS = 8
-MAX_LEN = 64  # the model's context (the model-free machine's max_model_len)
-FINISH_WITHIN = 3000  # iterations after the last arrival
 
 @functools.cache
 def _model():
@@ -47,7 +43,9 @@ def _model():
     return load_random_llama(vocab_size=VOCAB, max_position_embeddings=MAX_LEN)
 
 
-class SchedulerMachine(RuleBasedStateMachine):
+class SchedulerMachine(ModelFreeSchedulerMachine):
+    """The model-free machine's rules and invariants, over the engine with a random model."""
+
     @initialize(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
                 mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
                 budget=st.sampled_from([None, 4, 9]))
@@ -63,148 +61,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.aborted: set[str] = set()
         self.finished: dict[str, object] = {}
 
-    @precondition(lambda self: len(self.params) < MAX_REQUESTS)
-    @rule(data=st.data())
-    def add(self, data):
-        b = self.engine.block_size
-        size = data.draw(st.sampled_from([1, b - 1, b, b + 1, 2 * b + 1]), label="prompt length")
-        prompt = data.draw(st.lists(st.integers(3, VOCAB - 1), min_size=size, max_size=size), label="prompt")
-        kind = data.draw(st.sampled_from(["greedy", "seeded", "parallel", "beam"]), label="kind")
-        max_tokens = data.draw(st.integers(1, 3 * b), label="max_tokens")
-        common = dict(max_tokens=max_tokens, ignore_eos=True)
-        if kind == "greedy":
-            params = SamplingParams(temperature=0, **common)
-        elif kind == "seeded":
-            params = SamplingParams(temperature=1.0, seed=data.draw(st.integers(0, 9)), **common)
-        elif kind == "parallel":
-            params = SamplingParams(n=data.draw(st.integers(2, 3)), temperature=1.0, seed=1, **common)
-        else:
-            width = data.draw(st.integers(2, 3), label="beam width")
-            params = SamplingParams(n=data.draw(st.integers(1, width)), best_of=width, use_beam_search=True,
-                                    temperature=0, **common)
-        rid = f"r{len(self.params)}-{kind}"
-        self.engine.add_request(rid, prompt, params)
-        self.params[rid] = params
-
-    @precondition(lambda self: any(r not in self.finished and r not in self.aborted for r in self.params))
-    @rule(data=st.data())
-    def abort(self, data):
-        live = sorted(r for r in self.params if r not in self.finished and r not in self.aborted)
-        rid = data.draw(st.sampled_from(live), label="abort")
-        assert self.engine.abort(rid)
-        self.aborted.add(rid)
-
-    @rule()
-    def step(self):
-        if not self.engine.has_unfinished():
-            return
-        for out in self.engine.step():
-            if out.finished:
-                self.finished[out.request_id] = out
-        self._check_fcfs_decisions()
-
-    def _check_fcfs_decisions(self):
-        """The admissions and swap-ins of the iteration just run respected arrival order."""
-        e = self.engine
-        ids = {kind: [ev.request_id for ev in e.events if ev.kind == kind] for kind in ("admitted", "swapped_in")}
-        if ids["admitted"]:
-            assert not any(ev.kind == "preempted" for ev in e.events), "admitted in an iteration that preempted"
-            assert not e.swapped, "admitted while a group is swapped out"
-        arrival = {r.request_id: r.arrival for r in e.requests.values()}  # the live ones
-        for kind, queue in (("admitted", e.waiting), ("swapped_in", e.swapped)):
-            for rid in ids[kind]:
-                if rid in arrival:
-                    assert all(arrival[rid] < r.arrival for r in queue), f"{rid} ({kind}) overtook an older one"
-
-    # -- invariants after every rule --------------------------------------------
-    def _live_tables(self, allocator):
-        return [s.block_table for r in self.engine.requests.values() for s in r.seqs
-                if not s.is_finished and s.block_table.allocator is allocator]
-
-    @invariant()
-    def blocks_are_owned_by_live_tables_only(self):
-        if not hasattr(self, "engine"):
-            return
-        e = self.engine
-        check_allocator(e.allocator, self._live_tables(e.allocator))
-        check_allocator(e.swap.allocator, self._live_tables(e.swap.allocator))
-
-    @invariant()
-    def tables_cover_exactly_the_computed_tokens(self):
-        if not hasattr(self, "engine"):
-            return
-        e = self.engine
-        for queue in (e.running, e.swapped):
-            for req in queue:
-                for seq in req.seqs:
-                    if seq.is_finished:
-                        continue
-                    t = seq.block_table
-                    assert t.num_tokens <= seq.num_tokens
-                    assert len(t.blocks) == math.ceil(t.num_tokens / e.block_size), seq.seq_id
-        for req in e.waiting:
-            assert all(not s.block_table.blocks and s.block_table.num_tokens == 0 for s in req.seqs)
-
-    @invariant()
-    def queues_are_in_arrival_order(self):
-        if not hasattr(self, "engine"):
-            return
-        e = self.engine
-        for queue in (e.waiting, e.running, e.swapped):
-            arrivals = [r.arrival for r in queue]
-            assert arrivals == sorted(arrivals)
-        queued = [r.request_id for q in (e.waiting, e.running, e.swapped) for r in q]
-        assert len(queued) == len(set(queued)) == len(e.requests), "a request is lost or in two queues"
-
-    def teardown(self):
-        if not hasattr(self, "engine"):
-            return
-        e = self.engine
-        for _ in range(FINISH_WITHIN):
-            if not e.has_unfinished():
-                break
-            for out in e.step():
-                if out.finished:
-                    self.finished[out.request_id] = out
-            self.blocks_are_owned_by_live_tables_only()
-            self.tables_cover_exactly_the_computed_tokens()
-        assert not e.has_unfinished(), f"not finished within {FINISH_WITHIN} iterations"
-        for rid, params in self.params.items():
-            if rid in self.aborted:
-                continue
-            assert rid in self.finished, f"{rid} never finished"
-            outs = self.finished[rid].outputs
-            assert len(outs) == params.n
-            assert all(len(o.token_ids) <= params.max_tokens for o in outs)
-        assert e.allocator.num_used == 0 and e.swap.allocator.num_used == 0, "blocks leaked"
-
 
 SchedulerMachine.TestCase.settings = settings(
     max_examples=30, stateful_step_count=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 test_scheduler_state_machine = SchedulerMachine.TestCase
-
-
-class ModelFreeSchedulerMachine(SchedulerMachine):
-    """The same machine, rules and invariants over the scheduler alone: a ``PreemptingScheduler``
-    stepped with the stand-in runner (``tests/scheduler_harness.py``), no model and no tensor.
-    Thousands of iterations take seconds, so it runs five times the profile's examples."""
-
-    @initialize(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
-                mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
-                budget=st.sampled_from([None, 4, 9]))
-    def start(self, block_size, num_blocks, mode, host_blocks, budget):
-        self.engine = Harness(PreemptingScheduler, num_blocks, block_size, preemption_mode=mode,
-                              swap_blocks=host_blocks, max_num_batched_tokens=budget or 2048,
-                              max_model_len=MAX_LEN)
-        self.params: dict[str, SamplingParams] = {}
-        self.aborted: set[str] = set()
-        self.finished: dict[str, object] = {}
-
-
-ModelFreeSchedulerMachine.TestCase.settings = settings(
-    max_examples=5 * settings().max_examples, stateful_step_count=25, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-test_scheduler_state_machine_model_free = ModelFreeSchedulerMachine.TestCase

@@ -28,6 +28,8 @@ from paged.step03_attention import Engine, RequestError, SamplingParams
 from tests.engine_loop import drain
 from tests.tolerances import FLOAT64
 
+pytestmark = pytest.mark.step03  # sampling lies below the ladder; its tests keep the step that first uses them
+
 TEXT = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n"
 
 

@@ -29,6 +29,8 @@ from paged.step03_attention import LLM, RequestError, SamplingParams, sample
 from tests.hf_models import build_hf_model, save_checkpoint, write_tokenizer
 from tests.tolerances import FLOAT32, SAMPLER_CHI2_ALPHA
 
+pytestmark = pytest.mark.step03  # sampling lies below the ladder; its tests keep the step that first uses them
+
 
 # -- SamplingParams validation -------------------------------------------------
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paged.step03_attention.sampling_params import SamplingParams
+from paged.sampling.sampling_params import SamplingParams
 
 
 # --8<-- [start:context]

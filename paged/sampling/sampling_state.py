@@ -15,11 +15,10 @@ recomputed after preemption does not compute them twice.
 
 from __future__ import annotations
 
-from paged.step03_attention.errors import RequestError
-from paged.step03_attention.logits_processors import SamplingContext
-from paged.step03_attention.plan import StepPlan
-from paged.step03_attention.sampling_params import SamplingParams
-from paged.step03_attention.structured import GrammarCompiler, GrammarMatcher
+from paged.errors import RequestError
+from paged.sampling.logits_processors import SamplingContext
+from paged.sampling.sampling_params import SamplingParams
+from paged.sampling.structured import GrammarCompiler, GrammarMatcher
 
 
 def check_against_model(params: SamplingParams, vocab_size: int, tokenizer, grammars) -> None:
@@ -97,7 +96,7 @@ class SamplingState:
     # --8<-- [end:context]
 
 
-def attach_contexts(plan: StepPlan, requests, state_of) -> dict[str, Exception]:
+def attach_contexts(plan, requests, state_of) -> dict[str, Exception]:
     """Put a ``SamplingContext`` for every live sequence of ``requests`` that process logits into ``plan``.
 
     ``state_of(request)`` returns the request's ``SamplingState``. A request's

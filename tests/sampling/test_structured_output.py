@@ -22,9 +22,11 @@ import torch
 
 from paged.demo import DEFAULT_MODEL_PATH
 from paged.models import load_model
-from paged.step03_attention.structured import GuidedDecodingParams
+from paged.sampling.structured import GuidedDecodingParams
 from paged.step05_preemption import PreemptingEngine, SamplingParams
 from tests.engine_loop import drain
+
+pytestmark = pytest.mark.step05  # sampling lies below the ladder; its tests keep the step that first uses them
 
 SCHEMAS = {
     "nested": {

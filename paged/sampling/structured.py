@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-from paged.step03_attention.errors import RequestError
+from paged.errors import RequestError
 
 # Compact JSON with json.dumps' separators; no free whitespace, which a small
 # model could otherwise repeat until max_tokens.

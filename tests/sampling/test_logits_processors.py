@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from paged.step03_attention import RequestError, SamplingParams, sample
-from paged.step03_attention.logits_processors import SamplingContext, process_logits, token_counts
-from paged.step03_attention.structured import GuidedDecodingParams
+from paged.sampling.logits_processors import SamplingContext, process_logits, token_counts
+from paged.sampling.structured import GuidedDecodingParams
+
+pytestmark = pytest.mark.step03  # sampling lies below the ladder; its tests keep the step that first uses them
 
 NEG = float("-inf")
 # token:     0     1     2    3     4    5

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from paged.step03_attention.errors import RequestError
-from paged.step03_attention.structured import GuidedDecodingParams
+from paged.errors import RequestError
+from paged.sampling.structured import GuidedDecodingParams
 
 
 def bad(name: str, value, rule: str, bound=None) -> None:
