@@ -20,7 +20,7 @@ class RequestError(ValueError):
         bound: the limit the value broke, when there is one (``(0, 2)``, ``20``).
     """
 
-    def __init__(self, message: str, param: str | None = None, bound=None) -> None:
+    def __init__(self, message: str, param: str | None = None, bound: object = None) -> None:
         super().__init__(message)
         self.param = param
         self.bound = bound

@@ -15,10 +15,16 @@ recomputed after preemption does not compute them twice.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from paged.errors import RequestError
 from paged.sampling.logits_processors import SamplingContext
 from paged.sampling.sampling_params import SamplingParams
 from paged.sampling.structured import GrammarCompiler, GrammarMatcher
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 def check_against_model(params: SamplingParams, vocab_size: int, tokenizer, grammars) -> None:
@@ -63,7 +69,8 @@ class SamplingState:
         compiler: a ``GrammarCompiler`` when the request has a grammar, else None.
     """
 
-    def __init__(self, params: SamplingParams, eos_token_ids, tokenizer, compiler: GrammarCompiler | None) -> None:
+    def __init__(self, params: SamplingParams, eos_token_ids: Iterable[int], tokenizer: Tokenizer | None,
+                 compiler: GrammarCompiler | None) -> None:
         self.params = params
         self.stop_ids = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids)))
         self.bad_words = bad_word_token_ids(params.bad_words, tokenizer) if params.bad_words else {}

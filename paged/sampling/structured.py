@@ -27,8 +27,13 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from paged.errors import RequestError
+
+if TYPE_CHECKING:
+    import llguidance
+    from tokenizers import Tokenizer
 
 # Compact JSON with json.dumps' separators; no free whitespace, which a small
 # model could otherwise repeat until max_tokens.
@@ -193,7 +198,7 @@ class GrammarCompiler:
         eos_token_ids: the ids that end a sequence; the grammar allows them once the text is complete.
     """
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
         import llguidance
 
         self.vocab_size = vocab_size
@@ -235,7 +240,7 @@ class GrammarMatcher:
         param: the request's field (``guided_decoding.regex``), named when the grammar fails.
     """
 
-    def __init__(self, matcher, vocab_size: int, param: str = "guided_decoding") -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, param: str = "guided_decoding") -> None:
         self._m = matcher
         self._words = (vocab_size + 31) // 32
         self.param = param
