@@ -28,6 +28,7 @@ import torch
 
 from paged.bench.traces import random_prompts
 from paged.step03_attention import StepPlan
+from paged.step05_preemption.plan import PreemptingStepPlan
 from paged.step05_preemption import PreemptingEngine, SamplingParams
 
 
@@ -56,12 +57,12 @@ def micro(model, block_size: int, num_seqs: int, seq_len: int, repeats: int, see
         t0 = clock()
         out = engine.swap.swap_out(tables, engine.allocator)
         t1 = clock()
-        runner.execute_memory_ops(StepPlan(blocks_to_swap_out=out))
+        runner.execute_memory_ops(PreemptingStepPlan(blocks_to_swap_out=out))
         _sync(device)
         t2 = clock()
         back = engine.swap.swap_in(tables, engine.allocator)
         t3 = clock()
-        runner.execute_memory_ops(StepPlan(blocks_to_swap_in=back))
+        runner.execute_memory_ops(PreemptingStepPlan(blocks_to_swap_in=back))
         _sync(device)
         t4 = clock()
         runner.execute(prefill)

@@ -36,6 +36,10 @@ class StepPlan:
     ``contexts`` holds, by sequence id, the history and grammar mask of the
     sequences whose requests use penalties, biases, bans, grammars or prompt
     logprobs (``sampling_state.py``); it is empty for a plain batch.
+
+    Step 03 moves no block. The steps that do extend the plan by their own
+    fields: step 04's ``SharingStepPlan`` (copies, forks), step 05's
+    ``PreemptingStepPlan`` (swaps).
     """
 
     seq_ids: list[int] = field(default_factory=list)
@@ -48,10 +52,6 @@ class StepPlan:
     sample: list[bool] = field(default_factory=list)  # [S]
     sampling_params: list[SamplingParams] = field(default_factory=list)  # [S]
     seeds: list[int] = field(default_factory=list)  # [S]
-    # memory operations, executed before the forward pass (steps 04-05)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     finished_seq_ids: list[int] = field(default_factory=list)
     contexts: dict[int, SamplingContext] = field(default_factory=dict)  # seq id -> its SamplingContext
 # --8<-- [end:stepplan]
@@ -66,7 +66,9 @@ class StepPlan:
 
     @property
     def has_memory_ops(self) -> bool:
-        return bool(self.blocks_to_copy or self.blocks_to_swap_out or self.blocks_to_swap_in)
+        """Block copies or moves to run before the forward pass: none here. Step 04's plan adds
+        ``blocks_to_copy`` (copy-on-write), step 05's the swap lists."""
+        return False
 
     def add(self, seq_id, token_ids, start_pos, slots, context_len, block_table, sample, params, seed):
         """Append one sequence's new tokens (``token_ids`` at positions from ``start_pos``)."""

@@ -19,6 +19,7 @@ import torch
 from paged.step02_block_table import KVCache
 from paged.step03_attention import ModelRunner, StepPlan
 from paged.step03_attention.backends import native_copy
+from paged.step04_sharing.plan import SharingStepPlan
 
 
 # --8<-- [start:copy]
@@ -35,9 +36,7 @@ def copy_blocks(kv_cache: KVCache, pairs: list[tuple[int, int]], native=None) ->
 
 
 class SharingModelRunner(ModelRunner):
-    def execute_memory_ops(self, plan: StepPlan) -> None:
-        if plan.blocks_to_swap_in or plan.blocks_to_swap_out:
-            raise NotImplementedError("swapping arrives with step05")
+    def execute_memory_ops(self, plan: SharingStepPlan) -> None:
         if plan.blocks_to_copy:
             copy_blocks(self.kv_cache, plan.blocks_to_copy, native_copy(self.backend))
 

@@ -18,6 +18,7 @@ _OWN = {
     "PreemptingEngine": "engine",
     "PreemptingModelRunner": "runner",
     "PreemptingScheduler": "scheduler",
+    "PreemptingStepPlan": "plan",
     "SwapSpace": "swap",
     "copy_between": "swap",
     "LLM": "llm",

@@ -5,9 +5,9 @@ Extends: ``paged.step04_sharing.SharingModelRunner`` with the host pool.
 
 from __future__ import annotations
 
-from paged.step03_attention import StepPlan
 from paged.step03_attention.backends import native_copy
 from paged.step04_sharing import SharingModelRunner, copy_blocks
+from paged.step05_preemption.plan import PreemptingStepPlan
 from paged.step05_preemption.swap import copy_between
 
 
@@ -21,7 +21,7 @@ class PreemptingModelRunner(SharingModelRunner):
     swap_cache = None  # the host KVCache, set by the engine
 
     # --8<-- [start:memory_ops]
-    def execute_memory_ops(self, plan: StepPlan) -> None:
+    def execute_memory_ops(self, plan: PreemptingStepPlan) -> None:
         if plan.blocks_to_swap_out:
             copy_between(self.kv_cache, self.swap_cache, plan.blocks_to_swap_out)
         if plan.blocks_to_swap_in:

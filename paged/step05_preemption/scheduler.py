@@ -31,6 +31,7 @@ from collections import deque
 from paged.step02_block_table import SequenceStatus
 from paged.step05_preemption import policy
 from paged.step05_preemption.chunked import ChunkedPrefillScheduler
+from paged.step05_preemption.plan import PreemptingStepPlan
 from paged.step05_preemption.swap import SwapSpace
 
 logger = logging.getLogger("paged")
@@ -58,6 +59,9 @@ class PreemptingScheduler(ChunkedPrefillScheduler):
         self._cost = (num_params, bytes_per_block, device_type)
         self.swapped: deque = deque()  # arrival order
         self.preemptions = {"swap": 0, "recompute": 0}
+
+    def _empty_plan(self) -> PreemptingStepPlan:
+        return PreemptingStepPlan()
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)

@@ -29,7 +29,7 @@ import pickle
 import time
 
 from paged.step03_attention import SamplingParams
-from paged.step04_sharing.plan import SharingStepPlan
+from paged.step05_preemption.plan import PreemptingStepPlan
 
 
 def plan_bytes(plan) -> int:
@@ -37,9 +37,9 @@ def plan_bytes(plan) -> int:
     return len(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def decode_plan(num_seqs: int, context: int, block_size: int = 16) -> SharingStepPlan:
+def decode_plan(num_seqs: int, context: int, block_size: int = 16) -> PreemptingStepPlan:
     """A decode iteration: ``num_seqs`` sequences at ``context`` tokens, one new token each."""
-    plan, blocks = SharingStepPlan(), -(-context // block_size)
+    plan, blocks = PreemptingStepPlan(), -(-context // block_size)
     for s in range(num_seqs):
         table = list(range(s * blocks, (s + 1) * blocks))
         slot = table[-1] * block_size + (context - 1) % block_size
@@ -48,9 +48,9 @@ def decode_plan(num_seqs: int, context: int, block_size: int = 16) -> SharingSte
     return plan
 
 
-def prefill_plan(num_seqs: int, prompt_len: int, block_size: int = 16) -> SharingStepPlan:
+def prefill_plan(num_seqs: int, prompt_len: int, block_size: int = 16) -> PreemptingStepPlan:
     """A prefill iteration: ``num_seqs`` prompts of ``prompt_len`` tokens."""
-    plan, blocks = SharingStepPlan(), -(-prompt_len // block_size)
+    plan, blocks = PreemptingStepPlan(), -(-prompt_len // block_size)
     for s in range(num_seqs):
         table = list(range(s * blocks, (s + 1) * blocks))
         slots = [table[i // block_size] * block_size + i % block_size for i in range(prompt_len)]
