@@ -12,6 +12,14 @@ as in vLLM (§4.5), the most recently admitted request is preempted: all its
 blocks are freed at once and it goes back to the front of the queue, to be
 recomputed (prompt plus the tokens it already generated) when memory frees up.
 
+This loop is a second copy of the rules that step03's ``Scheduler`` runs for the
+engine (FCFS admission, the newest request as the victim, no admission in an
+iteration that preempted), kept apart on purpose: step01 comes first and imports
+no later step, and it replays a trace of token counts (no model, no sampling,
+no prompt chunking) to count slots, which step03's scheduler does not model. The
+contiguous reservations it is compared with are one ledger for both this
+simulator and the engine's Orca baseline (``orca.ContiguousReservations``).
+
 Invariants: per live sequence, allocated slots minus stored tokens is at most
 ``B - 1``; at the end of the trace every block is free.
 
