@@ -119,7 +119,7 @@ def lm_eval(py: str, out: Path, name: str, model: str, model_args: str, tasks: s
         return folder
     cmd = [py, "-m", "lm_eval", "--model", model, "--model_args", model_args, "--tasks", tasks,
            "--include_path", str(TASKS), "--output_path", str(folder), "--log_samples", "--batch_size", "1",
-           "--seed", "1234"]
+           "--seed", "1234"] + (["--device", "cpu"] if model == "hf" else [])
     run(cmd + (["--apply_chat_template"] if chat else []), out / f"lm-eval-{name}.log")
     return folder
 
@@ -225,7 +225,8 @@ def main() -> int:
                          ["kind=max_requests,count=10", "kind=max_duration,seconds=60"])
     finally:
         server.stop()
-    hf_args = f"pretrained={gguf.parent},gguf_file={gguf.name},tokenizer={tokenizer},dtype=float32,device=cpu"
+    # the device goes as --device (lm-eval 0.4.13 passes its own device to HFLM beside model_args)
+    hf_args = f"pretrained={gguf.parent},gguf_file={gguf.name},tokenizer={tokenizer},dtype=float32"
     hf_dir = lm_eval(py, out, "hf", "hf", hf_args, "paged_mc,paged_gen", chat=False)
     hf_chat_dir = lm_eval(py, out, "hf-chat", "hf", hf_args, "paged_gen", chat=True)
 
