@@ -370,8 +370,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: str | torch.device, 
     config = ModelConfig.from_hf(converted.hf_config, source=str(path))
     with torch.device("meta"):
         model = build_model(config)
-    model = model.to(dtype).to_empty(device=device)
-    model.tie_weights()
+    model = model.materialise(dtype, device)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(converted.weights[name])

@@ -232,19 +232,20 @@ def test_loader_refuses_a_path_that_is_not_a_folder(tmp_path):
         load_model(tmp_path / "nope")
 
 
-def test_loader_builds_on_meta_without_drawing_weights(llama_dir):
-    """Exact: loading a checkpoint in a fresh interpreter never imports ``torch._dynamo``.
+def test_loader_computes_nothing_on_the_meta_device(llama_dir):
+    """Exact: loading a checkpoint in a fresh interpreter imports neither ``torch._dynamo`` nor sympy.
 
-    The model is built on the meta device and every weight then comes from the checkpoint,
-    so nothing is drawn at random; a meta ``normal_`` (``nn.Embedding``'s own initialisation)
-    would import ``torch._dynamo``, a second of every start-up.
+    The model is built on the meta device and every weight then comes from the checkpoint, so
+    nothing is drawn or computed there. The first meta ``normal_`` (``nn.Embedding``'s own
+    initialisation) or ``arange`` (a RoPE table) imports ``torch._dynamo``, about a second of every
+    start-up, and the first ``empty_like`` of a meta tensor (``Module.to_empty``) imports sympy.
     """
     code = ("import sys, torch\nfrom paged.models import load_model\n"
-            f"load_model({str(llama_dir[1])!r})\nprint('torch._dynamo' in sys.modules)")
+            f"load_model({str(llama_dir[1])!r})\nprint('torch._dynamo' in sys.modules, 'sympy' in sys.modules)")
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(root)})
-    assert done.stdout.split()[-1] == "False"
+    assert done.stdout.split()[-2:] == ["False", "False"]
 
 
 def test_embedding_on_a_real_device_draws_as_nn_embedding():
