@@ -49,13 +49,20 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def materialise(self, dtype: torch.dtype, device: str | torch.device) -> CausalLM:
-        """Give a model built on the meta device uninitialised memory: floating-point tensors in ``dtype``,
-        the others as they are, all on ``device``; the embeddings are tied again. Returns ``self``.
+        """Give the tensors still on the meta device (all of them, for a model just built there)
+        uninitialised memory on ``device``, floating-point ones in ``dtype``; the embeddings are tied
+        again. Returns ``self``.
 
-        What ``to(dtype).to_empty(device=device)`` does, by ``torch.empty`` of each shape: ``to_empty``
-        calls ``torch.empty_like`` of a meta tensor, whose first call imports sympy (0.3 s of a start-up).
+        For a model built on the meta device, what ``to(dtype).to_empty(device=device)`` does, by
+        ``torch.empty`` of each shape: ``to_empty`` calls ``torch.empty_like`` of a meta tensor, whose
+        first call imports sympy (0.3 s of a start-up).
         """
-        self._apply(lambda t: torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device))
+        def empty(t: torch.Tensor) -> torch.Tensor:
+            if not t.is_meta:
+                return t
+            return torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
+
+        self._apply(empty)
         self.tie_weights()
         return self
 

@@ -162,9 +162,11 @@ class GGUFCache:
         if not self.entry.is_file():
             return None
         try:
-            with safe_open(self.entry, framework="pt") as f:  # the tensors map the file; nothing is copied
+            with safe_open(self.entry, framework="pt") as f:
                 meta = f.metadata() or {}
-                weights = {name: f.get_tensor(name) for name in f.keys()}
+                # copied out of the file's mapping before they are checked: a file changed in place
+                # later changes nothing a model holds
+                weights = {name: f.get_tensor(name).clone() for name in f.keys()}
             header = meta["header"]
             if meta.get("key") != self.key or content_hash(header, weights) != meta["sha256"]:
                 raise ValueError("its contents differ from the sha256 recorded when it was written")

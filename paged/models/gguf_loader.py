@@ -370,10 +370,14 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: str | torch.device, 
     config = ModelConfig.from_hf(converted.hf_config, source=str(path))
     with torch.device("meta"):
         model = build_model(config)
-    model = model.materialise(dtype, device)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(converted.weights[name])
+    names = {name for name, _ in model.named_parameters()}
+    if names != converted.weights.keys():  # the code's hash is in the entry's key: a bug, not a stale entry
+        raise ModelLoadError(f"{path}: the converted weights do not fit the model "
+                             f"(missing {sorted(names - converted.weights.keys())[:3]}, "
+                             f"unexpected {sorted(converted.weights.keys() - names)[:3]})")
+    model.load_state_dict(converted.weights, strict=False, assign=True)  # the parameters are these tensors
+    model.tie_weights()
+    model = model.materialise(dtype, "cpu").to(device)  # the RoPE tables get memory; off the CPU, one copy
     model.reset_buffers()
     model.eval()
     tokenizer = None

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from paged.demo import DEFAULT_MODEL_PATH
-from paged.models import load_model
+from paged.models import ModelLoadError, load_model
 from paged.models.gguf_cache import KEEP, GGUFCache
 from paged.models.gguf_loader import convert_gguf
 from paged.models.loader import _build, _plan
@@ -201,3 +201,17 @@ def test_gguf_cache_keeps_the_tokenizer_template_and_warnings(tmp_path, cache):
     assert cached.special_tokens == converted.special_tokens == {"bos_token": "<|bos|>", "eos_token": "<|eos|>"}
     assert cached.eos_token_ids == converted.eos_token_ids
     assert cached.config == converted.config
+
+
+def test_gguf_cache_an_entry_that_does_not_fit_the_model_is_refused(tiny, cache):
+    """Exact: an entry that passes its checks but lacks a parameter (only a bug in the conversion could
+    write one: the code's hash is in the key) raises ``ModelLoadError`` naming the file, instead of
+    leaving that parameter uninitialised."""
+    load_model(tiny)
+    entry = GGUFCache.for_file(tiny, torch.float32)
+    converted = entry.read()
+    del converted.weights["model.norm.weight"]
+    entry.write(converted)
+    with pytest.raises(ModelLoadError, match=r"tiny\.gguf: the converted weights do not fit the model "
+                                             r"\(missing \['model\.norm\.weight'\]"):
+        load_model(tiny)
