@@ -175,7 +175,10 @@ class GGUFCache:
             warnings.warn(f"paged: the cached conversion {self.entry} cannot be used ({type(err).__name__}: {err}); "
                           f"converting {self.gguf_path} again", RuntimeWarning, stacklevel=3)
             return None
-        os.utime(self.entry)  # the most recently used entries are the ones kept
+        try:
+            os.utime(self.entry)  # the most recently used entries are the ones kept
+        except OSError:  # a cache one may read but not write is still read
+            pass
         return converted
 
     def write(self, converted: Converted) -> None:

@@ -215,3 +215,19 @@ def test_gguf_cache_an_entry_that_does_not_fit_the_model_is_refused(tiny, cache)
     with pytest.raises(ModelLoadError, match=r"tiny\.gguf: the converted weights do not fit the model "
                                              r"\(missing \['model\.norm\.weight'\]"):
         load_model(tiny)
+
+
+def test_gguf_cache_read_only_is_still_read(tiny, cache, monkeypatch):
+    """Bitwise: an entry whose modification time cannot be touched (a cache shared read-only) is still
+    read: its weights, not a fresh conversion's, come back."""
+    load_model(tiny)
+    entry = GGUFCache.for_file(tiny, torch.float32)
+    converted = entry.read()
+    marked = dataclasses.replace(converted, weights={n: w + 1 for n, w in converted.weights.items()})
+    entry.write(marked)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(os, "utime", refuse)
+    assert_weights_equal(load_model(tiny), marked.weights)
