@@ -10,10 +10,19 @@ and runs more examples: ``make test-deep`` runs the property tests with it
 examples, as the tests run once per mutant. The header of every run names the profile.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, is_hypothesis_test, settings
+
+# GGUF files loaded by the tests keep their converted weights (paged/models/gguf_cache.py) in a
+# folder of this run, removed at its end: the suite neither reads nor leaves entries in the user's cache.
+if "PAGED_GGUF_CACHE" not in os.environ:
+    os.environ["PAGED_GGUF_CACHE"] = tempfile.mkdtemp(prefix="paged-gguf-cache-")
+    atexit.register(shutil.rmtree, os.environ["PAGED_GGUF_CACHE"], ignore_errors=True)
 
 settings.register_profile(
     "ci",

@@ -55,6 +55,7 @@ def write_gguf(
     tokenizer_json: Path | None = None,
     chat_template: str | None = None,
     tensor_types: dict[str, gguf.GGMLQuantizationType] | None = None,
+    tokenizer_pre: str = "gpt2",
 ) -> Path:
     """Write ``state_dict`` (Hugging Face names) as a GGUF file of architecture ``arch``.
 
@@ -62,6 +63,7 @@ def write_gguf(
         qtype: the type of 2-D weights (1-D tensors stay F32, as llama.cpp keeps norms).
         tokenizer_json: a byte-level BPE ``tokenizer.json`` whose vocabulary and merges go into the metadata.
         tensor_types: per GGUF tensor name, a type to write that tensor in instead (raw values, no conversion).
+        tokenizer_pre: ``tokenizer.ggml.pre``, the name of the split rule applied before BPE.
     """
     heads, kv_heads = hf_config["num_attention_heads"], hf_config.get("num_key_value_heads") or hf_config[
         "num_attention_heads"]
@@ -79,7 +81,7 @@ def write_gguf(
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     if tokenizer_json is not None:
-        _add_tokenizer(writer, tokenizer_json)
+        _add_tokenizer(writer, tokenizer_json, tokenizer_pre)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for name, tensor in state_dict.items():
@@ -104,7 +106,7 @@ def write_gguf(
     return Path(path)
 
 
-def _add_tokenizer(writer, tokenizer_json: Path) -> None:
+def _add_tokenizer(writer, tokenizer_json: Path, pre: str) -> None:
     """``tokenizer.ggml.*`` from a byte-level BPE ``tokenizer.json``: tokens by id, merges, special tokens as control."""
     spec = json.loads(Path(tokenizer_json).read_text())
     vocab = dict(spec["model"]["vocab"])
@@ -114,7 +116,7 @@ def _add_tokenizer(writer, tokenizer_json: Path) -> None:
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     types = [gguf.TokenType.CONTROL if added.get(t, {}).get("special") else gguf.TokenType.NORMAL for t in tokens]
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)

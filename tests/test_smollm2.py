@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer
 
 from paged import LLM, SamplingParams
-from paged.models import ContiguousAttention
+from paged.models import ContiguousAttention, load_model
 from paged.models.chat_template import read_chat_template
 from paged.serve.chat import ChatRenderer
 from tests.gguf_files import SMOLLM2, needs_smollm2
@@ -129,3 +129,19 @@ def test_folder_saved_by_transformers_chats_in_the_same_format(paged_llm, hf, tm
             assert renderer.encode(msgs, add)[1] == list(want), (msgs, add)
             assert from_gguf.encode(msgs, add)[1] == list(want), (msgs, add)
     assert renderer.end_of_turn_ids == [theirs.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_cached_load_equals_the_converting_load_bitwise(tmp_path, monkeypatch):
+    """Bitwise: in bfloat16 (what ``LLM()`` loads), the load that reads the cache entry
+    (``paged/models/gguf_cache.py``) has every parameter of the load that dequantized the file and
+    wrote it, the same tokenizer ids and the same chat template."""
+    monkeypatch.setenv("PAGED_GGUF_CACHE", str(tmp_path))
+    converting = load_model(SMOLLM2, dtype="bfloat16")
+    [entry] = tmp_path.glob("*.safetensors")
+    cached = load_model(SMOLLM2, dtype="bfloat16")
+    want = dict(converting.model.named_parameters())
+    for name, p in cached.model.named_parameters():
+        assert p.dtype == torch.bfloat16 and torch.equal(p, want[name]), name
+    assert cached.tokenizer.encode(MIXED_TEXT).ids == converting.tokenizer.encode(MIXED_TEXT).ids
+    assert cached.chat_template == converting.chat_template
+    assert entry.stat().st_size > 2 * 134_000_000  # 134.5 M parameters of 2 bytes: the whole model

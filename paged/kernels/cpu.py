@@ -7,9 +7,10 @@ The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 ``-ffp-contract=off`` keeps every product rounded where the source says, as
 PyTorch's own operations round it) into
 ``$PAGED_EXTENSIONS_DIR`` (default ``~/.cache/paged/torch_extensions``), in a
-folder named after the torch version, the CPU's features and a hash of the
-sources, so a cache shared between machines never hands one CPU code built for
-another, nor one checkout a library built from another's sources. Later imports
+folder named after the torch version, the CPU's features, a hash of the
+sources and a hash of where they and torch are, so a cache shared between
+machines never hands one CPU code built for another, nor one checkout a library
+built from another's sources, and two checkouts never rebuild each other's. Later imports
 reuse the build, and cpp_extension's lock file keeps concurrent processes
 (pytest workers) from building at once; a lock older than ``STALE_LOCK_S`` was
 left by a killed build and is removed.
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from paged.kernels.build_cache import build_dir, source_key
+from paged.kernels.build_cache import build_dir, place_key, source_key
 
 _SOURCES = ("bindings.cpp", "paged_attention_avx512.cpp", "paged_attention_scalar.cpp", "fused_ops.cpp")
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)
@@ -75,7 +76,7 @@ def _cpu_key() -> str:
 
 
 def _build_dir(src: Path) -> Path:
-    return build_dir("paged_cpu", _cpu_key(), f"src{source_key(src)}")
+    return build_dir("paged_cpu", _cpu_key(), f"src{source_key(src)}", f"at{place_key(src)}")
 
 
 # A build takes a minute or two; torch's lock file names no owner, so one left by a process

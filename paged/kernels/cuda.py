@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from paged.kernels.build_cache import build_dir
+from paged.kernels.build_cache import build_dir, place_key
 
 __all__ = ["available", "copy_blocks", "load", "paged_attention_decode", "paged_attention_v1", "paged_attention_v2",
            "select_version", "write_kv"]  # fmt: skip
@@ -61,7 +61,7 @@ def source_dir() -> Path:
 
 def _build_dir() -> Path:
     major, minor = torch.cuda.get_device_capability()
-    return build_dir("paged_cuda", f"cuda{torch.version.cuda}", f"sm{major}{minor}")
+    return build_dir("paged_cuda", f"cuda{torch.version.cuda}", f"sm{major}{minor}", f"at{place_key(source_dir())}")
 
 
 def load(verbose: bool = False):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from paged.kernels.build_cache import build_dir, source_key
+from paged.kernels.build_cache import build_dir, place_key, source_key
 from paged.kernels.cuda import decode_with, source_dir
 
 __all__ = ["available", "copy_blocks", "load", "paged_attention_decode", "paged_attention_v1", "paged_attention_v2",
@@ -53,7 +53,7 @@ _error: Exception | None = None
 
 
 def _build_dir(src: Path) -> Path:
-    return build_dir("paged_cuda_emulated", f"src{source_key(src)}")
+    return build_dir("paged_cuda_emulated", f"src{source_key(src)}", f"at{place_key(src)}")
 
 
 def load(verbose: bool = False):

@@ -48,8 +48,26 @@ class CausalLM(nn.Module):
         """Logits of the rows to sample from (call it on those rows only: the LM head is the widest GEMM)."""
         return self.lm_head(hidden)
 
+    def materialise(self, dtype: torch.dtype, device: str | torch.device) -> CausalLM:
+        """Give the tensors still on the meta device (all of them, for a model just built there)
+        uninitialised memory on ``device``, floating-point ones in ``dtype``; the embeddings are tied
+        again. Returns ``self``.
+
+        For a model built on the meta device, what ``to(dtype).to_empty(device=device)`` does, by
+        ``torch.empty`` of each shape: ``to_empty`` calls ``torch.empty_like`` of a meta tensor, whose
+        first call imports sympy (0.3 s of a start-up).
+        """
+        def empty(t: torch.Tensor) -> torch.Tensor:
+            if not t.is_meta:
+                return t
+            return torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
+
+        self._apply(empty)
+        self.tie_weights()
+        return self
+
     def tie_weights(self) -> None:
-        """Share the token embedding with the LM head when the config says so (again after ``to_empty``,
+        """Share the token embedding with the LM head when the config says so (again after ``materialise``,
         which gives every module its own fresh tensor)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.get_input_embeddings().weight

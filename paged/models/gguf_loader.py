@@ -7,7 +7,8 @@ the K-quants). It is read with the ``gguf`` package, the reader published
 with llama.cpp. Loading it takes four translations, each checked before any
 weight is dequantized:
 
-1. metadata -> ``ModelConfig`` (``config_from_gguf``): the architecture
+1. metadata -> ``config.json``'s fields (``hf_config_from_gguf``), then a
+   ``ModelConfig``: the architecture
    string picks the family (``llama``, ``mistral``, ``qwen2``; anything else
    is refused before a tensor is read);
 2. tensor names -> Hugging Face names (``blk.3.attn_q.weight`` ->
@@ -24,6 +25,12 @@ weight is dequantized:
 A file that fails any check raises ``ModelLoadError`` naming the file and the
 problem (not GGUF, truncated, an unknown or unsupported tensor type, an
 unsupported architecture, a missing tensor).
+
+The four translations (``convert_gguf``) cost seconds, and their result depends
+only on the file, the dtype and this code, so ``load_gguf`` does them once:
+the result is written to a cache entry (``gguf_cache``) and later loads read
+that entry instead of parsing and dequantizing again (``PAGED_GGUF_CACHE=0``:
+convert at every load).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import numpy as np
 import torch
 
 from paged.models.config import ModelConfig, ModelLoadError
+from paged.models.gguf_cache import Converted, GGUFCache
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp's architecture string -> config.json's model_type
@@ -83,16 +91,21 @@ def _supported_types():
             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
 
 
+def check_gguf_file(path: Path) -> None:
+    """Raise ``ModelLoadError`` unless ``path`` is a file that starts with GGUF's magic bytes."""
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    if not is_gguf(path):
+        raise ModelLoadError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
+
+
 def open_gguf(path: Path):
     """A ``gguf.GGUFReader`` over ``path``; a file that is not GGUF or is cut short raises ``ModelLoadError``."""
     try:
         import gguf
     except ImportError:
         raise ModelLoadError(f"{path}: reading GGUF files needs the 'gguf' package (pip install gguf)") from None
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: no such file")
-    if not is_gguf(path):
-        raise ModelLoadError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
+    check_gguf_file(path)
     try:
         return gguf.GGUFReader(path)
     except ValueError as err:  # an unknown tensor type number is a ValueError from the enum
@@ -114,8 +127,9 @@ def _decimal(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def config_from_gguf(reader, path: Path) -> ModelConfig:
-    """Map the GGUF metadata to a ``ModelConfig``; unsupported files raise ``ModelLoadError`` before any tensor is read."""
+def hf_config_from_gguf(reader, path: Path) -> dict:
+    """The GGUF metadata as ``config.json``'s fields; unsupported files raise ``ModelLoadError`` before any
+    tensor is read."""
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
@@ -168,7 +182,7 @@ def config_from_gguf(reader, path: Path) -> ModelConfig:
     }
     if scaling_type == "linear":
         hf["rope_scaling"] = {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
-    return ModelConfig.from_hf(hf, source=str(path))
+    return hf
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -295,8 +309,41 @@ def chat_template_from_gguf(reader) -> tuple[str | None, dict[str, str]]:
     return _field(reader, "tokenizer.chat_template"), specials
 
 
+def convert_gguf(path: Path, dtype: torch.dtype, build_model, plan) -> Converted:
+    """The four translations: header, names and shapes checked, every tensor dequantized and cast to ``dtype``.
+
+    ``build_model`` and ``plan`` are ``load_gguf``'s. The model is built on the meta device only
+    for its parameter names and shapes: each parameter is filled in a CPU tensor of its own.
+    """
+    reader = open_gguf(path)
+    hf_config = hf_config_from_gguf(reader, path)
+    config = ModelConfig.from_hf(hf_config, source=str(path))
+    found = tensor_index(reader, path)
+    with torch.device("meta"):
+        skeleton = build_model(config)
+    layout = plan(skeleton, found, path)
+    with warnings.catch_warnings(record=True) as said:  # kept with the result, to be said at every load
+        warnings.simplefilter("always")
+        tokenizer = build_tokenizer(reader, path)
+    template, specials = chat_template_from_gguf(reader)
+    shapes = {name: p.shape for name, p in skeleton.named_parameters()}
+    unpermute = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads} if config.model_type != "qwen2" else {}
+    weights = {}
+    for pname, parts in layout.items():
+        weights[pname] = torch.empty(shapes[pname], dtype=dtype)
+        for ck_name, row, rows in parts:
+            weight = dequantize(found[ck_name][2], path)
+            proj = ck_name.split(".")[-2]
+            if proj in unpermute:
+                weight = unpermute_rows(weight, unpermute[proj])
+            weights[pname][row : row + rows].copy_(weight)  # the cast to dtype
+    return Converted(weights=weights, hf_config=hf_config,
+                     tokenizer_json=None if tokenizer is None else tokenizer.to_str(),
+                     chat_template=template, special_tokens=specials, warnings=[str(w.message) for w in said])
+
+
 def load_gguf(path: str | Path, dtype: torch.dtype, device: str | torch.device, build_model, plan):
-    """The pieces of a ``LoadedModel`` from one GGUF file.
+    """The pieces of a ``LoadedModel`` from one GGUF file, converted once and then read from the cache.
 
     Args:
         path: the ``.gguf`` file.
@@ -309,26 +356,33 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: str | torch.device, 
         ``(model, config, tokenizer, eos_token_ids, chat_template, special_tokens)``.
     """
     path = Path(path)
-    reader = open_gguf(path)
-    config = config_from_gguf(reader, path)
-    found = tensor_index(reader, path)
+    check_gguf_file(path)
+    # --8<-- [start:cache]
+    cache = GGUFCache.for_file(path, dtype)  # None when PAGED_GGUF_CACHE=0
+    converted = cache.read() if cache is not None else None
+    if converted is None:  # not converted yet (or the entry failed its checks): dequantize once...
+        converted = convert_gguf(path, dtype, build_model, plan)
+        if cache is not None:
+            cache.write(converted)  # ...and every later load reads this instead
+    # --8<-- [end:cache]
+    for message in converted.warnings:
+        warnings.warn(message, stacklevel=3)
+    config = ModelConfig.from_hf(converted.hf_config, source=str(path))
     with torch.device("meta"):
         model = build_model(config)
-    layout = plan(model, found, path)
-    tokenizer = build_tokenizer(reader, path)
-    template, specials = chat_template_from_gguf(reader)
-    model = model.to(dtype).to_empty(device=device)
+    names = {name for name, _ in model.named_parameters()}
+    if names != converted.weights.keys():  # the code's hash is in the entry's key: a bug, not a stale entry
+        raise ModelLoadError(f"{path}: the converted weights do not fit the model "
+                             f"(missing {sorted(names - converted.weights.keys())[:3]}, "
+                             f"unexpected {sorted(converted.weights.keys() - names)[:3]})")
+    model.load_state_dict(converted.weights, strict=False, assign=True)  # the parameters are these tensors
     model.tie_weights()
-    params = dict(model.named_parameters())
-    unpermute = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads} if config.model_type != "qwen2" else {}
-    with torch.no_grad():
-        for pname, parts in layout.items():
-            for ck_name, row, rows in parts:
-                weight = dequantize(found[ck_name][2], path)
-                proj = ck_name.split(".")[-2]
-                if proj in unpermute:
-                    weight = unpermute_rows(weight, unpermute[proj])
-                params[pname][row : row + rows].copy_(weight)
+    model = model.materialise(dtype, "cpu").to(device)  # the RoPE tables get memory; off the CPU, one copy
     model.reset_buffers()
     model.eval()
-    return model, config, tokenizer, list(config.eos_token_ids), template, specials
+    tokenizer = None
+    if converted.tokenizer_json is not None:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_str(converted.tokenizer_json)
+    return model, config, tokenizer, list(config.eos_token_ids), converted.chat_template, converted.special_tokens

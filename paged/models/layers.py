@@ -1,5 +1,6 @@
 """Building blocks shared by the model definitions: fused linears, RMSNorm, RoPE.
 
+``Embedding`` is ``nn.Embedding`` that draws no random weights on the meta device.
 ``MergedLinear`` is one ``nn.Linear`` that computes several projections in one
 GEMM (q|k|v, gate|up) and records the size of each part, so the loader can
 fill each part from its own checkpoint tensor and a tensor-parallel step can
@@ -31,6 +32,21 @@ from paged.kernels.cpu import fused_ops
 from paged.models.config import ModelConfig
 
 logger = logging.getLogger("paged")
+
+
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` whose weight is drawn at random only where it has memory.
+
+    The loader builds every model on the meta device and then overwrites each
+    weight from the checkpoint, so drawing them is wasted there, and on the meta
+    device it is also slow: the first ``normal_`` of a meta tensor imports
+    ``torch._dynamo`` (about 1 s). On a real device the weight is drawn as
+    ``nn.Embedding`` draws it (``paged.demo.train`` trains from that draw).
+    """
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
 
 
 class MergedLinear(nn.Linear):
@@ -133,6 +149,11 @@ class RotaryEmbedding(nn.Module):
     def reset_table(self, dtype: torch.dtype | None = None) -> None:
         """(Re)compute ``cos``/``sin`` ``[max_position_embeddings, D/2]`` in float32, stored in ``dtype``."""
         device, dtype = self.cos.device, dtype or self.cos.dtype
+        shape = (self.config.max_position_embeddings, self.config.head_dim // 2)
+        if device.type == "meta":  # a skeleton: no values to compute (and a meta arange imports torch._dynamo)
+            self.cos = torch.empty(shape, device=device, dtype=dtype)
+            self.sin = torch.empty(shape, device=device, dtype=dtype)
+            return
         inv_freq = rope_inverse_frequencies(self.config).to(device)  # [D/2]
         pos = torch.arange(self.config.max_position_embeddings, device=device, dtype=torch.float32)
         angles = pos[:, None] * inv_freq[None, :]  # [P, D/2]

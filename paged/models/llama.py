@@ -23,7 +23,7 @@ from torch import nn
 from paged.models.attention import Attention
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
-from paged.models.layers import MergedLinear, RMSNorm, RotaryEmbedding, silu_and_mul
+from paged.models.layers import Embedding, MergedLinear, RMSNorm, RotaryEmbedding, silu_and_mul
 
 
 class LlamaAttention(nn.Module):
@@ -97,7 +97,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = RotaryEmbedding(config)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, self.rotary_emb) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -235,8 +235,7 @@ def load_model(
     reads = {p: [(ck, row, rows, None) for ck, row, rows in parts] for p, parts in layout.items()}
     if shard is not None:
         reads = shard(model, layout)
-    model = model.to(dtype).to_empty(device=device)
-    model.tie_weights()
+    model = model.materialise(dtype, device)
     params = dict(model.named_parameters())
     by_file: dict[Path, list[tuple[str, str, int, int, tuple | None]]] = {}
     for pname, parts in reads.items():

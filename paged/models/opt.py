@@ -19,7 +19,7 @@ from torch import nn
 from paged.models.attention import Attention
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
-from paged.models.layers import MergedLinear
+from paged.models.layers import Embedding, MergedLinear
 
 POSITION_OFFSET = 2  # OPT's learned position table starts at row 2
 
@@ -74,8 +74,8 @@ class OPTDecoder(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         proj = config.word_embed_proj_dim
-        self.embed_tokens = nn.Embedding(config.vocab_size, proj)
-        self.embed_positions = nn.Embedding(config.max_position_embeddings + POSITION_OFFSET, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, proj)
+        self.embed_positions = Embedding(config.max_position_embeddings + POSITION_OFFSET, config.hidden_size)
         self.project_in = nn.Linear(proj, config.hidden_size, bias=False) if proj != config.hidden_size else None
         self.project_out = nn.Linear(config.hidden_size, proj, bias=False) if proj != config.hidden_size else None
         self.layers = nn.ModuleList(OPTDecoderLayer(config) for _ in range(config.num_layers))

@@ -7,7 +7,11 @@ read (the headers are enough), so nothing half-loads.
 """
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +26,7 @@ from paged.models import (
     OPTForCausalLM,
     load_model,
 )
+from paged.models.layers import Embedding
 from tests.hf_models import build_hf_model, save_checkpoint, write_tokenizer
 
 
@@ -225,3 +230,28 @@ def test_loader_refuses_index_naming_a_missing_shard(llama_dir, tmp_path):
 def test_loader_refuses_a_path_that_is_not_a_folder(tmp_path):
     with pytest.raises(ModelLoadError, match="not a directory"):
         load_model(tmp_path / "nope")
+
+
+def test_loader_computes_nothing_on_the_meta_device(llama_dir):
+    """Exact: loading a checkpoint in a fresh interpreter imports neither ``torch._dynamo`` nor sympy.
+
+    The model is built on the meta device and every weight then comes from the checkpoint, so
+    nothing is drawn or computed there. The first meta ``normal_`` (``nn.Embedding``'s own
+    initialisation) or ``arange`` (a RoPE table) imports ``torch._dynamo``, about a second of every
+    start-up, and the first ``empty_like`` of a meta tensor (``Module.to_empty``) imports sympy.
+    """
+    code = ("import sys, torch\nfrom paged.models import load_model\n"
+            f"load_model({str(llama_dir[1])!r})\nprint('torch._dynamo' in sys.modules, 'sympy' in sys.modules)")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.stdout.split()[-2:] == ["False", "False"]
+
+
+def test_embedding_on_a_real_device_draws_as_nn_embedding():
+    """Bitwise: off the meta device, ``Embedding`` draws the weight ``nn.Embedding`` draws from the same seed."""
+    torch.manual_seed(0)
+    ours = Embedding(50, 8).weight
+    torch.manual_seed(0)
+    assert torch.equal(ours, torch.nn.Embedding(50, 8).weight)
+    assert ours.std() > 0.5  # drawn from N(0, 1), not left empty
