@@ -53,15 +53,22 @@ def _is_property_test(item) -> bool:
     return machine is not None
 
 
+# the folders that mirror a package below the ladder, and the step whose page teaches them
+STEP_OF_FOLDER = {"models": "step02", "kernels": "step03"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark every test with its step (``tests/step03_attention/...`` -> ``step03``), and every
-    Hypothesis test with ``property``."""
+    """Mark every test with its step (``tests/step03_attention/...`` -> ``step03``; the model
+    loaders' tests with step02's marker, the kernels' with step03's, the steps that teach them),
+    and every Hypothesis test with ``property``."""
     for item in items:
         if _is_property_test(item):
             item.add_marker(pytest.mark.property)
         parts = item.nodeid.split("/")
-        if len(parts) > 1 and parts[1].startswith("step") and parts[1][4:6].isdigit():
-            item.add_marker(getattr(pytest.mark, parts[1][:6]))
+        folder = parts[1] if len(parts) > 1 else ""
+        step = STEP_OF_FOLDER.get(folder, folder[:6] if folder.startswith("step") and folder[4:6].isdigit() else None)
+        if step:
+            item.add_marker(getattr(pytest.mark, step))
     if getattr(config, "_lab", None):  # make lab STEP=NN: only the lab's tests
         _lab_deselect(config, items)
 

@@ -13,7 +13,7 @@
 //
 // Two implementations, named for what they are (bindings.cpp picks avx512 when
 // it applies; both are tested against the contiguous oracle,
-// tests/step03_attention/test_cpu_kernel.py):
+// tests/kernels/test_cpu_kernel.py):
 //   scalar  paged_attention_scalar.cpp: the equation line by line, any dtype
 //           (float64 for tight tests, float32, bfloat16 with float32
 //           accumulation), any head dim. It is the specification of avx512.

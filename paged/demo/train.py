@@ -38,7 +38,7 @@ from paged.demo.evaluate import heldout_loss
 from paged.demo.tokenizer import BOS, EOS, PAD, encode_document, save_tokenizer, train_tokenizer
 
 TEST_SUBSET_WINDOWS = 16
-"""Windows in the held-out subset that ``tests/test_demo_model.py`` re-evaluates."""
+"""Windows in the held-out subset that ``tests/models/test_demo_model.py`` re-evaluates."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -275,7 +275,7 @@ Loss log: `training_log.csv`.
 Held-out loss: `paged.demo.evaluate.heldout_loss(folder)`, the mean next-token
 cross-entropy over every held-out token (windows of {args.seq_len}, float32). The test
 subset is `heldout_loss(folder, max_windows={TEST_SUBSET_WINDOWS})`, re-checked by
-`tests/test_demo_model.py` when the local standard library gives the same tokens
+`tests/models/test_demo_model.py` when the local standard library gives the same tokens
 (same fingerprint).
 
 ## Limits

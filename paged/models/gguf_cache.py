@@ -27,7 +27,7 @@ An entry is named by its key, the sha256 of
   ``gguf`` package's modules (the dequantizers). Edit either and the next load converts
   again, so an entry always fits the model the code builds.
 
-What must hold (``tests/step02_block_table/test_gguf_cache.py``):
+What must hold (``tests/models/test_gguf_cache.py``):
 
 * weights read from an entry are bitwise the ones the conversion made: safetensors
   keeps each tensor's bytes, so the same float values come back;

@@ -12,7 +12,7 @@ The compiles run in parallel, one per core, started once for the module; the
 tests read their results. The compile tests are skipped, with the reason, where
 ``nvcc`` is absent; the last two tests need neither nvcc nor a GPU.
 The numerical behaviour is tested on a GPU by
-``tests/step03_attention/test_cuda_kernels.py`` (marked ``cuda``).
+``tests/kernels/test_cuda_kernels.py`` (marked ``cuda``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc" / "cuda"
 NVCC = shutil.which("nvcc")
 KERNELS = sorted(CSRC.glob("*.cu"))

@@ -1,5 +1,5 @@
 // Small kernels that probe the CUDA device emulation (csrc/cuda/emulation), for
-// tests/step03_attention/test_cuda_emulation.py: barriers, divergence, warp
+// tests/kernels/test_cuda_emulation.py: barriers, divergence, warp
 // shuffles and the half / bfloat16 conversions. Built there with the host
 // compiler, without torch, and called through ctypes.
 #include <cstring>

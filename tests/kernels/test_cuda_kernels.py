@@ -7,7 +7,7 @@ saying so, only where no C++ compiler exists; a failed build fails). The
 emulated cases keep their shapes small (a thread per fiber is slow) but cover
 every dtype, block size and compiled head dim, GQA, empty and one-token
 contexts and lengths on and around the block size and v2's partition
-boundaries. ``tests/test_cuda_compile.py`` compiles the kernels with nvcc.
+boundaries. ``tests/kernels/test_cuda_compile.py`` compiles the kernels with nvcc.
 
 * Attention, v1 and v2: toleranced against ``tests/oracle.py::contiguous_attention``
   in float64 over the same rounded inputs (``CUDA_FLOAT32`` / ``CUDA_FLOAT16`` /
