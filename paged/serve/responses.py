@@ -185,9 +185,14 @@ class Index(BaseModel):
     endpoints: list[str]
 
 
+# Characters that end a line for str.splitlines() (and httpx's line reader) but not for SSE, which
+# JSON leaves raw inside strings; escaped, they decode to the same text and keep an event one line.
+_SPLITLINES_ONLY = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def sse(event: BaseModel) -> str:
-    """One server-sent event carrying ``event`` as JSON."""
-    return f"data: {event.model_dump_json()}\n\n"
+    """One server-sent event carrying ``event`` as JSON, on one line for any line reader."""
+    return f"data: {event.model_dump_json().translate(_SPLITLINES_ONLY)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

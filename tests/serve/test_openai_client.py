@@ -3,11 +3,13 @@ outputs equal to offline ``LLM.generate`` (token-identical, greedy, same model a
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
 from paged import LLM, SamplingParams
-from tests.serve.conftest import BLOCK_SIZE, NUM_BLOCKS
+from tests.serve.conftest import API_KEY, BLOCK_SIZE, NUM_BLOCKS
 
 MODEL = "test-model"
 PROMPTS = ["def add(a, b):", "for i in range(10):", "print('héllo €')"]
@@ -175,3 +177,26 @@ def test_echo_prepends_the_prompt(client):
     r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0, echo=True)
     plain = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0)
     assert r.choices[0].text == PROMPTS[0] + plain.choices[0].text
+
+
+LINE_BREAKS_BEYOND_SSE = "a\u2028b\u2029c\x85d"  # str.splitlines() breaks at each; SSE only at \r, \n
+
+
+def test_stream_events_are_one_line_each_for_clients_that_split_like_splitlines(server):
+    """Each streamed event is ONE line for a reader that splits as ``str.splitlines`` does.
+
+    httpx's ``aiter_lines`` (guidellm reads streams with it) breaks lines at U+2028, U+2029 and
+    U+0085 as well as at ``\\n``; the JSON of an event must carry those characters escaped
+    (``\\u2028``), which decodes to the same text. The echoed prompt puts them in the stream.
+    Exact equality: the text that comes back is the prompt as sent."""
+    body = {"model": MODEL, "prompt": "x " + LINE_BREAKS_BEYOND_SSE, "max_tokens": 2, "temperature": 0,
+            "echo": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: ") for line in lines), lines
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    text = "".join(c["text"] for e in events for c in e["choices"])
+    assert text.startswith("x " + LINE_BREAKS_BEYOND_SSE)
