@@ -15,7 +15,12 @@ After every rule these must hold:
   sequence has; a waiting one holds none;
 * **FCFS** — each queue is in arrival order; a request admitted or swapped in
   this iteration arrived before every one still waiting or swapped; nobody is
-  admitted in an iteration that preempted, nor while a group is swapped out.
+  admitted in an iteration that preempted, nor while a group is swapped out;
+* **records** — an iteration's ``cow`` / ``swapped_out`` / ``swapped_in`` events are
+  exactly its plan's copies and swaps, in order; its ``allocated`` blocks are distinct
+  and sit in their sequence's table; a ``preempted`` group is in the queue its mode
+  names; an abort's records open the next iteration's; every sequence is reported
+  ``finished`` exactly once (``paged/step03_attention/events.py``).
 
 At the end, with no more arrivals, every request that was not aborted must
 finish within a bounded number of iterations, with at most ``max_tokens``
@@ -56,6 +61,9 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         self.params: dict[str, SamplingParams] = {}
         self.aborted: set[str] = set()
         self.finished: dict[str, object] = {}
+        self.seqs_finished: set[int] = set()  # the seq ids of every ``finished`` event so far
+        self.seqs_seen: set[int] = set()  # the seq ids of every live sequence seen before a step
+        self.aborted_since_step: list[str] = []  # their ``aborted`` records open the next iteration's
 
 
     @precondition(lambda self: len(self.params) < MAX_REQUESTS)
@@ -88,15 +96,28 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(live), label="abort")
         assert self.engine.abort(rid)
         self.aborted.add(rid)
+        self.aborted_since_step.append(rid)
 
     @rule()
     def step(self):
         if not self.engine.has_unfinished():
             return
-        for out in self.engine.step():
+        self._step()
+        self._check_fcfs_decisions()
+
+    def _step(self):
+        e = self.engine
+        self.seqs_seen |= {s.seq_id for r in e.requests.values() for s in r.seqs}
+        for out in e.step():
             if out.finished:
                 self.finished[out.request_id] = out
-        self._check_fcfs_decisions()
+        self.seqs_seen |= {s.seq_id for r in e.requests.values() for s in r.seqs}
+        aborted, self.aborted_since_step = self.aborted_since_step, []
+        assert [ev.request_id for ev in e.events if ev.kind == "aborted"] == aborted
+        kinds = [(ev.kind, ev.request_id in aborted) for ev in e.events]
+        opening = [k for k in kinds[:len(kinds) - kinds[::-1].index(("aborted", True))]] if aborted else []
+        assert all(mine for _, mine in opening), "an abort's records do not open the next iteration's"
+        self._check_events()
 
     def _check_fcfs_decisions(self):
         """The admissions and swap-ins of the iteration just run respected arrival order."""
@@ -110,6 +131,28 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
             for rid in ids[kind]:
                 if rid in arrival:
                     assert all(arrival[rid] < r.arrival for r in queue), f"{rid} ({kind}) overtook an older one"
+
+    def _check_events(self):
+        """The iteration's records agree with its plan, the tables and the queues (``events.py``)."""
+        e, plan = self.engine, self.engine.last.plan
+        of = lambda kind: [ev for ev in e.events if ev.kind == kind]  # noqa: E731
+        assert [(ev.detail["src"], ev.detail["dst"]) for ev in of("cow")] == plan.blocks_to_copy
+        assert [m for ev in of("swapped_out") for m in ev.detail["blocks"]] == plan.blocks_to_swap_out
+        assert [m for ev in of("swapped_in") for m in ev.detail["blocks"]] == plan.blocks_to_swap_in
+        fresh = [b for ev in of("allocated") for b in ev.detail["blocks"]]
+        assert len(fresh) == len(set(fresh)), "a block was handed out twice in one iteration"
+        ended = {ev.seq_id for ev in of("finished")}
+        tables = {s.seq_id: s.block_table.blocks for r in e.running for s in r.seqs}
+        for ev in of("allocated"):
+            if ev.seq_id not in ended:
+                assert set(ev.detail["blocks"] + ev.detail["cached"]) <= set(tables[ev.seq_id]), ev
+        for ev in of("preempted"):
+            req = e.requests.get(ev.request_id)
+            if req is not None:  # not ended later in the iteration: in the queue its mode names
+                assert req in (e.swapped if ev.detail["mode"] == "swap" else e.waiting), ev
+        for ev in of("finished"):
+            assert ev.seq_id not in self.seqs_finished, f"sequence {ev.seq_id} finished twice"
+            self.seqs_finished.add(ev.seq_id)
 
     # -- invariants after every rule --------------------------------------------
     def _live_tables(self, allocator):
@@ -158,9 +201,7 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         for _ in range(FINISH_WITHIN):
             if not e.has_unfinished():
                 break
-            for out in e.step():
-                if out.finished:
-                    self.finished[out.request_id] = out
+            self._step()
             self.blocks_are_owned_by_live_tables_only()
             self.tables_cover_exactly_the_computed_tokens()
         assert not e.has_unfinished(), f"not finished within {FINISH_WITHIN} iterations"
@@ -172,6 +213,9 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
             assert len(outs) == params.n
             assert all(len(o.token_ids) <= params.max_tokens for o in outs)
         assert e.allocator.num_used == 0 and e.swap.allocator.num_used == 0, "blocks leaked"
+        # the records of aborts after the last iteration wait for the next one: take them here
+        self.seqs_finished |= {ev.seq_id for ev in e.scheduler.take_events() if ev.kind == "finished"}
+        assert self.seqs_seen <= self.seqs_finished, "a sequence left without a finished record"
 
 
 ModelFreeSchedulerMachine.TestCase.settings = settings(
