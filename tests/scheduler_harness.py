@@ -49,18 +49,19 @@ class Harness:
         max_model_len: the most tokens a sequence may hold.
         swap_blocks: host blocks, for a scheduler that swaps (``PreemptingScheduler``).
         eos_rate: how often the stand-in draws EOS (requests then stop early).
+        runner: builds the stand-in from the scheduler (default: a ``StandInRunner`` with ``eos_rate``).
         **kwargs: more arguments of ``scheduler_class`` (``preemption_mode=``, ``free_order=``, ...).
     """
 
     def __init__(self, scheduler_class, num_blocks: int, block_size: int = 4, *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, max_model_len: int = 4096, swap_blocks: int | None = None,
-                 eos_rate: float = 0.0, **kwargs) -> None:
+                 eos_rate: float = 0.0, runner=None, **kwargs) -> None:
         if swap_blocks is not None:
             kwargs["swap"] = SwapSpace(swap_blocks)
         self.stops = StopChecker([EOS], max_model_len)
         self.scheduler = scheduler_class(num_blocks, block_size, max_num_seqs=max_num_seqs,
                                          max_num_batched_tokens=max_num_batched_tokens, stops=self.stops, **kwargs)
-        self.runner = StandInRunner(eos=EOS, eos_rate=eos_rate)
+        self.runner = runner(self.scheduler) if runner else StandInRunner(eos=EOS, eos_rate=eos_rate)
         self.history: list[Iteration] = []
         self.events: list = []  # the last iteration's
         self.requests: dict[str, object] = {}  # the live ones, as engine.requests

@@ -6,8 +6,11 @@ every equality is exact (token counts, positions, block ids).
 
 import pytest
 
-from paged.step04_sharing import SharingScheduler
-from tests.scheduler_harness import Harness
+from paged.sampling.result import num_top_logprobs
+from paged.step03_attention.stand_in import token_for
+from paged.step04_sharing import SharingScheduler, sample_seed
+from tests.beam_oracle import HistoryStandIn, beam_search, proposals_of
+from tests.scheduler_harness import EOS, Harness
 
 pytestmark = pytest.mark.step04
 
@@ -38,3 +41,133 @@ def test_rule_a_group_computes_its_prompt_once_and_forks():
     tables = [s.block_table.blocks for s in req.seqs]
     assert tables[0] == tables[1] == tables[2] and len(tables[0]) == 2
     assert all(h.allocator.ref_count(b) == 3 for b in tables[0])
+
+
+BEAMS = [  # k, n, length_penalty, early_stopping, more params, max_model_len
+    (3, 2, 1.0, False, {}, 4096),
+    (4, 4, 0.0, True, {}, 4096),
+    (2, 2, 0.5, "never", {}, 4096),
+    (3, 3, 1.0, False, {"logprobs": 9}, 4096),  # 9 > 2k proposals: the answer carries all of them
+    (2, 1, 1.0, False, {"ignore_eos": True, "stop_token_ids": [5]}, 4096),  # a stop id ends, EOS does not
+    (3, 2, 1.0, False, {}, len(PROMPT) + 5),  # the context is full before max_tokens
+]
+
+
+@pytest.mark.parametrize("k, n, length_penalty, early_stopping, more, max_model_len", BEAMS,
+                         ids=["k3", "k4-early", "k2-never", "k3-logprobs", "k2-stop-id", "k3-context"])
+def test_rule_beam_search_returns_the_best_candidates(k, n, length_penalty, early_stopping, more, max_model_len):
+    """Beam search on the scheduler alone, its beams forking and dropping over shared blocks, equals the
+    oracle over whole candidates (``tests/beam_oracle.py``) fed the same proposals: the same tokens, the
+    same cumulative log-probabilities bit for bit (the same float additions in the same order), finish and
+    stop reasons, and, when asked for, each token's proposals. Every block is free at the end."""
+    h = Harness(SharingScheduler, num_blocks=64, max_model_len=max_model_len, runner=lambda s: HistoryStandIn(s, EOS))
+    params = dict(n=n, best_of=k, use_beam_search=True, length_penalty=length_penalty,
+                  early_stopping=early_stopping, **more)
+    req = h.add(PROMPT, max_tokens=8, rid="beam", **params)
+    h.run()
+    count = num_top_logprobs(req.params)
+    stops = set(more.get("stop_token_ids", [])) | (set() if more.get("ignore_eos") else {EOS})
+    expected = beam_search(lambda tokens: proposals_of(PROMPT + tokens, count, EOS), k, n,
+                           min(8, max_model_len - len(PROMPT)), length_penalty, early_stopping, stops.__contains__)
+    out = h.outputs["beam"]
+    assert out.finished and [o.token_ids for o in out.outputs] == [e.token_ids for e in expected]
+    assert [o.cumulative_logprob for o in out.outputs] == [e.cumulative_logprob for e in expected]
+    assert [(o.finish_reason, o.stop_reason) for o in out.outputs] == [
+        ("length", None) if e.ended_by is None else ("stop", None if e.ended_by == EOS else e.ended_by)
+        for e in expected]
+    assert [o.logprobs for o in out.outputs] == [e.logprobs if "logprobs" in more else None for e in expected]
+    assert [o.text for o in out.outputs] == [""] * n  # no tokenizer: nothing to detokenize
+    assert h.allocator.num_used == 0
+
+
+def test_rule_a_beam_search_ended_early_answers_with_its_live_beams():
+    """Step04 cannot preempt: a beam search that runs out of blocks ends (``kv_cache_exhausted``), and its
+    live beams, as they stand after ``j`` tokens, join its finished hypotheses — so it answers what the
+    oracle answers for ``max_tokens = j``, bit for bit; every block is free."""
+    h = Harness(SharingScheduler, num_blocks=6, runner=lambda s: HistoryStandIn(s, EOS))
+    req = h.add(PROMPT, max_tokens=8, rid="beam", n=2, best_of=3, use_beam_search=True)
+    h.run()
+    j = len(h.history) - 1  # one token per beam in each iteration but the last, which ended it
+    assert 1 < j < 8 and h.last.kinds("finished") == ["beam"]
+    assert {ev.detail["reason"] for ev in h.last.events if ev.kind == "finished"} == {"kv_cache_exhausted"}
+    expected = beam_search(lambda tokens: proposals_of(PROMPT + tokens, num_top_logprobs(req.params), EOS),
+                           3, 2, j, 1.0, False, {EOS}.__contains__)
+    out = h.outputs["beam"]
+    assert out.finished and [o.token_ids for o in out.outputs] == [e.token_ids for e in expected]
+    assert [o.cumulative_logprob for o in out.outputs] == [e.cumulative_logprob for e in expected]
+    assert h.allocator.num_used == 0
+
+
+def test_rule_a_write_into_a_shared_block_copies_it_first():
+    """``n=2`` over a 6-token prompt: both samples map blocks [0..3] [4, 5]. Their first decode writes
+    position 6, into the shared, partly filled second block: the first sample takes a new block and
+    the plan copies the old one into it (``blocks_to_copy``, one ``cow`` record); the second is then
+    the block's only owner and writes in place. The full first block stays shared."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    req = h.add(6, max_tokens=3, n=2, temperature=1.0, seed=1)
+    h.tick()
+    first, second = (list(s.block_table.blocks) for s in req.seqs)
+    assert first == second and len(first) == 2 and h.last.plan.blocks_to_copy == []
+    it = h.tick()
+    (src, dst), = it.plan.blocks_to_copy
+    assert src == first[1] and [s.block_table.blocks for s in req.seqs] == [[first[0], dst], [first[0], src]]
+    assert [(ev.seq_id, ev.detail) for ev in it.events if ev.kind == "cow"] == [
+        (req.seqs[0].seq_id, {"src": src, "dst": dst})]
+    assert [h.allocator.ref_count(b) for b in (first[0], src, dst)] == [2, 1, 1]
+
+
+def test_rule_blocks_filled_by_generation_are_cached_too():
+    """A 6-token prompt that generates 7 tokens has K/V for 12 positions: three full blocks, the third
+    holding generated tokens. A later prompt made of those 12 tokens and one more maps all three from
+    the cache (12 cached tokens) and computes only its last token."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    first = h.add(6, max_tokens=7, rid="first")
+    h.run()
+    tokens = first.seqs[0].token_ids
+    h.add(tokens[:12] + [99], max_tokens=1, rid="again")
+    it = h.tick()
+    assert it.plan.positions == [12] and it.plan.query_lens == [1]
+    assert h.outputs["again"].num_cached_tokens == 12
+
+
+def test_rule_a_request_for_prompt_logprobs_maps_no_cached_block():
+    """Prompt log-probabilities need every prompt row computed, so a request that asks for them maps
+    none of its cached blocks: the same 9-token prompt whose first 8 tokens are cached computes all 9."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    h.add(PROMPT, max_tokens=1, rid="first")
+    h.run()
+    h.add(PROMPT, max_tokens=1, rid="logprobs", prompt_logprobs=0)
+    h.add(PROMPT, max_tokens=1, rid="plain")
+    it = h.tick()
+    assert it.plan.positions[0::9] == [0, 8] and it.plan.query_lens == [9, 1]
+    assert [h.outputs[r].num_cached_tokens for r in ("logprobs", "plain")] == [0, 8]
+
+
+def test_rule_parallel_sample_i_starts_from_the_seed_sample_seed():
+    """``n=3`` seeded 5: the prompt's iteration forks two samples, and sample ``i`` draws its first token
+    from the seed ``sample_seed(5, i)`` (sample 0 keeps the request's own): as a lone ``n=1`` request with
+    that seed does. (The stand-in keys later draws by the request's seed; that each sample then follows
+    its own generator is the engine's part, checked with a model in ``test_sharing_engine.py``.)"""
+    h = Harness(SharingScheduler, num_blocks=16)
+    h.add(6, max_tokens=2, rid="group", n=3, temperature=1.0, seed=5)
+    for i in range(3):
+        h.add(6, max_tokens=1, rid=f"lone{i}", temperature=1.0, seed=sample_seed(5, i))
+    it = h.tick()
+    parent = it.plan.seq_ids[0]
+    assert [(p, seed) for p, _, seed in it.plan.fanout] == [(parent, sample_seed(5, 1)), (parent, sample_seed(5, 2))]
+    assert sample_seed(5, 0) == 5 and len({sample_seed(5, i) for i in range(3)}) == 3
+    first = [o.token_ids for o in h.outputs["group"].outputs]
+    assert first == [h.outputs[f"lone{i}"].outputs[0].token_ids for i in range(3)]
+
+
+def test_rule_a_finished_sample_gives_its_blocks_back_before_its_siblings_end():
+    """``n=2``: sample 1 draws a stop token as its first token, sample 0 goes on. From that iteration on,
+    sample 1's table is empty and the prompt blocks it shared hold sample 0's reference only."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    stop = token_for(sample_seed(7, 1), 6)  # the stand-in draws from (seed, position)
+    req = h.add(6, max_tokens=8, n=2, temperature=1.0, seed=7, stop_token_ids=[stop])
+    h.tick()
+    zero, one = req.seqs
+    assert one.is_finished and one.output_token_ids == [stop] and not zero.is_finished
+    assert one.block_table.blocks == [] and [h.allocator.ref_count(b) for b in zero.block_table.blocks] == [1, 1]
+    assert h.allocator.num_used == 2
