@@ -9,6 +9,7 @@ and ids.
 
 import pytest
 
+from paged.errors import RequestError
 from paged.step03_attention.scheduler import Reservation, Scheduler
 from tests.scheduler_harness import Harness
 
@@ -131,3 +132,98 @@ def test_rule_the_sequence_budget_caps_the_batch_fcfs():
     h.add(2, max_tokens=1, rid="C")
     assert h.tick().kinds("admitted") == ["A", "B"] and h.ids(h.waiting) == ["C"]
     assert h.tick().kinds("admitted") == ["C"]
+
+
+def test_rule_a_request_needing_exactly_the_pool_runs():
+    """The bound of "larger than the pool" is strict: an 8-token prompt fills a 2-block pool exactly,
+    and it runs (its first sampled token then needs a third block: it is ended for the cache, not for
+    its length, in the next iteration)."""
+    h = Harness(Scheduler, num_blocks=2)
+    h.add(8, max_tokens=4, rid="A")
+    assert h.tick().kinds("admitted") == ["A"] and h.allocator.num_free == 0
+    h.run(max_iterations=3)
+    assert h.finish_reasons("A") == ["kv_cache_exhausted"]
+
+
+def test_rule_the_budgets_admit_a_request_that_fits_them_exactly():
+    """Budgets are inclusive: with 8 tokens and 2 sequences an iteration, a 6-token and a 2-token prompt
+    start together, and a third one-token request waits for the next iteration."""
+    h = Harness(Scheduler, num_blocks=16, max_num_batched_tokens=8, max_num_seqs=2)
+    h.add(6, max_tokens=1, rid="A")
+    h.add(2, max_tokens=1, rid="B")
+    h.add(1, max_tokens=1, rid="C")
+    it = h.tick()
+    assert it.kinds("admitted") == ["A", "B"] and it.plan.query_lens == [6, 2]
+    assert h.tick().kinds("admitted") == ["C"]
+
+
+def test_rule_a_pool_holds_at_least_one_block():
+    """A pool of one block serves a request that fits it; a pool of none is refused at construction."""
+    h = Harness(Scheduler, num_blocks=1)
+    h.add(2, max_tokens=2, rid="A")
+    h.run(max_iterations=3)
+    assert h.outputs["A"].outputs[0].finish_reason == "length" and h.allocator.num_free == 1
+    with pytest.raises(ValueError, match="num_blocks must be >= 1"):
+        Harness(Scheduler, num_blocks=0)
+
+
+def test_rule_prompt_tokens_total_counts_each_computed_prompt_token_once():
+    """``prompt_tokens_total`` (for /metrics) grows by the prompt tokens an iteration computes: 6 + 4
+    when two prompts start, nothing for a decode."""
+    h = Harness(Scheduler, num_blocks=16)
+    h.add(6, max_tokens=3, rid="A")
+    h.add(4, max_tokens=3, rid="B")
+    h.tick()
+    assert h.scheduler.prompt_tokens_total == 10
+    h.run()
+    assert h.scheduler.prompt_tokens_total == 10
+
+
+def test_rule_allocated_records_name_each_new_block():
+    """The ``allocated`` record lists the blocks a table gained, in table order: a 5-token prompt takes
+    two; its decodes at positions 5, 6, 7 fit the second block (no record); position 8 takes a third."""
+    h = Harness(Scheduler, num_blocks=8, free_order=[5, 2, 7, 0, 1, 3, 4, 6])
+    req = h.add(5, max_tokens=5, rid="A")
+    records = [[(ev.seq_id, ev.detail) for ev in h.tick().events if ev.kind == "allocated"] for _ in range(5)]
+    seq = req.seqs[0].seq_id
+    assert records == [[(seq, {"blocks": [5, 2], "cached": []})], [], [], [], [(seq, {"blocks": [7], "cached": []})]]
+
+
+def test_rule_a_failed_request_ends_alone():
+    """A request whose own processing failed ends with ``finish_reason="error"`` and its error, its
+    blocks free at once; the others go on. Three ways: the workers report it (``failed``), its row
+    carries an error, or recording its token raises (here: a token id that is no token)."""
+    h = Harness(Scheduler, num_blocks=16)
+    for rid in ("ok", "failed", "row", "record"):
+        h.add(3, max_tokens=4, rid=rid)
+    s = h.scheduler
+    plan = s.schedule()
+    results = h.runner.execute(plan)
+    seq = {r.request_id: r.seqs[0].seq_id for r in s.running}
+    results[seq["row"]].error = RuntimeError("a grammar broke")
+    results[seq["record"]].token_id = -1
+    bad = RequestError("a logits processor refused", param="logits_processors")
+    touched = s.update(plan, results, failed={"failed": bad})
+    assert sorted(r.request_id for r in touched) == ["failed", "ok", "record", "row"]
+    assert h.ids(s.running) == ["ok"] and h.allocator.num_used == 1
+    ended = {r.request_id: r for r in touched if r.finished}
+    assert sorted(ended) == ["failed", "record", "row"]
+    assert ended["failed"].error is bad and isinstance(ended["row"].error, RuntimeError)
+    assert isinstance(ended["record"].error, ValueError)
+    assert all(r.to_output().outputs[0].finish_reason == "error" for r in ended.values())
+
+
+def test_rule_abort_frees_a_request_wherever_it_is():
+    """``abort`` ends a running or a waiting request at once (``finish_reason="abort"``), frees its blocks,
+    and records ``aborted`` then ``finished``; the others are untouched."""
+    h = Harness(Scheduler, num_blocks=2)
+    running = h.add(5, max_tokens=4, rid="running")
+    waiting = h.add(5, max_tokens=4, rid="waiting")
+    h.tick()
+    assert h.ids(h.running) == ["running"] and h.ids(h.waiting) == ["waiting"]
+    h.scheduler.abort(waiting)
+    h.scheduler.abort(running)
+    assert not h.scheduler.has_unfinished() and h.allocator.num_free == 2
+    assert [(ev.kind, ev.request_id) for ev in h.scheduler.take_events()] == [
+        ("aborted", "waiting"), ("finished", "waiting"), ("aborted", "running"), ("finished", "running")]
+    assert [r.seqs[0].finish_reason for r in (running, waiting)] == ["abort", "abort"]
