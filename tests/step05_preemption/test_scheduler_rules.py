@@ -155,3 +155,121 @@ def test_rule_a_request_that_outgrows_the_pool_alone_is_ended_not_preempted_fore
     assert it.kinds("admitted") == [] and h.ids(h.waiting) == ["B"]
     h.run(max_iterations=5)
     assert h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+
+
+def test_rule_preemption_mode_is_one_of_the_three():
+    with pytest.raises(ValueError, match="preemption_mode must be one of"):
+        Harness(PreemptingScheduler, num_blocks=4, swap_blocks=4, preemption_mode="sometimes")
+
+
+def test_rule_a_swap_moves_each_distinct_block_once_and_back():
+    """Swapping G (``n=2``) and S out moves each distinct device block once, in table order, to a fresh
+    host block: the plan's ``blocks_to_swap_out`` are those ``(device, host)`` pairs, and each table now
+    maps the host block of every entry. Swapping back in does the reverse (``blocks_to_swap_in``)."""
+    h = _pressure("swap")
+    for _ in range(50):
+        before = {r.request_id: [list(s.block_table.blocks) for s in r.seqs] for r in h.running}
+        it = h.tick()
+        if it.kinds("preempted"):
+            break
+    out = it.plan.blocks_to_swap_out
+    victims = [b for rid in ("S", "G") for table in before[rid] for b in table]
+    assert [d for d, _ in out] == list(dict.fromkeys(victims)) and len({hb for _, hb in out}) == len(out)
+    to_host = dict(out)
+    for r in h.swapped:
+        assert [s.block_table.blocks for s in r.seqs] == [[to_host[b] for b in t] for t in before[r.request_id]]
+    g = next(r for r in h.swapped if r.request_id == "G")
+    host = [list(s.block_table.blocks) for s in g.seqs]
+    it = next(it for it in (h.tick() for _ in range(50)) if "G" in it.kinds("swapped_in"))
+    to_device = dict(it.plan.blocks_to_swap_in)
+    assert [hb for hb, _ in it.plan.blocks_to_swap_in] == list(dict.fromkeys(b for t in host for b in t))
+    assert [s.block_table.blocks[:len(t)] for s, t in zip(g.seqs, host)] == [[to_device[b] for b in t] for t in host]
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_rule_preemption_is_counted_and_recorded_by_mode(mode):
+    """Each preemption counts once under its mode (``preemptions``, for /metrics) and its record names it."""
+    h = _pressure(mode)
+    it = _until_preempted(h)
+    assert h.scheduler.preemptions == {"swap": 2 * (mode == "swap"), "recompute": 2 * (mode == "recompute")}
+    assert [ev.detail for ev in it.events if ev.kind == "preempted"] == [{"mode": mode}] * 2
+
+
+@pytest.mark.parametrize("num_params, mode", [(1, "recompute"), (10**12, "swap")])
+def test_rule_auto_preemption_prices_a_lone_sequence(num_params, mode):
+    """``auto`` swaps a group (its samples' K/V cannot be recomputed apart) but prices a lone sequence:
+    recomputing its tokens against moving its blocks twice, by the model's size (``policy.choose``)."""
+    h = Harness(PreemptingScheduler, num_blocks=3, swap_blocks=8, preemption_mode="auto", num_params=num_params,
+                bytes_per_block=1024)
+    h.add(4, max_tokens=6, rid="A")
+    h.add(4, max_tokens=6, rid="B")
+    it = _until_preempted(h)
+    assert [ev.detail["mode"] for ev in it.events if ev.kind == "preempted"] == [mode]
+    h = _pressure("auto")
+    assert [ev.detail["mode"] for ev in _until_preempted(h).events if ev.kind == "preempted"] == ["recompute", "swap"]
+
+
+def test_rule_swap_falls_back_to_recompute_when_the_host_pool_is_full():
+    """``swap`` with no host blocks to take the victim: it is recomputed instead (nothing is lost)."""
+    h = _pressure("swap", swap_blocks=0)
+    it = _until_preempted(h)
+    assert [ev.detail["mode"] for ev in it.events if ev.kind == "preempted"] == ["recompute", "recompute"]
+    assert h.ids(h.waiting) == ["G", "S"]
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_rule_preemption_does_not_change_what_a_request_draws(mode):
+    """Under preemption every request draws exactly the tokens it draws in a pool with room for all: the
+    stand-in's draws depend on the seed and the position, so a wrong position after a swap or a
+    recomputation (or a token sampled twice, or skipped) shows. A recomputed request still reports the
+    cached tokens of its first computation (none), not the prefix hits its recomputation found."""
+    def run(num_blocks):
+        h = Harness(PreemptingScheduler, num_blocks=num_blocks, swap_blocks=16, preemption_mode=mode,
+                    max_num_batched_tokens=6)
+        for i in range(5):  # distinct prompts: no prefix hits but a recomputation's own
+            h.add([3 + 50 * i + j for j in range(5 + 2 * i)], max_tokens=9, rid=f"r{i}", n=1 + i % 2,
+                  temperature=1.0, seed=i)
+        h.run(max_iterations=500)
+        return h, {rid: ([o.token_ids for o in out.outputs], out.num_cached_tokens) for rid, out in h.outputs.items()}
+
+    starved, got = run(10)
+    assert sum(len(it.kinds("preempted")) for it in starved.history) >= 2
+    assert got == run(64)[1]
+
+
+def test_rule_a_group_back_alone_whose_next_tokens_cannot_fit_ends_at_once():
+    """Pool 3: G (``n=2``, 2 shared blocks) must copy its shared last block for both samples while A runs:
+    it is swapped out. When A is done G returns alone — its 2 blocks fit, but not the 2 copies its next
+    tokens need on top: it can never continue, so it ends (``length``) in the iteration it returns."""
+    h = Harness(PreemptingScheduler, num_blocks=3, swap_blocks=8, preemption_mode="swap")
+    h.add(1, max_tokens=3, rid="A")
+    h.add(5, max_tokens=8, rid="G", n=2, temperature=1.0, seed=3)
+    assert _until_preempted(h).kinds("preempted") == ["G"]
+    back = next(it for it in (h.tick() for _ in range(10)) if it.kinds("swapped_in"))
+    assert back.running_before == [] and back.kinds("finished") == ["G"]
+    assert h.finish_reasons("G") == ["length", "length"] and not h.scheduler.has_unfinished()
+    assert h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+
+
+def test_rule_a_group_wider_than_the_budget_waits_behind_others():
+    """The other side of running over the budget when alone: beside a decoding request D, a group of 3
+    decoding sequences and a budget of 2 tokens does not run (it is not split); when D is done it does."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h.add(1, max_tokens=4, rid="D")
+    group = h.add(4, max_tokens=3, rid="G", n=3, temperature=1.0, seed=1)
+    h.tick()
+    h.scheduler.max_num_batched_tokens = 2
+    it = h.tick()
+    assert it.plan.query_lens == [1] and not h.plan_seq(it, "G")
+    h.run(max_iterations=10)
+    assert [len(s.output_token_ids) for s in group.seqs] == [3, 3, 3]
+
+
+def test_rule_a_chunked_prompt_forks_its_samples_after_its_last_chunk():
+    """Budget 5: an ``n=2`` request's 12-token prompt runs as 5 + 5 + 2; its second sample is forked in the
+    iteration of the last chunk (when the prompt's K/V is complete), not before."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    req = h.add(12, max_tokens=2, n=2, temperature=1.0, seed=4)
+    plans = [h.tick().plan for _ in range(3)]
+    assert [len(p.fanout) for p in plans] == [0, 0, 1] and len(req.seqs) == 2
+    assert h.scheduler.prompt_tokens_total == 12
