@@ -171,3 +171,44 @@ def test_rule_a_finished_sample_gives_its_blocks_back_before_its_siblings_end():
     assert one.is_finished and one.output_token_ids == [stop] and not zero.is_finished
     assert one.block_table.blocks == [] and [h.allocator.ref_count(b) for b in zero.block_table.blocks] == [1, 1]
     assert h.allocator.num_used == 2
+
+
+def test_rule_a_prompt_whose_cached_blocks_are_in_use_needs_blocks_only_for_the_rest():
+    """A (the 9-token prompt) runs and holds 3 of 4 blocks, its two full ones named in the cache. B, the
+    same prompt, maps those two (in use: they take no free block) and needs one block for its last
+    token: the one free block admits it at once."""
+    h = Harness(SharingScheduler, num_blocks=4)
+    h.add(PROMPT, max_tokens=3, rid="A")
+    h.tick()
+    h.add(PROMPT, max_tokens=1, rid="B")
+    it = h.tick()
+    assert it.kinds("admitted") == ["B"] and h.outputs["B"].num_cached_tokens == 8
+    assert it.plan.query_lens == [1, 1] and it.plan.positions == [9, 8]  # A's decode, B's last prompt token
+
+
+def test_rule_a_hit_on_a_parked_block_takes_a_free_block():
+    """A cached block nobody maps is parked on the free list: a hit on it takes it off. A (the 9-token
+    prompt) ended, its two full blocks parked; C holds 2 of the 4 blocks, so 2 are free — both parked.
+    B, the same prompt, needs them and one more for its last token: it waits until C is done."""
+    h = Harness(SharingScheduler, num_blocks=4)
+    h.add(PROMPT, max_tokens=1, rid="A")
+    h.run()
+    h.add(list(range(40, 45)), max_tokens=2, rid="C")
+    h.add(PROMPT, max_tokens=1, rid="B")
+    it = h.tick()
+    assert it.kinds("admitted") == ["C"] and h.allocator.num_free == 2 and h.ids(h.waiting) == ["B"]
+    h.tick()
+    assert h.tick().kinds("admitted") == ["B"] and h.outputs["B"].num_cached_tokens == 8
+
+
+def test_rule_the_hit_rate_is_found_blocks_over_looked_up_blocks():
+    """The 9-token prompt twice: the first looks up its first block and misses (1 lookup), the second
+    finds both cacheable blocks (2 lookups, 2 hits): 2 of 3. With prefix caching off nothing is looked
+    up or found, and the second prompt computes all 9 tokens."""
+    for caching, rate, computed in ((True, 2 / 3, 1), (False, 0.0, 9)):
+        h = Harness(SharingScheduler, num_blocks=16, enable_prefix_caching=caching)
+        h.add(PROMPT, max_tokens=1, rid="first")
+        h.run()
+        h.add(PROMPT, max_tokens=1, rid="again")
+        assert h.tick().plan.query_lens == [computed]
+        assert h.scheduler.block_manager.hit_rate() == rate
