@@ -70,16 +70,17 @@ class HistoryStandIn(StandInRunner):
     Args:
         scheduler: whose running groups hold the sequences the plans name.
         eos: the end-of-sequence id it proposes now and then.
+        vocab: the proposals' vocabulary size (``proposals_of``; smaller: EOS more often).
     """
 
-    def __init__(self, scheduler, eos: int) -> None:
+    def __init__(self, scheduler, eos: int, vocab: int = 24) -> None:
         super().__init__(eos=eos)
-        self.scheduler = scheduler
+        self.scheduler, self.vocab = scheduler, vocab
 
     def draw(self, seq_id, seed, position, params) -> SampleResult:
         if not params.use_beam_search:
             return super().draw(seq_id, seed, position, params)
         seq = next(s for r in self.scheduler.running for s in r.seqs if s.seq_id == seq_id)
-        tops = proposals_of(seq.token_ids, num_top_logprobs(params), self.eos)
+        tops = proposals_of(seq.token_ids, num_top_logprobs(params), self.eos, self.vocab)
         first = next(iter(tops))
         return SampleResult(first, tops[first], tops)

@@ -20,6 +20,13 @@ from paged.step05_preemption.swap import SwapSpace
 EOS = 2
 
 
+class NumberTokenizer:
+    """A stand-in tokenizer: a token list reads as its ids, space-separated (so texts can be checked)."""
+
+    def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(t) for t in token_ids)
+
+
 @dataclass
 class Iteration:
     """One iteration as the harness saw it."""
@@ -50,15 +57,16 @@ class Harness:
         swap_blocks: host blocks, for a scheduler that swaps (``PreemptingScheduler``).
         eos_rate: how often the stand-in draws EOS (requests then stop early).
         runner: builds the stand-in from the scheduler (default: a ``StandInRunner`` with ``eos_rate``).
+        tokenizer: what the stop checker detokenizes with (default: none, texts stay empty).
         **kwargs: more arguments of ``scheduler_class`` (``preemption_mode=``, ``free_order=``, ...).
     """
 
     def __init__(self, scheduler_class, num_blocks: int, block_size: int = 4, *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, max_model_len: int = 4096, swap_blocks: int | None = None,
-                 eos_rate: float = 0.0, runner=None, **kwargs) -> None:
+                 eos_rate: float = 0.0, runner=None, tokenizer=None, **kwargs) -> None:
         if swap_blocks is not None:
             kwargs["swap"] = SwapSpace(swap_blocks)
-        self.stops = StopChecker([EOS], max_model_len)
+        self.stops = StopChecker([EOS], max_model_len, tokenizer)
         self.scheduler = scheduler_class(num_blocks, block_size, max_num_seqs=max_num_seqs,
                                          max_num_batched_tokens=max_num_batched_tokens, stops=self.stops, **kwargs)
         self.runner = runner(self.scheduler) if runner else StandInRunner(eos=EOS, eos_rate=eos_rate)

@@ -7,6 +7,8 @@ the rule makes. The equalities are exact: queues, events, plans are integers
 and ids.
 """
 
+import logging
+
 import pytest
 
 from paged.errors import RequestError
@@ -45,11 +47,15 @@ def _pressure():
     return h
 
 
-def test_rule_the_newest_running_group_is_the_victim():
+def test_rule_the_newest_running_group_is_the_victim(caplog):
     """A, the oldest, needs a block: X (the newest) is evicted, not B — step03 cannot preempt, so X
-    ends with ``kv_cache_exhausted`` and its 2 blocks are free at once; A and B go on."""
+    ends with ``kv_cache_exhausted`` and its 2 blocks are free at once; A and B go on. The operator's
+    log names X and why."""
     h = _pressure()
-    it = h.tick()
+    with caplog.at_level(logging.WARNING, logger="paged"):
+        it = h.tick()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "KV cache exhausted: ended request X (step05 adds preemption)")]
     assert it.kinds("finished") == ["X"] and h.finish_reasons("X") == ["kv_cache_exhausted"]
     assert h.ids(h.running) == ["A", "B"]
     assert [h.plan_seq(it, r) for r in ("A", "B")] == [True, True]
@@ -67,13 +73,17 @@ def test_rule_no_admission_in_an_iteration_that_evicted():
     assert h.tick().kinds("admitted") == ["C"]
 
 
-def test_rule_a_request_larger_than_the_pool_is_ended_and_the_next_one_starts():
+def test_rule_a_request_larger_than_the_pool_is_ended_and_the_next_one_starts(caplog):
     """A prompt needing 3 blocks of a 2-block pool can never run: it ends at once (``length``),
-    freeing nothing and holding nobody up — the request behind it starts in the same iteration."""
+    freeing nothing and holding nobody up — the request behind it starts in the same iteration.
+    The operator's log names it and the pool's size."""
     h = Harness(Scheduler, num_blocks=2)
     h.add(9, rid="big")
     h.add(2, max_tokens=1, rid="small")
-    it = h.tick()
+    with caplog.at_level(logging.WARNING, logger="paged"):
+        it = h.tick()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "request big needs more KV blocks than the cache has (2); ending it")]
     assert h.finish_reasons("big") == ["length"] and it.kinds("admitted") == ["small"]
     assert not h.waiting and h.outputs["big"].finished
 
@@ -189,7 +199,7 @@ def test_rule_allocated_records_name_each_new_block():
     assert records == [[(seq, {"blocks": [5, 2], "cached": []})], [], [], [], [(seq, {"blocks": [7], "cached": []})]]
 
 
-def test_rule_a_failed_request_ends_alone():
+def test_rule_a_failed_request_ends_alone(caplog):
     """A request whose own processing failed ends with ``finish_reason="error"`` and its error, its
     blocks free at once; the others go on. Three ways: the workers report it (``failed``), its row
     carries an error, or recording its token raises (here: a token id that is no token)."""
@@ -203,7 +213,8 @@ def test_rule_a_failed_request_ends_alone():
     results[seq["row"]].error = RuntimeError("a grammar broke")
     results[seq["record"]].token_id = -1
     bad = RequestError("a logits processor refused", param="logits_processors")
-    touched = s.update(plan, results, failed={"failed": bad})
+    with caplog.at_level(logging.WARNING, logger="paged"):
+        touched = s.update(plan, results, failed={"failed": bad})
     assert sorted(r.request_id for r in touched) == ["failed", "ok", "record", "row"]
     assert h.ids(s.running) == ["ok"] and h.allocator.num_used == 1
     ended = {r.request_id: r for r in touched if r.finished}
@@ -211,6 +222,11 @@ def test_rule_a_failed_request_ends_alone():
     assert ended["failed"].error is bad and isinstance(ended["row"].error, RuntimeError)
     assert isinstance(ended["record"].error, ValueError)
     assert all(r.to_output().outputs[0].finish_reason == "error" for r in ended.values())
+    # a bad request is the client's (a warning, its message); any other failure is a bug (an error, its traceback)
+    logged = [(r.levelname, r.getMessage(), r.exc_info and r.exc_info[1]) for r in caplog.records]
+    assert logged == [("WARNING", "request failed failed: a logits processor refused", None),
+                      ("ERROR", "request row failed", ended["row"].error),
+                      ("ERROR", "request record failed", ended["record"].error)]
 
 
 def test_rule_abort_frees_a_request_wherever_it_is():
@@ -227,3 +243,18 @@ def test_rule_abort_frees_a_request_wherever_it_is():
     assert [(ev.kind, ev.request_id) for ev in h.scheduler.take_events()] == [
         ("aborted", "waiting"), ("finished", "waiting"), ("aborted", "running"), ("finished", "running")]
     assert [r.seqs[0].finish_reason for r in (running, waiting)] == ["abort", "abort"]
+
+
+def test_rule_update_reports_only_the_requests_that_advanced():
+    """A running request the budgets hold back this iteration draws nothing, so ``update`` does not
+    report it; the output of one that advanced carries its prompt, completion index 0, and no text yet."""
+    h = Harness(Scheduler, num_blocks=16)
+    h.add(3, max_tokens=4, rid="A")
+    h.add(3, max_tokens=4, rid="B")
+    h.tick()
+    h.scheduler.max_num_seqs = 1
+    it = h.tick()
+    assert [r.request_id for r in it.touched] == ["A"]
+    req = h.scheduler.add("C", [5, 6, 7], h.running[0].params, seed=1, prompt="five six seven")
+    out = req.to_output()
+    assert out.prompt == "five six seven" and [(o.index, o.text, o.token_ids) for o in out.outputs] == [(0, "", [])]

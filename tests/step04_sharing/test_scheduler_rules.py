@@ -8,9 +8,9 @@ import pytest
 
 from paged.sampling.result import num_top_logprobs
 from paged.step03_attention.stand_in import token_for
-from paged.step04_sharing import SharingScheduler, sample_seed
+from paged.step04_sharing import BlockManager, SharingScheduler, sample_seed
 from tests.beam_oracle import HistoryStandIn, beam_search, proposals_of
-from tests.scheduler_harness import EOS, Harness
+from tests.scheduler_harness import EOS, Harness, NumberTokenizer
 
 pytestmark = pytest.mark.step04
 
@@ -43,40 +43,62 @@ def test_rule_a_group_computes_its_prompt_once_and_forks():
     assert all(h.allocator.ref_count(b) == 3 for b in tables[0])
 
 
-BEAMS = [  # k, n, length_penalty, early_stopping, more params, max_model_len
-    (3, 2, 1.0, False, {}, 4096),
-    (4, 4, 0.0, True, {}, 4096),
-    (2, 2, 0.5, "never", {}, 4096),
-    (3, 3, 1.0, False, {"logprobs": 9}, 4096),  # 9 > 2k proposals: the answer carries all of them
-    (2, 1, 1.0, False, {"ignore_eos": True, "stop_token_ids": [5]}, 4096),  # a stop id ends, EOS does not
-    (3, 2, 1.0, False, {}, len(PROMPT) + 5),  # the context is full before max_tokens
+BEAMS = [  # k, n, length_penalty, early_stopping, more params, max_model_len, vocab of the proposals
+    (3, 2, 1.0, False, {}, 4096, 24),
+    (4, 4, 0.0, True, {}, 4096, 24),
+    (2, 2, 0.5, "never", {}, 4096, 24),
+    (3, 3, 1.0, False, {"logprobs": 9}, 4096, 24),  # 9 > 2k proposals: the answer carries all of them
+    (4, 4, 0.0, True, {"logprobs": 9}, 4096, 24),  # ... also for the hypotheses ended by EOS
+    (2, 1, 1.0, False, {"ignore_eos": True, "stop_token_ids": [5]}, 4096, 24),  # a stop id ends, EOS does not
+    (3, 2, 1.0, False, {}, len(PROMPT) + 5, 24),  # the context is full before max_tokens
+    (2, 2, 1.0, False, {}, 4096, 8),  # EOS often: k hypotheses end early, the search weighs live against them
+    (2, 2, 1.0, True, {}, 4096, 8),  # ... and stops once k have ended
+    (2, 2, 0.5, "never", {}, 4096, 8),  # ... or not while a live beam could still win at max_tokens
 ]
 
 
-@pytest.mark.parametrize("k, n, length_penalty, early_stopping, more, max_model_len", BEAMS,
-                         ids=["k3", "k4-early", "k2-never", "k3-logprobs", "k2-stop-id", "k3-context"])
-def test_rule_beam_search_returns_the_best_candidates(k, n, length_penalty, early_stopping, more, max_model_len):
+@pytest.mark.parametrize("k, n, length_penalty, early_stopping, more, max_model_len, vocab", BEAMS,
+                         ids=["k3", "k4-early", "k2-never", "k3-logprobs", "k4-early-logprobs", "k2-stop-id",
+                              "k3-context", "k2-eos-often", "k2-eos-often-early", "k2-eos-often-never"])
+def test_rule_beam_search_returns_the_best_candidates(k, n, length_penalty, early_stopping, more, max_model_len,
+                                                     vocab):
     """Beam search on the scheduler alone, its beams forking and dropping over shared blocks, equals the
-    oracle over whole candidates (``tests/beam_oracle.py``) fed the same proposals: the same tokens, the
-    same cumulative log-probabilities bit for bit (the same float additions in the same order), finish and
-    stop reasons, and, when asked for, each token's proposals. Every block is free at the end."""
-    h = Harness(SharingScheduler, num_blocks=64, max_model_len=max_model_len, runner=lambda s: HistoryStandIn(s, EOS))
+    oracle over whole candidates (``tests/beam_oracle.py``) fed the same proposals: the same tokens and
+    texts, the same cumulative log-probabilities bit for bit (the same float additions in the same order),
+    finish and stop reasons, and, when asked for, each token's proposals. While it runs, its outputs are
+    its live beams as they stand; every beam nobody chose is reported ``dropped`` and every sequence is
+    released to the workers once; every block is free at the end."""
+    tokenizer = NumberTokenizer()
+    h = Harness(SharingScheduler, num_blocks=64, max_model_len=max_model_len, tokenizer=tokenizer,
+                runner=lambda s: HistoryStandIn(s, EOS, vocab))
     params = dict(n=n, best_of=k, use_beam_search=True, length_penalty=length_penalty,
                   early_stopping=early_stopping, **more)
     req = h.add(PROMPT, max_tokens=8, rid="beam", **params)
-    h.run()
+    seq_ids = set()
+    while h.scheduler.has_unfinished():
+        seq_ids |= {s.seq_id for s in req.seqs}
+        h.tick()
+        seq_ids |= {s.seq_id for s in req.seqs}
+        out = h.outputs["beam"]
+        if not out.finished:
+            assert [o.token_ids for o in out.outputs] == [s.output_token_ids for s in req.seqs]
     count = num_top_logprobs(req.params)
     stops = set(more.get("stop_token_ids", [])) | (set() if more.get("ignore_eos") else {EOS})
-    expected = beam_search(lambda tokens: proposals_of(PROMPT + tokens, count, EOS), k, n,
+    expected = beam_search(lambda tokens: proposals_of(PROMPT + tokens, count, EOS, vocab), k, n,
                            min(8, max_model_len - len(PROMPT)), length_penalty, early_stopping, stops.__contains__)
-    out = h.outputs["beam"]
-    assert out.finished and [o.token_ids for o in out.outputs] == [e.token_ids for e in expected]
+    assert out.finished and out.error is None
+    assert [o.token_ids for o in out.outputs] == [e.token_ids for e in expected]
+    assert [o.text for o in out.outputs] == [tokenizer.decode(e.token_ids) for e in expected]
     assert [o.cumulative_logprob for o in out.outputs] == [e.cumulative_logprob for e in expected]
     assert [(o.finish_reason, o.stop_reason) for o in out.outputs] == [
         ("length", None) if e.ended_by is None else ("stop", None if e.ended_by == EOS else e.ended_by)
         for e in expected]
     assert [o.logprobs for o in out.outputs] == [e.logprobs if "logprobs" in more else None for e in expected]
-    assert [o.text for o in out.outputs] == [""] * n  # no tokenizer: nothing to detokenize
+    last = {s.seq_id for s in req.seqs}
+    reasons = {ev.seq_id: ev.detail["reason"] for it in h.history for ev in it.events if ev.kind == "finished"}
+    assert reasons == {i: "stop" if i in last else "dropped" for i in seq_ids}
+    released = [i for it in h.history for i in it.plan.finished_seq_ids] + h.scheduler.schedule().finished_seq_ids
+    assert sorted(released) == sorted(seq_ids)
     assert h.allocator.num_used == 0
 
 
@@ -212,3 +234,41 @@ def test_rule_the_hit_rate_is_found_blocks_over_looked_up_blocks():
         h.add(PROMPT, max_tokens=1, rid="again")
         assert h.tick().plan.query_lens == [computed]
         assert h.scheduler.block_manager.hit_rate() == rate
+
+
+def test_rule_a_group_held_back_does_not_hold_back_the_groups_behind_it():
+    """Running groups are given their tokens oldest first, each on its own: an ``n=3`` group that the
+    sequence budget (2) holds back is skipped, and the single request behind it still runs."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    h.add(3, max_tokens=4, rid="G", n=3, temperature=1.0, seed=2)
+    h.add(3, max_tokens=4, rid="S")
+    h.tick()
+    h.scheduler.max_num_seqs = 2
+    it = h.tick()
+    assert [r.request_id for r in it.touched] == ["S"] and it.plan.query_lens == [1]
+
+
+def test_rule_samples_are_numbered_and_blocks_come_in_free_list_order():
+    """``n=3``: completions 0, 1, 2; the prompt's blocks are the free list's first, whatever its order; an
+    ``allocated`` record names a prefix hit as ``cached``, before the block taken for the rest."""
+    h = Harness(SharingScheduler, num_blocks=8, free_order=[6, 3, 0, 7, 1, 2, 4, 5])
+    req = h.add(PROMPT, max_tokens=1, rid="first", n=3, temperature=1.0, seed=2)
+    it = h.tick()
+    assert [o.index for o in h.outputs["first"].outputs] == [0, 1, 2]
+    assert [(ev.seq_id, ev.detail) for ev in it.events if ev.kind == "allocated"] == [
+        (req.seqs[0].seq_id, {"blocks": [6, 3, 0], "cached": []})]
+    again = h.add(PROMPT, max_tokens=1, rid="again")
+    it = h.tick()
+    assert [(ev.seq_id, ev.detail) for ev in it.events if ev.kind == "allocated"] == [
+        (again.seqs[0].seq_id, {"blocks": [7], "cached": [6, 3]})]  # 7: next on the free list
+
+
+def test_rule_a_block_manager_caches_prefixes_unless_told_not_to():
+    """The ``BlockManager`` defaults: prefix caching on, tables that reuse cached blocks, and block counts
+    that count the hits."""
+    bm = BlockManager(8, 4)
+    table = bm.new_table()
+    assert bm.caching and table.reuse_cached
+    bm.allocate_prompt(table, PROMPT)
+    bm.register_full_blocks(table, PROMPT)
+    assert bm.blocks_needed_for_prompt(PROMPT) == 1 and bm.blocks_needed_for_prompt(PROMPT, reuse_cached=False) == 3

@@ -12,7 +12,7 @@ After every rule these must hold:
   (``tests.invariants.check_allocator``);
 * **coverage** — a running or swapped sequence's table holds exactly the
   blocks its K/V needs (``ceil(filled / B)``), and never more tokens than the
-  sequence has; a waiting one holds none;
+  sequence has; a waiting one holds none; a live sequence's status names its queue;
 * **FCFS** — each queue is in arrival order; a request admitted or swapped in
   this iteration arrived before every one still waiting or swapped; nobody is
   admitted in an iteration that preempted, nor while a group is swapped out;
@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from paged.sampling.sampling_params import SamplingParams
+from paged.step02_block_table import SequenceStatus
 from paged.step05_preemption.scheduler import PreemptingScheduler
 from tests.invariants import check_allocator
 from tests.scheduler_harness import Harness
@@ -182,6 +183,18 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
                     assert len(t.blocks) == math.ceil(t.num_tokens / e.block_size), seq.seq_id
         for req in e.waiting:
             assert all(not s.block_table.blocks and s.block_table.num_tokens == 0 for s in req.seqs)
+
+    @invariant()
+    def a_sequences_status_names_its_queue(self):
+        if not hasattr(self, "engine"):
+            return
+        e = self.engine
+        # a group swapped in without slots this iteration (its blocks back, its tokens not yet) is still
+        # marked swapped until it runs
+        for queue, status in ((e.running, {SequenceStatus.RUNNING, SequenceStatus.SWAPPED}),
+                              (e.swapped, {SequenceStatus.SWAPPED}), (e.waiting, {SequenceStatus.WAITING})):
+            for req in queue:
+                assert {s.status for s in req.seqs if not s.is_finished} <= status, (req.request_id, status)
 
     @invariant()
     def queues_are_in_arrival_order(self):

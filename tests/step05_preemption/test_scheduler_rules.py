@@ -4,6 +4,8 @@
 every equality is exact (queues, events, token counts).
 """
 
+import logging
+
 import pytest
 
 from paged.step05_preemption import ChunkedPrefillScheduler, PreemptingScheduler
@@ -31,13 +33,16 @@ def _until_preempted(h):
 
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
-def test_rule_the_newest_group_is_the_victim_and_goes_back_in_arrival_order(mode):
+def test_rule_the_newest_group_is_the_victim_and_goes_back_in_arrival_order(mode, caplog):
     """A (the oldest) needs a block: S, the newest, is preempted; then G's two sequences need a block
     each and nobody newer is left, so G preempts itself. Victims go newest first; the queue they
     join (swapped, or waiting for recompute) is in arrival order: G before S."""
     h = _pressure(mode)
-    it = _until_preempted(h)
+    with caplog.at_level(logging.DEBUG, logger="paged"):
+        it = _until_preempted(h)
     assert it.running_before == ["A", "G", "S"] and it.kinds("preempted") == ["S", "G"]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", f"preempted S by {mode}"), ("DEBUG", f"preempted G by {mode}")]
     assert h.ids(h.running) == ["A"] and it.plan.seq_ids == [h.running[0].seqs[0].seq_id]
     assert h.ids(h.swapped if mode == "swap" else h.waiting) == ["G", "S"]
 
@@ -142,7 +147,7 @@ def test_rule_a_group_wider_than_the_budget_runs_whole_when_alone():
     assert h.tick().plan.query_lens == [1, 1, 1]
 
 
-def test_rule_a_request_that_outgrows_the_pool_alone_is_ended_not_preempted_forever():
+def test_rule_a_request_that_outgrows_the_pool_alone_is_ended_not_preempted_forever(caplog):
     """Alone on the device and still short of blocks, a request can never continue: it is ended
     (``length``), not swapped out and in forever; a request waiting behind starts next iteration."""
     h = Harness(PreemptingScheduler, num_blocks=2, swap_blocks=8, preemption_mode="swap")
@@ -150,8 +155,11 @@ def test_rule_a_request_that_outgrows_the_pool_alone_is_ended_not_preempted_fore
     for _ in range(2):
         h.tick()
     h.add(1, max_tokens=1, rid="B")
-    it = h.tick()
+    with caplog.at_level(logging.WARNING, logger="paged"):
+        it = h.tick()
     assert h.finish_reasons("A") == ["length"] and it.kinds("preempted") == []
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "request A needs more KV blocks than the cache has (2); ending it")]
     assert it.kinds("admitted") == [] and h.ids(h.waiting) == ["B"]
     h.run(max_iterations=5)
     assert h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
