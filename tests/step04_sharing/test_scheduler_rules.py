@@ -6,6 +6,7 @@ every equality is exact (token counts, positions, block ids).
 
 import pytest
 
+from paged.step01_allocator import OutOfBlocksError
 from paged.sampling.result import num_top_logprobs
 from paged.step03_attention.stand_in import token_for
 from paged.step04_sharing import BlockManager, SharingScheduler, sample_seed
@@ -177,7 +178,7 @@ def test_rule_parallel_sample_i_starts_from_the_seed_sample_seed():
     it = h.tick()
     parent = it.plan.seq_ids[0]
     assert [(p, seed) for p, _, seed in it.plan.fanout] == [(parent, sample_seed(5, 1)), (parent, sample_seed(5, 2))]
-    assert sample_seed(5, 0) == 5 and len({sample_seed(5, i) for i in range(3)}) == 3
+    assert sample_seed(5, 0) == 5 and len({sample_seed(5, i) for i in range(8)}) == 8
     first = [o.token_ids for o in h.outputs["group"].outputs]
     assert first == [h.outputs[f"lone{i}"].outputs[0].token_ids for i in range(3)]
 
@@ -193,6 +194,8 @@ def test_rule_a_finished_sample_gives_its_blocks_back_before_its_siblings_end():
     assert one.is_finished and one.output_token_ids == [stop] and not zero.is_finished
     assert one.block_table.blocks == [] and [h.allocator.ref_count(b) for b in zero.block_table.blocks] == [1, 1]
     assert h.allocator.num_used == 2
+    h.run()
+    assert h.outputs[req.request_id].error is None and len(zero.output_token_ids) == 8
 
 
 def test_rule_a_prompt_whose_cached_blocks_are_in_use_needs_blocks_only_for_the_rest():
@@ -272,3 +275,32 @@ def test_rule_a_block_manager_caches_prefixes_unless_told_not_to():
     bm.allocate_prompt(table, PROMPT)
     bm.register_full_blocks(table, PROMPT)
     assert bm.blocks_needed_for_prompt(PROMPT) == 1 and bm.blocks_needed_for_prompt(PROMPT, reuse_cached=False) == 3
+
+
+def test_rule_a_prefix_cached_in_pieces_is_found_whole():
+    """B's 13-token prompt starts with the 8 tokens of A's two cached blocks and computes its third block
+    itself, naming it after them; C, B's prompt again, then finds all three (12 cached tokens)."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    h.add(PROMPT, max_tokens=1, rid="A")
+    h.run()
+    b = PROMPT[:8] + [30, 31, 32, 33, 34]
+    h.add(b, max_tokens=1, rid="B")
+    h.run()
+    h.add(b, max_tokens=1, rid="C")
+    h.run()
+    assert [h.outputs[r].num_cached_tokens for r in "ABC"] == [0, 8, 12]
+
+
+def test_rule_a_copy_on_write_with_no_block_free_fails_whole():
+    """A table's copy-on-write needs a block for the copy: with none free, ``append`` raises, saying so,
+    and changes nothing (the scheduler counts that block first, so it never gets here)."""
+    bm = BlockManager(3, 4, enable_prefix_caching=False)
+    table = bm.new_table()
+    bm.allocate_prompt(table, [5, 6, 7, 8, 9])  # 2 blocks, the second partly filled
+    child = bm.fork(table)
+    other = bm.new_table()
+    bm.allocate_prompt(other, [5])  # the last free block
+    with pytest.raises(OutOfBlocksError) as caught:
+        child.append(1)
+    assert str(caught.value) == "cannot append 1 tokens: needs 1 blocks (one for copy-on-write), 0 free"
+    assert child.blocks == table.blocks and child.take_copies() == []

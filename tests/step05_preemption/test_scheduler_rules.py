@@ -281,3 +281,41 @@ def test_rule_a_chunked_prompt_forks_its_samples_after_its_last_chunk():
     plans = [h.tick().plan for _ in range(3)]
     assert [len(p.fanout) for p in plans] == [0, 0, 1] and len(req.seqs) == 2
     assert h.scheduler.prompt_tokens_total == 12
+
+
+def test_rule_the_sequence_budget_caps_a_chunked_batch():
+    """``max_num_seqs=2`` holds for chunked prefill too: of three one-block requests exactly the first two
+    run; and a token budget spent to the last token leaves no room for an empty entry: a request waiting
+    behind a prompt that takes the whole budget is not started with nothing to compute."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_seqs=2)
+    for rid in "ABC":
+        h.add(2, max_tokens=3, rid=rid)
+    assert h.tick().kinds("admitted") == ["A", "B"] and h.ids(h.waiting) == ["C"]
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h.add(12, max_tokens=1, rid="P")
+    h.add(2, max_tokens=1, rid="Q")
+    it = h.tick()
+    assert it.plan.query_lens == [5] and it.kinds("admitted") == ["P"] and h.ids(h.waiting) == ["Q"]
+
+
+def test_rule_a_group_that_fits_the_budget_left_runs_beside_others():
+    """Budget 4: a decoding request D (1 token) and a group of 3 decoding sequences (3 tokens) fit it
+    exactly, and run together."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h.add(1, max_tokens=4, rid="D")
+    h.add(4, max_tokens=3, rid="G", n=3, temperature=1.0, seed=1)
+    h.tick()
+    h.scheduler.max_num_batched_tokens = 4
+    assert h.tick().plan.query_lens == [1, 1, 1, 1]
+
+
+def test_rule_an_aborted_swapped_group_frees_its_host_blocks():
+    """Aborting a group while it is swapped out takes it off the swapped queue and frees its host blocks;
+    the others stay where they are. The scheduler's default preemption mode is ``auto``."""
+    h = _pressure("swap")
+    _until_preempted(h)
+    s = next(r for r in h.swapped if r.request_id == "S")
+    g_host = len({b for r in h.swapped if r.request_id == "G" for q in r.seqs for b in q.block_table.blocks})
+    h.scheduler.abort(s)
+    assert h.ids(h.swapped) == ["G"] and h.swap.allocator.num_used == g_host
+    assert Harness(PreemptingScheduler, num_blocks=4, swap_blocks=4).scheduler.preemption_mode == "auto"
