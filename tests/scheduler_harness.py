@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from paged.step02_block_table import SequenceStatus
 from paged.step03_attention.request import StopChecker
 from paged.sampling.sampling_params import SamplingParams
 from paged.step03_attention.stand_in import StandInRunner
@@ -155,6 +156,41 @@ class Harness:
             self.step()
         raise AssertionError(f"still unfinished after {max_iterations} iterations: "
                              f"running {self.ids(self.scheduler.running)}, waiting {self.ids(self.scheduler.waiting)}")
+
+    def check_records(self, finished: set) -> None:
+        """The last iteration's records agree with its plan, the tables and the queues (``events.py``):
+        ``cow`` / ``swapped_out`` / ``swapped_in`` are exactly the plan's copies and swaps, in order;
+        ``allocated`` blocks are distinct and sit in their sequence's table; a ``preempted`` group is in
+        the queue its mode names; no sequence is ``finished`` twice (``finished``: the seq ids so far)."""
+        s, plan, events = self.scheduler, self.last.plan, self.events
+        of = lambda kind: [ev for ev in events if ev.kind == kind]  # noqa: E731
+        assert [(ev.detail["src"], ev.detail["dst"]) for ev in of("cow")] == plan.blocks_to_copy
+        assert [m for ev in of("swapped_out") for m in ev.detail["blocks"]] == plan.blocks_to_swap_out
+        assert [m for ev in of("swapped_in") for m in ev.detail["blocks"]] == plan.blocks_to_swap_in
+        fresh = [b for ev in of("allocated") for b in ev.detail["blocks"]]
+        assert len(fresh) == len(set(fresh)), "a block was handed out twice in one iteration"
+        ended = {ev.seq_id for ev in of("finished")}
+        tables = {q.seq_id: q.block_table.blocks for r in s.running for q in r.seqs}
+        for ev in of("allocated"):
+            if ev.seq_id not in ended:
+                assert set(ev.detail["blocks"] + ev.detail["cached"]) <= set(tables[ev.seq_id]), ev
+        for ev in of("preempted"):
+            req = self.requests.get(ev.request_id)
+            if req is not None:  # not ended later in the iteration: in the queue its mode names
+                assert req in (s.swapped if ev.detail["mode"] == "swap" else s.waiting), ev
+        for ev in of("finished"):
+            assert ev.seq_id not in finished, f"sequence {ev.seq_id} finished twice"
+            finished.add(ev.seq_id)
+
+    def check_statuses(self) -> None:
+        """A live sequence's status names its queue. (A group swapped in without slots this iteration —
+        its blocks back, its tokens not yet — is still marked swapped until it runs.)"""
+        s = self.scheduler
+        for queue, status in ((s.running, {SequenceStatus.RUNNING, SequenceStatus.SWAPPED}),
+                              (getattr(s, "swapped", []), {SequenceStatus.SWAPPED}),
+                              (s.waiting, {SequenceStatus.WAITING})):
+            for req in queue:
+                assert {q.status for q in req.seqs if not q.is_finished} <= status, (req.request_id, status)
 
     def finish_reasons(self, rid: str) -> list:
         req = self.requests.get(rid) or self._finished(rid)

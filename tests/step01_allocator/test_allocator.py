@@ -157,6 +157,9 @@ def test_allocator_errors_say_what_was_wrong_and_the_limit():
         assert str(caught.value) == message
     assert a.allocate_many(3) == [1, 2, 0]
     a.incref(2)
+    counts = a.ref_counts()  # a copy, block i at index i (the KV viewer reads it)
+    counts[0] = 9
+    assert counts != a.ref_counts() == [1, 1, 2]
     for call, error, message in [
         (a.allocate, OutOfBlocksError, "out of KV blocks: all 3 blocks are in use"),
         (lambda: a.free(2), BlockAllocatorError, "block 2 is shared by 2 entries; use decref to drop one of them"),

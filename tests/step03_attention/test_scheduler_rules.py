@@ -189,14 +189,18 @@ def test_rule_prompt_tokens_total_counts_each_computed_prompt_token_once():
     assert h.scheduler.prompt_tokens_total == 10
 
 
-def test_rule_allocated_records_name_each_new_block():
-    """The ``allocated`` record lists the blocks a table gained, in table order: a 5-token prompt takes
-    two; its decodes at positions 5, 6, 7 fit the second block (no record); position 8 takes a third."""
-    h = Harness(Scheduler, num_blocks=8, free_order=[5, 2, 7, 0, 1, 3, 4, 6])
+@pytest.mark.parametrize("block_size, expected", [
+    (4, [[5, 2], [], [], [], [7]]),  # 5 prompt tokens in two blocks; positions 5-7 fit; 8 takes a third
+    (1, [[5, 2, 7, 0, 1], [3], [4], [6], []]),  # a block per token, until the pool is spent
+])
+def test_rule_allocated_records_name_each_new_block(block_size, expected):
+    """The ``allocated`` record lists the blocks a table gained, in table order and free-list order, none
+    of them cached (step03 has no prefix cache); an iteration that takes no block records nothing."""
+    h = Harness(Scheduler, num_blocks=8, block_size=block_size, free_order=[5, 2, 7, 0, 1, 3, 4, 6])
     req = h.add(5, max_tokens=5, rid="A")
     records = [[(ev.seq_id, ev.detail) for ev in h.tick().events if ev.kind == "allocated"] for _ in range(5)]
     seq = req.seqs[0].seq_id
-    assert records == [[(seq, {"blocks": [5, 2], "cached": []})], [], [], [], [(seq, {"blocks": [7], "cached": []})]]
+    assert records == [[(seq, {"blocks": b, "cached": []})] if b else [] for b in expected]
 
 
 def test_rule_a_failed_request_ends_alone(caplog):

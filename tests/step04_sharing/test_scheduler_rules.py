@@ -6,6 +6,7 @@ every equality is exact (token counts, positions, block ids).
 
 import pytest
 
+from paged.errors import RequestError
 from paged.step01_allocator import OutOfBlocksError
 from paged.sampling.result import num_top_logprobs
 from paged.step03_attention.stand_in import token_for
@@ -76,7 +77,9 @@ def test_rule_beam_search_returns_the_best_candidates(k, n, length_penalty, earl
                   early_stopping=early_stopping, **more)
     req = h.add(PROMPT, max_tokens=8, rid="beam", **params)
     seq_ids = set()
-    while h.scheduler.has_unfinished():
+    for _ in range(20):  # bounded: a search that never ends fails here instead of hanging
+        if not h.scheduler.has_unfinished():
+            break
         seq_ids |= {s.seq_id for s in req.seqs}
         h.tick()
         seq_ids |= {s.seq_id for s in req.seqs}
@@ -237,18 +240,36 @@ def test_rule_the_hit_rate_is_found_blocks_over_looked_up_blocks():
         h.add(PROMPT, max_tokens=1, rid="again")
         assert h.tick().plan.query_lens == [computed]
         assert h.scheduler.block_manager.hit_rate() == rate
+        assert [h.outputs[r].error for r in ("first", "again")] == [None, None]
 
 
-def test_rule_a_group_held_back_does_not_hold_back_the_groups_behind_it():
-    """Running groups are given their tokens oldest first, each on its own: an ``n=3`` group that the
-    sequence budget (2) holds back is skipped, and the single request behind it still runs."""
-    h = Harness(SharingScheduler, num_blocks=16)
-    h.add(3, max_tokens=4, rid="G", n=3, temperature=1.0, seed=2)
+@pytest.mark.parametrize("group", [dict(n=3, temperature=1.0, seed=2), dict(n=1, best_of=3, use_beam_search=True)],
+                         ids=["parallel", "beam"])
+def test_rule_a_group_held_back_does_not_hold_back_the_groups_behind_it(group):
+    """Running groups are given their tokens oldest first, each on its own: a group of 3 sequences that
+    the sequence budget (2) holds back is skipped (and, having drawn nothing, not reported), and the
+    single request behind it still runs."""
+    h = Harness(SharingScheduler, num_blocks=16, runner=lambda s: HistoryStandIn(s, EOS, vocab=64))
+    g = h.add(3, max_tokens=4, rid="G", **group)
     h.add(3, max_tokens=4, rid="S")
     h.tick()
+    assert len(g.seqs) == 3
     h.scheduler.max_num_seqs = 2
     it = h.tick()
     assert [r.request_id for r in it.touched] == ["S"] and it.plan.query_lens == [1]
+
+
+def test_rule_a_beam_search_failed_before_its_first_token_answers_empty():
+    """A beam search that fails in its prompt's iteration still answers (with its error): its one live
+    beam, no token, a cumulative log-probability of 0 — not of anything made up."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    req = h.add(PROMPT, max_tokens=4, rid="beam", n=1, best_of=2, use_beam_search=True)
+    plan = h.scheduler.schedule()
+    bad = RequestError("a logits processor refused")
+    h.scheduler.update(plan, {}, failed={"beam": bad})
+    out = req.to_output()
+    assert out.finished and out.error is bad
+    assert [(o.token_ids, o.cumulative_logprob) for o in out.outputs] == [([], 0.0)]
 
 
 def test_rule_samples_are_numbered_and_blocks_come_in_free_list_order():

@@ -36,7 +36,6 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from paged.sampling.sampling_params import SamplingParams
-from paged.step02_block_table import SequenceStatus
 from paged.step05_preemption.scheduler import PreemptingScheduler
 from tests.invariants import check_allocator
 from tests.scheduler_harness import Harness
@@ -118,7 +117,7 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         kinds = [(ev.kind, ev.request_id in aborted) for ev in e.events]
         opening = [k for k in kinds[:len(kinds) - kinds[::-1].index(("aborted", True))]] if aborted else []
         assert all(mine for _, mine in opening), "an abort's records do not open the next iteration's"
-        self._check_events()
+        e.check_records(self.seqs_finished)
 
     def _check_fcfs_decisions(self):
         """The admissions and swap-ins of the iteration just run respected arrival order."""
@@ -132,28 +131,6 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
             for rid in ids[kind]:
                 if rid in arrival:
                     assert all(arrival[rid] < r.arrival for r in queue), f"{rid} ({kind}) overtook an older one"
-
-    def _check_events(self):
-        """The iteration's records agree with its plan, the tables and the queues (``events.py``)."""
-        e, plan = self.engine, self.engine.last.plan
-        of = lambda kind: [ev for ev in e.events if ev.kind == kind]  # noqa: E731
-        assert [(ev.detail["src"], ev.detail["dst"]) for ev in of("cow")] == plan.blocks_to_copy
-        assert [m for ev in of("swapped_out") for m in ev.detail["blocks"]] == plan.blocks_to_swap_out
-        assert [m for ev in of("swapped_in") for m in ev.detail["blocks"]] == plan.blocks_to_swap_in
-        fresh = [b for ev in of("allocated") for b in ev.detail["blocks"]]
-        assert len(fresh) == len(set(fresh)), "a block was handed out twice in one iteration"
-        ended = {ev.seq_id for ev in of("finished")}
-        tables = {s.seq_id: s.block_table.blocks for r in e.running for s in r.seqs}
-        for ev in of("allocated"):
-            if ev.seq_id not in ended:
-                assert set(ev.detail["blocks"] + ev.detail["cached"]) <= set(tables[ev.seq_id]), ev
-        for ev in of("preempted"):
-            req = e.requests.get(ev.request_id)
-            if req is not None:  # not ended later in the iteration: in the queue its mode names
-                assert req in (e.swapped if ev.detail["mode"] == "swap" else e.waiting), ev
-        for ev in of("finished"):
-            assert ev.seq_id not in self.seqs_finished, f"sequence {ev.seq_id} finished twice"
-            self.seqs_finished.add(ev.seq_id)
 
     # -- invariants after every rule --------------------------------------------
     def _live_tables(self, allocator):
@@ -186,15 +163,8 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_sequences_status_names_its_queue(self):
-        if not hasattr(self, "engine"):
-            return
-        e = self.engine
-        # a group swapped in without slots this iteration (its blocks back, its tokens not yet) is still
-        # marked swapped until it runs
-        for queue, status in ((e.running, {SequenceStatus.RUNNING, SequenceStatus.SWAPPED}),
-                              (e.swapped, {SequenceStatus.SWAPPED}), (e.waiting, {SequenceStatus.WAITING})):
-            for req in queue:
-                assert {s.status for s in req.seqs if not s.is_finished} <= status, (req.request_id, status)
+        if hasattr(self, "engine"):
+            self.engine.check_statuses()
 
     @invariant()
     def queues_are_in_arrival_order(self):

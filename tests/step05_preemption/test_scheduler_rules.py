@@ -319,3 +319,49 @@ def test_rule_an_aborted_swapped_group_frees_its_host_blocks():
     h.scheduler.abort(s)
     assert h.ids(h.swapped) == ["G"] and h.swap.allocator.num_used == g_host
     assert Harness(PreemptingScheduler, num_blocks=4, swap_blocks=4).scheduler.preemption_mode == "auto"
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_rule_the_records_agree_with_the_plans_under_preemption(mode):
+    """A mixed batch (parallel samples, beams, a shared prefix, a long chunked prompt) in a starved pool,
+    one request aborted on the way, so every kind of decision happens: after each iteration its records
+    agree with its plan, its tables and its queues (``Harness.check_records``); every sequence is reported
+    ``finished`` exactly once; an abort's records open the next iteration's."""
+    h = Harness(PreemptingScheduler, num_blocks=10, swap_blocks=16, preemption_mode=mode, max_num_batched_tokens=8)
+    shared = [3 + j for j in range(8)]
+    h.add(shared + [40, 41], max_tokens=8, rid="prefix-a")
+    h.add(5, max_tokens=8, rid="parallel", n=3, temperature=1.0, seed=1)
+    h.add(3, max_tokens=6, rid="beam", n=2, best_of=3, use_beam_search=True)
+    h.add(shared + [50], max_tokens=8, rid="prefix-b")
+    h.add(14, max_tokens=4, rid="long")
+    doomed = h.add(3, max_tokens=30, rid="doomed")
+    finished, seen, seq_ids = set(), set(), set()
+    for step in range(300):
+        if not h.scheduler.has_unfinished():
+            break
+        seq_ids |= {q.seq_id for r in h.requests.values() for q in r.seqs}
+        if step == 4:
+            h.abort("doomed")
+            h.tick()
+            assert [ev.kind for ev in h.events[:2]] == ["aborted", "finished"] and h.events[0].request_id == "doomed"
+        else:
+            h.tick()
+        seq_ids |= {q.seq_id for r in h.requests.values() for q in r.seqs}
+        h.check_records(finished)
+        h.check_statuses()
+        seen |= {ev.kind for ev in h.events}
+    assert not h.scheduler.has_unfinished() and doomed.seqs[0].finish_reason == "abort"
+    kinds = {"admitted", "allocated", "cow", "preempted", "finished", "aborted"}
+    assert seen >= kinds | ({"swapped_out", "swapped_in"} if mode == "swap" else set()), seen
+    assert finished == seq_ids and h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+
+
+def test_rule_a_chunked_prompt_starts_with_the_blocks_of_its_first_chunk():
+    """Budget 5, pool 4: R decodes in 2 blocks, so a 12-token prompt's first chunk is 4 tokens — one block
+    — and the 2 free blocks admit it at once, though the whole prompt will need 3."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=4, max_num_batched_tokens=5)
+    h.add(5, max_tokens=6, rid="R")
+    h.tick()
+    h.add(12, max_tokens=1, rid="P")
+    it = h.tick()
+    assert it.kinds("admitted") == ["P"] and it.plan.query_lens == [1, 4]
