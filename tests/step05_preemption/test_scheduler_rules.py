@@ -362,6 +362,21 @@ def test_rule_a_chunked_prompt_starts_with_the_blocks_of_its_first_chunk():
     h = Harness(ChunkedPrefillScheduler, num_blocks=4, max_num_batched_tokens=5)
     h.add(5, max_tokens=6, rid="R")
     h.tick()
-    h.add(12, max_tokens=1, rid="P")
+    h.add(list(range(100, 112)), max_tokens=1, rid="P")  # no prefix in common with R
     it = h.tick()
     assert it.kinds("admitted") == ["P"] and it.plan.query_lens == [1, 4]
+
+
+def test_rule_a_chunk_over_a_cached_prefix_counts_the_blocks_past_it():
+    """Budget 5, pool 3, all held by R (the 9-token prompt: its two full blocks named in the cache). P
+    starts with those 8 tokens: its first chunk maps them (in use: no free block) and computes its 3 more
+    tokens, which need a third block — none is free, so P waits until R is done (then it maps them parked)."""
+    prompt = list(range(10, 19))
+    h = Harness(ChunkedPrefillScheduler, num_blocks=3, max_num_batched_tokens=5)
+    h.add(prompt, max_tokens=3, rid="R")
+    h.tick()
+    h.add(prompt[:8] + [60, 61, 62], max_tokens=1, rid="P")
+    it = h.tick()
+    assert it.kinds("admitted") == [] and h.ids(h.waiting) == ["P"] and h.allocator.num_free == 0
+    h.run(max_iterations=10)
+    assert h.outputs["P"].num_cached_tokens == 8 and h.outputs["P"].error is None
