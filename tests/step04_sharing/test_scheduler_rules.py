@@ -325,3 +325,15 @@ def test_rule_a_copy_on_write_with_no_block_free_fails_whole():
         child.append(1)
     assert str(caught.value) == "cannot append 1 tokens: needs 1 blocks (one for copy-on-write), 0 free"
     assert child.blocks == table.blocks and child.take_copies() == []
+
+
+def test_rule_a_request_for_prompt_logprobs_counts_its_cached_prefix_as_new_blocks():
+    """R holds the 9-token prompt's 3 blocks (two cached) of a 4-block pool: one is free. The same prompt
+    asking for prompt logprobs maps no cached block, so it needs 3 free blocks, not 1: it waits for R."""
+    h = Harness(SharingScheduler, num_blocks=4)
+    h.add(PROMPT, max_tokens=3, rid="R")
+    h.tick()
+    h.add(PROMPT, max_tokens=1, rid="L", prompt_logprobs=0)
+    assert h.tick().kinds("admitted") == [] and h.ids(h.waiting) == ["L"] and h.allocator.num_free == 1
+    h.run(max_iterations=10)
+    assert h.outputs["L"].num_cached_tokens == 0 and h.outputs["L"].error is None
