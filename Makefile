@@ -87,7 +87,7 @@ lab:
 # Mutation testing of the scheduler and block-manager modules of steps 01-05 ([tool.mutmut] in
 # pyproject.toml) against the model-free scheduler tests; prints the survivors, then the counts, and
 # fails below 90 % killed (timeouts count as killed, as a hang is a caught mutant). Not part of
-# `make test` (about N min on 2 cores). mutmut and the test tools live in their own small venv,
+# `make test` (about 2 min on 2 cores, 2026-12). mutmut and the test tools live in their own small venv,
 # pinned, so the shared .venv is never changed; it holds no torch (the model-free tests need none, and
 # the run proves it), and its constraint keeps torch at the project's pin should anything ask for one.
 MUTATION_VENV  := build/mutation-venv
