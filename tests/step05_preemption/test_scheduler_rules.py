@@ -380,3 +380,17 @@ def test_rule_a_chunk_over_a_cached_prefix_counts_the_blocks_past_it():
     assert it.kinds("admitted") == [] and h.ids(h.waiting) == ["P"] and h.allocator.num_free == 0
     h.run(max_iterations=10)
     assert h.outputs["P"].num_cached_tokens == 8 and h.outputs["P"].error is None
+
+
+def test_rule_a_recomputed_group_comes_back_when_every_sequence_fits():
+    """Pool 4, recompute: G (``n=2``, one prompt token) is preempted beside A, and its two sequences —
+    each to recompute its own tokens — come back only when the blocks of both fit, not of one: every
+    request then finishes its 8 tokens, none ended for want of a block."""
+    h = Harness(PreemptingScheduler, num_blocks=4, swap_blocks=0, preemption_mode="recompute")
+    h.add([3], max_tokens=8, rid="A")
+    h.add([100], max_tokens=8, rid="G", n=2, temperature=1.0, seed=3)
+    history = h.run(max_iterations=200)
+    back = [i for i, it in enumerate(history) if "G" in it.kinds("admitted")]
+    assert any("G" in it.kinds("preempted") for it in history) and len(back) == 2
+    assert {r: [len(o.token_ids) for o in out.outputs] for r, out in h.outputs.items()} == {"A": [8], "G": [8, 8]}
+    assert all(out.error is None for out in h.outputs.values())
