@@ -7,7 +7,7 @@ the same examples on every run and a red run reproduces. ``dev`` is randomized
 and runs more examples: ``make test-deep`` runs the property tests with it
 (new examples every time; a failure prints the seed to reproduce it with
 ``--hypothesis-seed``). ``mutation`` (``make mutation``) is ``ci`` with few
-examples, as the tests run once per mutant. The header of every run names the profile.
+examples and no shrinking, as the tests run once per mutant. The header of every run names the profile.
 """
 
 import atexit
@@ -16,7 +16,7 @@ import shutil
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, is_hypothesis_test, settings
+from hypothesis import HealthCheck, Phase, is_hypothesis_test, settings
 
 # GGUF files loaded by the tests keep their converted weights (paged/models/gguf_cache.py) in a
 # folder of this run, removed at its end: the suite neither reads nor leaves entries in the user's cache.
@@ -34,8 +34,11 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=300)
 # tests/test_labs.py: a lab's tests through the lab switch, fewer examples (the suite runs them in full)
 settings.register_profile("labcheck", settings.get_profile("ci"), max_examples=8)
-# `make mutation` runs the model-free scheduler tests once per mutant: few examples, the same every run
-settings.register_profile("mutation", deadline=None, max_examples=8, derandomize=True,
+# `make mutation` runs the model-free scheduler tests once per mutant: few examples, the same every run,
+# and no shrinking — a mutant is caught by the first failing example; nobody reads a shrunk one, and
+# shrinking a mutant that stalls the scheduler reruns thousands of iterations per attempt
+settings.register_profile("mutation", deadline=None, max_examples=8, derandomize=True, database=None,
+                          phases=(Phase.explicit, Phase.reuse, Phase.generate),
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

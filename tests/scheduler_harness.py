@@ -12,12 +12,20 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from paged.step02_block_table import SequenceStatus
 from paged.step03_attention.request import StopChecker
 from paged.sampling.sampling_params import SamplingParams
 from paged.step03_attention.stand_in import StandInRunner
 from paged.step05_preemption.swap import SwapSpace
 
 EOS = 2
+
+
+class NumberTokenizer:
+    """A stand-in tokenizer: a token list reads as its ids, space-separated (so texts can be checked)."""
+
+    def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(t) for t in token_ids)
 
 
 @dataclass
@@ -49,18 +57,20 @@ class Harness:
         max_model_len: the most tokens a sequence may hold.
         swap_blocks: host blocks, for a scheduler that swaps (``PreemptingScheduler``).
         eos_rate: how often the stand-in draws EOS (requests then stop early).
+        runner: builds the stand-in from the scheduler (default: a ``StandInRunner`` with ``eos_rate``).
+        tokenizer: what the stop checker detokenizes with (default: none, texts stay empty).
         **kwargs: more arguments of ``scheduler_class`` (``preemption_mode=``, ``free_order=``, ...).
     """
 
     def __init__(self, scheduler_class, num_blocks: int, block_size: int = 4, *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, max_model_len: int = 4096, swap_blocks: int | None = None,
-                 eos_rate: float = 0.0, **kwargs) -> None:
+                 eos_rate: float = 0.0, runner=None, tokenizer=None, **kwargs) -> None:
         if swap_blocks is not None:
             kwargs["swap"] = SwapSpace(swap_blocks)
-        self.stops = StopChecker([EOS], max_model_len)
+        self.stops = StopChecker([EOS], max_model_len, tokenizer)
         self.scheduler = scheduler_class(num_blocks, block_size, max_num_seqs=max_num_seqs,
                                          max_num_batched_tokens=max_num_batched_tokens, stops=self.stops, **kwargs)
-        self.runner = StandInRunner(eos=EOS, eos_rate=eos_rate)
+        self.runner = runner(self.scheduler) if runner else StandInRunner(eos=EOS, eos_rate=eos_rate)
         self.history: list[Iteration] = []
         self.events: list = []  # the last iteration's
         self.requests: dict[str, object] = {}  # the live ones, as engine.requests
@@ -146,6 +156,41 @@ class Harness:
             self.step()
         raise AssertionError(f"still unfinished after {max_iterations} iterations: "
                              f"running {self.ids(self.scheduler.running)}, waiting {self.ids(self.scheduler.waiting)}")
+
+    def check_records(self, finished: set) -> None:
+        """The last iteration's records agree with its plan, the tables and the queues (``events.py``):
+        ``cow`` / ``swapped_out`` / ``swapped_in`` are exactly the plan's copies and swaps, in order;
+        ``allocated`` blocks are distinct and sit in their sequence's table; a ``preempted`` group is in
+        the queue its mode names; no sequence is ``finished`` twice (``finished``: the seq ids so far)."""
+        s, plan, events = self.scheduler, self.last.plan, self.events
+        of = lambda kind: [ev for ev in events if ev.kind == kind]  # noqa: E731
+        assert [(ev.detail["src"], ev.detail["dst"]) for ev in of("cow")] == plan.blocks_to_copy
+        assert [m for ev in of("swapped_out") for m in ev.detail["blocks"]] == plan.blocks_to_swap_out
+        assert [m for ev in of("swapped_in") for m in ev.detail["blocks"]] == plan.blocks_to_swap_in
+        fresh = [b for ev in of("allocated") for b in ev.detail["blocks"]]
+        assert len(fresh) == len(set(fresh)), "a block was handed out twice in one iteration"
+        ended = {ev.seq_id for ev in of("finished")}
+        tables = {q.seq_id: q.block_table.blocks for r in s.running for q in r.seqs}
+        for ev in of("allocated"):
+            if ev.seq_id not in ended:
+                assert set(ev.detail["blocks"] + ev.detail["cached"]) <= set(tables[ev.seq_id]), ev
+        for ev in of("preempted"):
+            req = self.requests.get(ev.request_id)
+            if req is not None:  # not ended later in the iteration: in the queue its mode names
+                assert req in (s.swapped if ev.detail["mode"] == "swap" else s.waiting), ev
+        for ev in of("finished"):
+            assert ev.seq_id not in finished, f"sequence {ev.seq_id} finished twice"
+            finished.add(ev.seq_id)
+
+    def check_statuses(self) -> None:
+        """A live sequence's status names its queue. (A group swapped in without slots this iteration —
+        its blocks back, its tokens not yet — is still marked swapped until it runs.)"""
+        s = self.scheduler
+        for queue, status in ((s.running, {SequenceStatus.RUNNING, SequenceStatus.SWAPPED}),
+                              (getattr(s, "swapped", []), {SequenceStatus.SWAPPED}),
+                              (s.waiting, {SequenceStatus.WAITING})):
+            for req in queue:
+                assert {q.status for q in req.seqs if not q.is_finished} <= status, (req.request_id, status)
 
     def finish_reasons(self, rid: str) -> list:
         req = self.requests.get(rid) or self._finished(rid)

@@ -20,7 +20,8 @@ class GroupRequest(Request):
 
     finished_beams: list[beam.Hypothesis]
     beam_done: bool = False
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens its first computation found in the prefix cache
+    prompt_mapped: bool = False  # that first computation has begun (a recomputation keeps the count)
 
     @property
     def finished(self) -> bool:

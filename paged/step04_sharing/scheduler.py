@@ -83,8 +83,8 @@ class SharingScheduler(Scheduler):
         if table.num_tokens > 0:
             return super()._take_slots(req, seq, n)
         cached, slots = self.block_manager.allocate_prompt(table, seq.token_ids, n)
-        if not seq.output_token_ids:  # the prompt's first computation (not a recomputation)
-            req.num_cached_tokens = cached
+        if not req.prompt_mapped:  # the prompt's first computation, not a recomputation (even one
+            req.num_cached_tokens, req.prompt_mapped = cached, True  # preempted before its first token)
         return cached, slots, cached
     # --8<-- [end:take_slots]
 

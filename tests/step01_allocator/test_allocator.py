@@ -136,3 +136,34 @@ def test_allocator_rejects_bad_construction():
         BlockAllocator(-1)
     with pytest.raises(ValueError, match="permutation"):
         BlockAllocator(3, free_order=[0, 1, 1])
+
+
+def test_allocator_errors_say_what_was_wrong_and_the_limit():
+    """Each error names the block or the count at fault and the bound it broke, word for word (the
+    messages are what a user reads); an id equal to ``num_blocks`` is outside, like any other."""
+    a = BlockAllocator(3, free_order=[1, 2, 0])
+    cases = [
+        (lambda: BlockAllocator(3, free_order=[0, 1, 1]), ValueError,
+         "free_order must be a permutation of range(num_blocks)"),
+        (lambda: a.allocate_many(-1), ValueError, "cannot allocate a negative number of blocks (-1)"),
+        (lambda: a.allocate_many(4), OutOfBlocksError, "out of KV blocks: asked for 4, only 3 of 3 are free"),
+        (lambda: a.ref_count(3), InvalidBlockError, "block id 3 is outside 0..2"),
+        (lambda: a.incref("1"), InvalidBlockError, "block id '1' is outside 0..2"),
+        (lambda: a.decref(0), DoubleFreeError, "block 0 is already free"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error) as caught:
+            call()
+        assert str(caught.value) == message
+    assert a.allocate_many(3) == [1, 2, 0]
+    a.incref(2)
+    counts = a.ref_counts()  # a copy, block i at index i (the KV viewer reads it)
+    counts[0] = 9
+    assert counts != a.ref_counts() == [1, 1, 2]
+    for call, error, message in [
+        (a.allocate, OutOfBlocksError, "out of KV blocks: all 3 blocks are in use"),
+        (lambda: a.free(2), BlockAllocatorError, "block 2 is shared by 2 entries; use decref to drop one of them"),
+    ]:
+        with pytest.raises(error) as caught:
+            call()
+        assert str(caught.value) == message

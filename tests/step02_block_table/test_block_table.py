@@ -251,3 +251,22 @@ def test_block_table_free_after_external_release_changes_nothing():
     with pytest.raises(DoubleFreeError, match="nothing was freed"):
         table.free()
     assert snapshot(table, allocator) == before
+
+
+def test_block_table_errors_say_what_was_wrong():
+    """Each error names the argument at fault and what it got, word for word; a bool is no index."""
+    allocator = BlockAllocator(4)
+    table = BlockTable(allocator, 4)
+    table.append(5)
+    cases = [
+        (lambda: BlockTable(allocator, "4"), TypeError, "block_size must be an int, got str '4'"),
+        (lambda: BlockTable([0, 1], 4), TypeError, "allocator must be a BlockAllocator, got list"),
+        (lambda: table.filled("0"), TypeError, "logical block index must be an int, got '0'"),
+        (lambda: table.filled(True), TypeError, "logical block index must be an int, got True"),
+        (lambda: table.slot(1.0), TypeError, "position must be an int, got 1.0"),
+        (lambda: table.slot(False), TypeError, "position must be an int, got False"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error) as caught:
+            call()
+        assert str(caught.value) == message

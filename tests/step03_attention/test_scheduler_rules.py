@@ -7,8 +7,11 @@ the rule makes. The equalities are exact: queues, events, plans are integers
 and ids.
 """
 
+import logging
+
 import pytest
 
+from paged.errors import RequestError
 from paged.step03_attention.scheduler import Reservation, Scheduler
 from tests.scheduler_harness import Harness
 
@@ -44,11 +47,15 @@ def _pressure():
     return h
 
 
-def test_rule_the_newest_running_group_is_the_victim():
+def test_rule_the_newest_running_group_is_the_victim(caplog):
     """A, the oldest, needs a block: X (the newest) is evicted, not B — step03 cannot preempt, so X
-    ends with ``kv_cache_exhausted`` and its 2 blocks are free at once; A and B go on."""
+    ends with ``kv_cache_exhausted`` and its 2 blocks are free at once; A and B go on. The operator's
+    log names X and why."""
     h = _pressure()
-    it = h.tick()
+    with caplog.at_level(logging.WARNING, logger="paged"):
+        it = h.tick()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "KV cache exhausted: ended request X (step05 adds preemption)")]
     assert it.kinds("finished") == ["X"] and h.finish_reasons("X") == ["kv_cache_exhausted"]
     assert h.ids(h.running) == ["A", "B"]
     assert [h.plan_seq(it, r) for r in ("A", "B")] == [True, True]
@@ -66,13 +73,17 @@ def test_rule_no_admission_in_an_iteration_that_evicted():
     assert h.tick().kinds("admitted") == ["C"]
 
 
-def test_rule_a_request_larger_than_the_pool_is_ended_and_the_next_one_starts():
+def test_rule_a_request_larger_than_the_pool_is_ended_and_the_next_one_starts(caplog):
     """A prompt needing 3 blocks of a 2-block pool can never run: it ends at once (``length``),
-    freeing nothing and holding nobody up — the request behind it starts in the same iteration."""
+    freeing nothing and holding nobody up — the request behind it starts in the same iteration.
+    The operator's log names it and the pool's size."""
     h = Harness(Scheduler, num_blocks=2)
     h.add(9, rid="big")
     h.add(2, max_tokens=1, rid="small")
-    it = h.tick()
+    with caplog.at_level(logging.WARNING, logger="paged"):
+        it = h.tick()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "request big needs more KV blocks than the cache has (2); ending it")]
     assert h.finish_reasons("big") == ["length"] and it.kinds("admitted") == ["small"]
     assert not h.waiting and h.outputs["big"].finished
 
@@ -131,3 +142,123 @@ def test_rule_the_sequence_budget_caps_the_batch_fcfs():
     h.add(2, max_tokens=1, rid="C")
     assert h.tick().kinds("admitted") == ["A", "B"] and h.ids(h.waiting) == ["C"]
     assert h.tick().kinds("admitted") == ["C"]
+
+
+def test_rule_a_request_needing_exactly_the_pool_runs():
+    """The bound of "larger than the pool" is strict: an 8-token prompt fills a 2-block pool exactly,
+    and it runs (its first sampled token then needs a third block: it is ended for the cache, not for
+    its length, in the next iteration)."""
+    h = Harness(Scheduler, num_blocks=2)
+    h.add(8, max_tokens=4, rid="A")
+    assert h.tick().kinds("admitted") == ["A"] and h.allocator.num_free == 0
+    h.run(max_iterations=3)
+    assert h.finish_reasons("A") == ["kv_cache_exhausted"]
+
+
+def test_rule_the_budgets_admit_a_request_that_fits_them_exactly():
+    """Budgets are inclusive: with 8 tokens and 2 sequences an iteration, a 6-token and a 2-token prompt
+    start together, and a third one-token request waits for the next iteration."""
+    h = Harness(Scheduler, num_blocks=16, max_num_batched_tokens=8, max_num_seqs=2)
+    h.add(6, max_tokens=1, rid="A")
+    h.add(2, max_tokens=1, rid="B")
+    h.add(1, max_tokens=1, rid="C")
+    it = h.tick()
+    assert it.kinds("admitted") == ["A", "B"] and it.plan.query_lens == [6, 2]
+    assert h.tick().kinds("admitted") == ["C"]
+
+
+def test_rule_a_pool_holds_at_least_one_block():
+    """A pool of one block serves a request that fits it; a pool of none is refused at construction."""
+    h = Harness(Scheduler, num_blocks=1)
+    h.add(2, max_tokens=2, rid="A")
+    h.run(max_iterations=3)
+    assert h.outputs["A"].outputs[0].finish_reason == "length" and h.allocator.num_free == 1
+    with pytest.raises(ValueError, match="num_blocks must be >= 1"):
+        Harness(Scheduler, num_blocks=0)
+
+
+def test_rule_prompt_tokens_total_counts_each_computed_prompt_token_once():
+    """``prompt_tokens_total`` (for /metrics) grows by the prompt tokens an iteration computes: 6 + 4
+    when two prompts start, nothing for a decode."""
+    h = Harness(Scheduler, num_blocks=16)
+    h.add(6, max_tokens=3, rid="A")
+    h.add(4, max_tokens=3, rid="B")
+    h.tick()
+    assert h.scheduler.prompt_tokens_total == 10
+    h.run()
+    assert h.scheduler.prompt_tokens_total == 10
+
+
+@pytest.mark.parametrize("block_size, expected", [
+    (4, [[5, 2], [], [], [], [7]]),  # 5 prompt tokens in two blocks; positions 5-7 fit; 8 takes a third
+    (1, [[5, 2, 7, 0, 1], [3], [4], [6], []]),  # a block per token, until the pool is spent
+])
+def test_rule_allocated_records_name_each_new_block(block_size, expected):
+    """The ``allocated`` record lists the blocks a table gained, in table order and free-list order, none
+    of them cached (step03 has no prefix cache); an iteration that takes no block records nothing."""
+    h = Harness(Scheduler, num_blocks=8, block_size=block_size, free_order=[5, 2, 7, 0, 1, 3, 4, 6])
+    req = h.add(5, max_tokens=5, rid="A")
+    records = [[(ev.seq_id, ev.detail) for ev in h.tick().events if ev.kind == "allocated"] for _ in range(5)]
+    seq = req.seqs[0].seq_id
+    assert records == [[(seq, {"blocks": b, "cached": []})] if b else [] for b in expected]
+
+
+def test_rule_a_failed_request_ends_alone(caplog):
+    """A request whose own processing failed ends with ``finish_reason="error"`` and its error, its
+    blocks free at once; the others go on. Three ways: the workers report it (``failed``), its row
+    carries an error, or recording its token raises (here: a token id that is no token)."""
+    h = Harness(Scheduler, num_blocks=16)
+    for rid in ("ok", "failed", "row", "record"):
+        h.add(3, max_tokens=4, rid=rid)
+    s = h.scheduler
+    plan = s.schedule()
+    results = h.runner.execute(plan)
+    seq = {r.request_id: r.seqs[0].seq_id for r in s.running}
+    results[seq["row"]].error = RuntimeError("a grammar broke")
+    results[seq["record"]].token_id = -1
+    bad = RequestError("a logits processor refused", param="logits_processors")
+    with caplog.at_level(logging.WARNING, logger="paged"):
+        touched = s.update(plan, results, failed={"failed": bad})
+    assert sorted(r.request_id for r in touched) == ["failed", "ok", "record", "row"]
+    assert h.ids(s.running) == ["ok"] and h.allocator.num_used == 1
+    ended = {r.request_id: r for r in touched if r.finished}
+    assert sorted(ended) == ["failed", "record", "row"]
+    assert ended["failed"].error is bad and isinstance(ended["row"].error, RuntimeError)
+    assert isinstance(ended["record"].error, ValueError)
+    assert all(r.to_output().outputs[0].finish_reason == "error" for r in ended.values())
+    # a bad request is the client's (a warning, its message); any other failure is a bug (an error, its traceback)
+    logged = [(r.levelname, r.getMessage(), r.exc_info and r.exc_info[1]) for r in caplog.records]
+    assert logged == [("WARNING", "request failed failed: a logits processor refused", None),
+                      ("ERROR", "request row failed", ended["row"].error),
+                      ("ERROR", "request record failed", ended["record"].error)]
+
+
+def test_rule_abort_frees_a_request_wherever_it_is():
+    """``abort`` ends a running or a waiting request at once (``finish_reason="abort"``), frees its blocks,
+    and records ``aborted`` then ``finished``; the others are untouched."""
+    h = Harness(Scheduler, num_blocks=2)
+    running = h.add(5, max_tokens=4, rid="running")
+    waiting = h.add(5, max_tokens=4, rid="waiting")
+    h.tick()
+    assert h.ids(h.running) == ["running"] and h.ids(h.waiting) == ["waiting"]
+    h.scheduler.abort(waiting)
+    h.scheduler.abort(running)
+    assert not h.scheduler.has_unfinished() and h.allocator.num_free == 2
+    assert [(ev.kind, ev.request_id) for ev in h.scheduler.take_events()] == [
+        ("aborted", "waiting"), ("finished", "waiting"), ("aborted", "running"), ("finished", "running")]
+    assert [r.seqs[0].finish_reason for r in (running, waiting)] == ["abort", "abort"]
+
+
+def test_rule_update_reports_only_the_requests_that_advanced():
+    """A running request the budgets hold back this iteration draws nothing, so ``update`` does not
+    report it; the output of one that advanced carries its prompt, completion index 0, and no text yet."""
+    h = Harness(Scheduler, num_blocks=16)
+    h.add(3, max_tokens=4, rid="A")
+    h.add(3, max_tokens=4, rid="B")
+    h.tick()
+    h.scheduler.max_num_seqs = 1
+    it = h.tick()
+    assert [r.request_id for r in it.touched] == ["A"]
+    req = h.scheduler.add("C", [5, 6, 7], h.running[0].params, seed=1, prompt="five six seven")
+    out = req.to_output()
+    assert out.prompt == "five six seven" and [(o.index, o.text, o.token_ids) for o in out.outputs] == [(0, "", [])]

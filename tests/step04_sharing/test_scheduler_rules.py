@@ -6,8 +6,13 @@ every equality is exact (token counts, positions, block ids).
 
 import pytest
 
-from paged.step04_sharing import SharingScheduler
-from tests.scheduler_harness import Harness
+from paged.errors import RequestError
+from paged.step01_allocator import OutOfBlocksError
+from paged.sampling.result import num_top_logprobs
+from paged.step03_attention.stand_in import token_for
+from paged.step04_sharing import BlockManager, SharingScheduler, sample_seed
+from tests.beam_oracle import HistoryStandIn, beam_search, proposals_of
+from tests.scheduler_harness import EOS, Harness, NumberTokenizer
 
 pytestmark = pytest.mark.step04
 
@@ -38,3 +43,297 @@ def test_rule_a_group_computes_its_prompt_once_and_forks():
     tables = [s.block_table.blocks for s in req.seqs]
     assert tables[0] == tables[1] == tables[2] and len(tables[0]) == 2
     assert all(h.allocator.ref_count(b) == 3 for b in tables[0])
+
+
+BEAMS = [  # k, n, length_penalty, early_stopping, more params, max_model_len, vocab of the proposals
+    (3, 2, 1.0, False, {}, 4096, 24),
+    (4, 4, 0.0, True, {}, 4096, 24),
+    (2, 2, 0.5, "never", {}, 4096, 24),
+    (3, 3, 1.0, False, {"logprobs": 9}, 4096, 24),  # 9 > 2k proposals: the answer carries all of them
+    (4, 4, 0.0, True, {"logprobs": 9}, 4096, 24),  # ... also for the hypotheses ended by EOS
+    (2, 1, 1.0, False, {"ignore_eos": True, "stop_token_ids": [5]}, 4096, 24),  # a stop id ends, EOS does not
+    (3, 2, 1.0, False, {}, len(PROMPT) + 5, 24),  # the context is full before max_tokens
+    (2, 2, 1.0, False, {}, 4096, 8),  # EOS often: k hypotheses end early, the search weighs live against them
+    (2, 2, 1.0, True, {}, 4096, 8),  # ... and stops once k have ended
+    (2, 2, 0.5, "never", {}, 4096, 8),  # ... or not while a live beam could still win at max_tokens
+]
+
+
+@pytest.mark.parametrize("k, n, length_penalty, early_stopping, more, max_model_len, vocab", BEAMS,
+                         ids=["k3", "k4-early", "k2-never", "k3-logprobs", "k4-early-logprobs", "k2-stop-id",
+                              "k3-context", "k2-eos-often", "k2-eos-often-early", "k2-eos-often-never"])
+def test_rule_beam_search_returns_the_best_candidates(k, n, length_penalty, early_stopping, more, max_model_len,
+                                                     vocab):
+    """Beam search on the scheduler alone, its beams forking and dropping over shared blocks, equals the
+    oracle over whole candidates (``tests/beam_oracle.py``) fed the same proposals: the same tokens and
+    texts, the same cumulative log-probabilities bit for bit (the same float additions in the same order),
+    finish and stop reasons, and, when asked for, each token's proposals. While it runs, its outputs are
+    its live beams as they stand; every beam nobody chose is reported ``dropped`` and every sequence is
+    released to the workers once; every block is free at the end."""
+    tokenizer = NumberTokenizer()
+    h = Harness(SharingScheduler, num_blocks=64, max_model_len=max_model_len, tokenizer=tokenizer,
+                runner=lambda s: HistoryStandIn(s, EOS, vocab))
+    params = dict(n=n, best_of=k, use_beam_search=True, length_penalty=length_penalty,
+                  early_stopping=early_stopping, **more)
+    req = h.add(PROMPT, max_tokens=8, rid="beam", **params)
+    seq_ids = set()
+    for _ in range(20):  # bounded: a search that never ends fails here instead of hanging
+        if not h.scheduler.has_unfinished():
+            break
+        seq_ids |= {s.seq_id for s in req.seqs}
+        h.tick()
+        seq_ids |= {s.seq_id for s in req.seqs}
+        out = h.outputs["beam"]
+        if not out.finished:
+            assert [o.token_ids for o in out.outputs] == [s.output_token_ids for s in req.seqs]
+    count = num_top_logprobs(req.params)
+    stops = set(more.get("stop_token_ids", [])) | (set() if more.get("ignore_eos") else {EOS})
+    expected = beam_search(lambda tokens: proposals_of(PROMPT + tokens, count, EOS, vocab), k, n,
+                           min(8, max_model_len - len(PROMPT)), length_penalty, early_stopping, stops.__contains__)
+    assert out.finished and out.error is None
+    assert [o.token_ids for o in out.outputs] == [e.token_ids for e in expected]
+    assert [o.text for o in out.outputs] == [tokenizer.decode(e.token_ids) for e in expected]
+    assert [o.cumulative_logprob for o in out.outputs] == [e.cumulative_logprob for e in expected]
+    assert [(o.finish_reason, o.stop_reason) for o in out.outputs] == [
+        ("length", None) if e.ended_by is None else ("stop", None if e.ended_by == EOS else e.ended_by)
+        for e in expected]
+    assert [o.logprobs for o in out.outputs] == [e.logprobs if "logprobs" in more else None for e in expected]
+    last = {s.seq_id for s in req.seqs}
+    reasons = {ev.seq_id: ev.detail["reason"] for it in h.history for ev in it.events if ev.kind == "finished"}
+    assert reasons == {i: "stop" if i in last else "dropped" for i in seq_ids}
+    released = [i for it in h.history for i in it.plan.finished_seq_ids] + h.scheduler.schedule().finished_seq_ids
+    assert sorted(released) == sorted(seq_ids)
+    assert h.allocator.num_used == 0
+
+
+def test_rule_a_beam_search_ended_early_answers_with_its_live_beams():
+    """Step04 cannot preempt: a beam search that runs out of blocks ends (``kv_cache_exhausted``), and its
+    live beams, as they stand after ``j`` tokens, join its finished hypotheses — so it answers what the
+    oracle answers for ``max_tokens = j``, bit for bit; every block is free."""
+    h = Harness(SharingScheduler, num_blocks=6, runner=lambda s: HistoryStandIn(s, EOS))
+    req = h.add(PROMPT, max_tokens=8, rid="beam", n=2, best_of=3, use_beam_search=True)
+    h.run()
+    j = len(h.history) - 1  # one token per beam in each iteration but the last, which ended it
+    assert 1 < j < 8 and h.last.kinds("finished") == ["beam"]
+    assert {ev.detail["reason"] for ev in h.last.events if ev.kind == "finished"} == {"kv_cache_exhausted"}
+    expected = beam_search(lambda tokens: proposals_of(PROMPT + tokens, num_top_logprobs(req.params), EOS),
+                           3, 2, j, 1.0, False, {EOS}.__contains__)
+    out = h.outputs["beam"]
+    assert out.finished and [o.token_ids for o in out.outputs] == [e.token_ids for e in expected]
+    assert [o.cumulative_logprob for o in out.outputs] == [e.cumulative_logprob for e in expected]
+    assert h.allocator.num_used == 0
+
+
+def test_rule_a_write_into_a_shared_block_copies_it_first():
+    """``n=2`` over a 6-token prompt: both samples map blocks [0..3] [4, 5]. Their first decode writes
+    position 6, into the shared, partly filled second block: the first sample takes a new block and
+    the plan copies the old one into it (``blocks_to_copy``, one ``cow`` record); the second is then
+    the block's only owner and writes in place. The full first block stays shared."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    req = h.add(6, max_tokens=3, n=2, temperature=1.0, seed=1)
+    h.tick()
+    first, second = (list(s.block_table.blocks) for s in req.seqs)
+    assert first == second and len(first) == 2 and h.last.plan.blocks_to_copy == []
+    it = h.tick()
+    (src, dst), = it.plan.blocks_to_copy
+    assert src == first[1] and [s.block_table.blocks for s in req.seqs] == [[first[0], dst], [first[0], src]]
+    assert [(ev.seq_id, ev.detail) for ev in it.events if ev.kind == "cow"] == [
+        (req.seqs[0].seq_id, {"src": src, "dst": dst})]
+    assert [h.allocator.ref_count(b) for b in (first[0], src, dst)] == [2, 1, 1]
+
+
+def test_rule_blocks_filled_by_generation_are_cached_too():
+    """A 6-token prompt that generates 7 tokens has K/V for 12 positions: three full blocks, the third
+    holding generated tokens. A later prompt made of those 12 tokens and one more maps all three from
+    the cache (12 cached tokens) and computes only its last token."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    first = h.add(6, max_tokens=7, rid="first")
+    h.run()
+    tokens = first.seqs[0].token_ids
+    h.add(tokens[:12] + [99], max_tokens=1, rid="again")
+    it = h.tick()
+    assert it.plan.positions == [12] and it.plan.query_lens == [1]
+    assert h.outputs["again"].num_cached_tokens == 12
+
+
+def test_rule_a_request_for_prompt_logprobs_maps_no_cached_block():
+    """Prompt log-probabilities need every prompt row computed, so a request that asks for them maps
+    none of its cached blocks: the same 9-token prompt whose first 8 tokens are cached computes all 9."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    h.add(PROMPT, max_tokens=1, rid="first")
+    h.run()
+    h.add(PROMPT, max_tokens=1, rid="logprobs", prompt_logprobs=0)
+    h.add(PROMPT, max_tokens=1, rid="plain")
+    it = h.tick()
+    assert it.plan.positions[0::9] == [0, 8] and it.plan.query_lens == [9, 1]
+    assert [h.outputs[r].num_cached_tokens for r in ("logprobs", "plain")] == [0, 8]
+
+
+def test_rule_parallel_sample_i_starts_from_the_seed_sample_seed():
+    """``n=3`` seeded 5: the prompt's iteration forks two samples, and sample ``i`` draws its first token
+    from the seed ``sample_seed(5, i)`` (sample 0 keeps the request's own): as a lone ``n=1`` request with
+    that seed does. (The stand-in keys later draws by the request's seed; that each sample then follows
+    its own generator is the engine's part, checked with a model in ``test_sharing_engine.py``.)"""
+    h = Harness(SharingScheduler, num_blocks=16)
+    h.add(6, max_tokens=2, rid="group", n=3, temperature=1.0, seed=5)
+    for i in range(3):
+        h.add(6, max_tokens=1, rid=f"lone{i}", temperature=1.0, seed=sample_seed(5, i))
+    it = h.tick()
+    parent = it.plan.seq_ids[0]
+    assert [(p, seed) for p, _, seed in it.plan.fanout] == [(parent, sample_seed(5, 1)), (parent, sample_seed(5, 2))]
+    assert sample_seed(5, 0) == 5 and len({sample_seed(5, i) for i in range(8)}) == 8
+    first = [o.token_ids for o in h.outputs["group"].outputs]
+    assert first == [h.outputs[f"lone{i}"].outputs[0].token_ids for i in range(3)]
+
+
+def test_rule_a_finished_sample_gives_its_blocks_back_before_its_siblings_end():
+    """``n=2``: sample 1 draws a stop token as its first token, sample 0 goes on. From that iteration on,
+    sample 1's table is empty and the prompt blocks it shared hold sample 0's reference only."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    stop = token_for(sample_seed(7, 1), 6)  # the stand-in draws from (seed, position)
+    req = h.add(6, max_tokens=8, n=2, temperature=1.0, seed=7, stop_token_ids=[stop])
+    h.tick()
+    zero, one = req.seqs
+    assert one.is_finished and one.output_token_ids == [stop] and not zero.is_finished
+    assert one.block_table.blocks == [] and [h.allocator.ref_count(b) for b in zero.block_table.blocks] == [1, 1]
+    assert h.allocator.num_used == 2
+    h.run()
+    assert h.outputs[req.request_id].error is None and len(zero.output_token_ids) == 8
+
+
+def test_rule_a_prompt_whose_cached_blocks_are_in_use_needs_blocks_only_for_the_rest():
+    """A (the 9-token prompt) runs and holds 3 of 4 blocks, its two full ones named in the cache. B, the
+    same prompt, maps those two (in use: they take no free block) and needs one block for its last
+    token: the one free block admits it at once."""
+    h = Harness(SharingScheduler, num_blocks=4)
+    h.add(PROMPT, max_tokens=3, rid="A")
+    h.tick()
+    h.add(PROMPT, max_tokens=1, rid="B")
+    it = h.tick()
+    assert it.kinds("admitted") == ["B"] and h.outputs["B"].num_cached_tokens == 8
+    assert it.plan.query_lens == [1, 1] and it.plan.positions == [9, 8]  # A's decode, B's last prompt token
+
+
+def test_rule_a_hit_on_a_parked_block_takes_a_free_block():
+    """A cached block nobody maps is parked on the free list: a hit on it takes it off. A (the 9-token
+    prompt) ended, its two full blocks parked; C holds 2 of the 4 blocks, so 2 are free — both parked.
+    B, the same prompt, needs them and one more for its last token: it waits until C is done."""
+    h = Harness(SharingScheduler, num_blocks=4)
+    h.add(PROMPT, max_tokens=1, rid="A")
+    h.run()
+    h.add(list(range(40, 45)), max_tokens=2, rid="C")
+    h.add(PROMPT, max_tokens=1, rid="B")
+    it = h.tick()
+    assert it.kinds("admitted") == ["C"] and h.allocator.num_free == 2 and h.ids(h.waiting) == ["B"]
+    h.tick()
+    assert h.tick().kinds("admitted") == ["B"] and h.outputs["B"].num_cached_tokens == 8
+
+
+def test_rule_the_hit_rate_is_found_blocks_over_looked_up_blocks():
+    """The 9-token prompt twice: the first looks up its first block and misses (1 lookup), the second
+    finds both cacheable blocks (2 lookups, 2 hits): 2 of 3. With prefix caching off nothing is looked
+    up or found, and the second prompt computes all 9 tokens."""
+    for caching, rate, computed in ((True, 2 / 3, 1), (False, 0.0, 9)):
+        h = Harness(SharingScheduler, num_blocks=16, enable_prefix_caching=caching)
+        h.add(PROMPT, max_tokens=1, rid="first")
+        h.run()
+        h.add(PROMPT, max_tokens=1, rid="again")
+        assert h.tick().plan.query_lens == [computed]
+        assert h.scheduler.block_manager.hit_rate() == rate
+        assert [h.outputs[r].error for r in ("first", "again")] == [None, None]
+
+
+@pytest.mark.parametrize("group", [dict(n=3, temperature=1.0, seed=2), dict(n=1, best_of=3, use_beam_search=True)],
+                         ids=["parallel", "beam"])
+def test_rule_a_group_held_back_does_not_hold_back_the_groups_behind_it(group):
+    """Running groups are given their tokens oldest first, each on its own: a group of 3 sequences that
+    the sequence budget (2) holds back is skipped (and, having drawn nothing, not reported), and the
+    single request behind it still runs."""
+    h = Harness(SharingScheduler, num_blocks=16, runner=lambda s: HistoryStandIn(s, EOS, vocab=64))
+    g = h.add(3, max_tokens=4, rid="G", **group)
+    h.add(3, max_tokens=4, rid="S")
+    h.tick()
+    assert len(g.seqs) == 3
+    h.scheduler.max_num_seqs = 2
+    it = h.tick()
+    assert [r.request_id for r in it.touched] == ["S"] and it.plan.query_lens == [1]
+
+
+def test_rule_a_beam_search_failed_before_its_first_token_answers_empty():
+    """A beam search that fails in its prompt's iteration still answers (with its error): its one live
+    beam, no token, a cumulative log-probability of 0 — not of anything made up."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    req = h.add(PROMPT, max_tokens=4, rid="beam", n=1, best_of=2, use_beam_search=True)
+    plan = h.scheduler.schedule()
+    bad = RequestError("a logits processor refused")
+    h.scheduler.update(plan, {}, failed={"beam": bad})
+    out = req.to_output()
+    assert out.finished and out.error is bad
+    assert [(o.token_ids, o.cumulative_logprob) for o in out.outputs] == [([], 0.0)]
+
+
+def test_rule_samples_are_numbered_and_blocks_come_in_free_list_order():
+    """``n=3``: completions 0, 1, 2; the prompt's blocks are the free list's first, whatever its order; an
+    ``allocated`` record names a prefix hit as ``cached``, before the block taken for the rest."""
+    h = Harness(SharingScheduler, num_blocks=8, free_order=[6, 3, 0, 7, 1, 2, 4, 5])
+    req = h.add(PROMPT, max_tokens=1, rid="first", n=3, temperature=1.0, seed=2)
+    it = h.tick()
+    assert [o.index for o in h.outputs["first"].outputs] == [0, 1, 2]
+    assert [(ev.seq_id, ev.detail) for ev in it.events if ev.kind == "allocated"] == [
+        (req.seqs[0].seq_id, {"blocks": [6, 3, 0], "cached": []})]
+    again = h.add(PROMPT, max_tokens=1, rid="again")
+    it = h.tick()
+    assert [(ev.seq_id, ev.detail) for ev in it.events if ev.kind == "allocated"] == [
+        (again.seqs[0].seq_id, {"blocks": [7], "cached": [6, 3]})]  # 7: next on the free list
+
+
+def test_rule_a_block_manager_caches_prefixes_unless_told_not_to():
+    """The ``BlockManager`` defaults: prefix caching on, tables that reuse cached blocks, and block counts
+    that count the hits."""
+    bm = BlockManager(8, 4)
+    table = bm.new_table()
+    assert bm.caching and table.reuse_cached
+    bm.allocate_prompt(table, PROMPT)
+    bm.register_full_blocks(table, PROMPT)
+    assert bm.blocks_needed_for_prompt(PROMPT) == 1 and bm.blocks_needed_for_prompt(PROMPT, reuse_cached=False) == 3
+
+
+def test_rule_a_prefix_cached_in_pieces_is_found_whole():
+    """B's 13-token prompt starts with the 8 tokens of A's two cached blocks and computes its third block
+    itself, naming it after them; C, B's prompt again, then finds all three (12 cached tokens)."""
+    h = Harness(SharingScheduler, num_blocks=16)
+    h.add(PROMPT, max_tokens=1, rid="A")
+    h.run()
+    b = PROMPT[:8] + [30, 31, 32, 33, 34]
+    h.add(b, max_tokens=1, rid="B")
+    h.run()
+    h.add(b, max_tokens=1, rid="C")
+    h.run()
+    assert [h.outputs[r].num_cached_tokens for r in "ABC"] == [0, 8, 12]
+
+
+def test_rule_a_copy_on_write_with_no_block_free_fails_whole():
+    """A table's copy-on-write needs a block for the copy: with none free, ``append`` raises, saying so,
+    and changes nothing (the scheduler counts that block first, so it never gets here)."""
+    bm = BlockManager(3, 4, enable_prefix_caching=False)
+    table = bm.new_table()
+    bm.allocate_prompt(table, [5, 6, 7, 8, 9])  # 2 blocks, the second partly filled
+    child = bm.fork(table)
+    other = bm.new_table()
+    bm.allocate_prompt(other, [5])  # the last free block
+    with pytest.raises(OutOfBlocksError) as caught:
+        child.append(1)
+    assert str(caught.value) == "cannot append 1 tokens: needs 1 blocks (one for copy-on-write), 0 free"
+    assert child.blocks == table.blocks and child.take_copies() == []
+
+
+def test_rule_a_request_for_prompt_logprobs_counts_its_cached_prefix_as_new_blocks():
+    """R holds the 9-token prompt's 3 blocks (two cached) of a 4-block pool: one is free. The same prompt
+    asking for prompt logprobs maps no cached block, so it needs 3 free blocks, not 1: it waits for R."""
+    h = Harness(SharingScheduler, num_blocks=4)
+    h.add(PROMPT, max_tokens=3, rid="R")
+    h.tick()
+    h.add(PROMPT, max_tokens=1, rid="L", prompt_logprobs=0)
+    assert h.tick().kinds("admitted") == [] and h.ids(h.waiting) == ["L"] and h.allocator.num_free == 1
+    h.run(max_iterations=10)
+    assert h.outputs["L"].num_cached_tokens == 0 and h.outputs["L"].error is None

@@ -20,7 +20,7 @@ import torch
 
 from paged.models import ContiguousAttention, load_model
 from paged.step04_sharing import SamplingParams, SharingEngine, sample_seed
-from paged.step04_sharing.beam import Hypothesis, best, is_done
+from tests.beam_oracle import beam_search
 from tests.engine_loop import drain
 from tests.hf_models import build_hf_model, save_checkpoint
 from tests.tolerances import FLOAT64
@@ -86,38 +86,17 @@ def test_best_of_keeps_the_n_most_likely(model):
 
 
 def _oracle_beam_search(m, prompt, k, n, max_tokens, length_penalty, early_stopping, eos):
-    """Beam search over a contiguous KV cache, every candidate recomputed from its tokens."""
-    def logprobs(tokens):
+    """Beam search over a contiguous KV cache, every candidate recomputed from its tokens
+    (``tests/beam_oracle.py``: the model's 2k most likely next tokens are its proposals)."""
+    def propose(tokens):
         attn = ContiguousAttention(m.config.num_layers)
-        attn.begin([0], [len(tokens)])
+        attn.begin([0], [len(prompt) + len(tokens)])
         with torch.no_grad():
-            hidden = m(torch.tensor(tokens), torch.arange(len(tokens)), attn)
-            return m.compute_logits(hidden[-1:])[0].log_softmax(-1)
+            hidden = m(torch.tensor(prompt + tokens), torch.arange(len(prompt) + len(tokens)), attn)
+            top = m.compute_logits(hidden[-1:])[0].log_softmax(-1).topk(2 * k)
+        return dict(zip(top.indices.tolist(), top.values.tolist()))
 
-    beams, finished = [(0.0, [])], []
-    while True:
-        props = []
-        for cum, toks in beams:
-            lp = logprobs(prompt + toks)
-            top = lp.topk(2 * k)
-            props.append(dict(zip(top.indices.tolist(), top.values.tolist())))
-        ranked = sorted(((c + lp, b, t) for b, (c, _) in enumerate(beams) for t, lp in props[b].items()),
-                        key=lambda x: (-x[0], x[1], x[2]))
-        new = []
-        for score, b, t in ranked:
-            if len(new) == k:
-                break
-            if t in eos:
-                finished.append(Hypothesis(beams[b][1] + [t], score, t))
-            else:
-                new.append((score, beams[b][1] + [t]))
-        beams = new
-        length = len(beams[0][1]) if beams else 0
-        best_live = max((c for c, _ in beams), default=None)
-        if is_done(finished, best_live, length, k, max_tokens, length_penalty, early_stopping):
-            if length >= max_tokens:
-                finished += [Hypothesis(t, c, None) for c, t in beams]
-            return best(finished, n, length_penalty)
+    return beam_search(propose, k, n, max_tokens, length_penalty, early_stopping, eos.__contains__)
 
 
 @pytest.mark.parametrize("k, n, length_penalty, early_stopping, eos", [

@@ -12,10 +12,15 @@ After every rule these must hold:
   (``tests.invariants.check_allocator``);
 * **coverage** — a running or swapped sequence's table holds exactly the
   blocks its K/V needs (``ceil(filled / B)``), and never more tokens than the
-  sequence has; a waiting one holds none;
+  sequence has; a waiting one holds none; a live sequence's status names its queue;
 * **FCFS** — each queue is in arrival order; a request admitted or swapped in
   this iteration arrived before every one still waiting or swapped; nobody is
-  admitted in an iteration that preempted, nor while a group is swapped out.
+  admitted in an iteration that preempted, nor while a group is swapped out;
+* **records** — an iteration's ``cow`` / ``swapped_out`` / ``swapped_in`` events are
+  exactly its plan's copies and swaps, in order; its ``allocated`` blocks are distinct
+  and sit in their sequence's table; a ``preempted`` group is in the queue its mode
+  names; an abort's records open the next iteration's; every sequence is reported
+  ``finished`` exactly once (``paged/step03_attention/events.py``).
 
 At the end, with no more arrivals, every request that was not aborted must
 finish within a bounded number of iterations, with at most ``max_tokens``
@@ -56,6 +61,9 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         self.params: dict[str, SamplingParams] = {}
         self.aborted: set[str] = set()
         self.finished: dict[str, object] = {}
+        self.seqs_finished: set[int] = set()  # the seq ids of every ``finished`` event so far
+        self.seqs_seen: set[int] = set()  # the seq ids of every live sequence seen before a step
+        self.aborted_since_step: list[str] = []  # their ``aborted`` records open the next iteration's
 
 
     @precondition(lambda self: len(self.params) < MAX_REQUESTS)
@@ -88,15 +96,40 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(live), label="abort")
         assert self.engine.abort(rid)
         self.aborted.add(rid)
+        if self._records:
+            self.aborted_since_step.append(rid)
 
     @rule()
     def step(self):
         if not self.engine.has_unfinished():
             return
-        for out in self.engine.step():
+        self._step()
+        self._check_fcfs_decisions()
+
+    @property
+    def _records(self) -> bool:
+        """Whether the records are checked: over the harness (``test_scheduler_stateful.py``'s engine
+        keeps its own, which ``test_events.py`` checks)."""
+        return isinstance(self.engine, Harness)
+
+    def _step(self):
+        e = self.engine
+        if not self._records:
+            for out in e.step():
+                if out.finished:
+                    self.finished[out.request_id] = out
+            return
+        self.seqs_seen |= {s.seq_id for r in e.requests.values() for s in r.seqs}
+        for out in e.step():
             if out.finished:
                 self.finished[out.request_id] = out
-        self._check_fcfs_decisions()
+        self.seqs_seen |= {s.seq_id for r in e.requests.values() for s in r.seqs}
+        aborted, self.aborted_since_step = self.aborted_since_step, []
+        assert [ev.request_id for ev in e.events if ev.kind == "aborted"] == aborted
+        kinds = [(ev.kind, ev.request_id in aborted) for ev in e.events]
+        opening = [k for k in kinds[:len(kinds) - kinds[::-1].index(("aborted", True))]] if aborted else []
+        assert all(mine for _, mine in opening), "an abort's records do not open the next iteration's"
+        e.check_records(self.seqs_finished)
 
     def _check_fcfs_decisions(self):
         """The admissions and swap-ins of the iteration just run respected arrival order."""
@@ -141,6 +174,11 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
             assert all(not s.block_table.blocks and s.block_table.num_tokens == 0 for s in req.seqs)
 
     @invariant()
+    def a_sequences_status_names_its_queue(self):
+        if hasattr(self, "engine") and self._records:
+            self.engine.check_statuses()
+
+    @invariant()
     def queues_are_in_arrival_order(self):
         if not hasattr(self, "engine"):
             return
@@ -158,9 +196,7 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         for _ in range(FINISH_WITHIN):
             if not e.has_unfinished():
                 break
-            for out in e.step():
-                if out.finished:
-                    self.finished[out.request_id] = out
+            self._step()
             self.blocks_are_owned_by_live_tables_only()
             self.tables_cover_exactly_the_computed_tokens()
         assert not e.has_unfinished(), f"not finished within {FINISH_WITHIN} iterations"
@@ -172,6 +208,9 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
             assert len(outs) == params.n
             assert all(len(o.token_ids) <= params.max_tokens for o in outs)
         assert e.allocator.num_used == 0 and e.swap.allocator.num_used == 0, "blocks leaked"
+        if self._records:  # the records of aborts after the last iteration wait for the next one: take them
+            self.seqs_finished |= {ev.seq_id for ev in e.scheduler.take_events() if ev.kind == "finished"}
+            assert self.seqs_seen <= self.seqs_finished, "a sequence left without a finished record"
 
 
 ModelFreeSchedulerMachine.TestCase.settings = settings(

@@ -4,6 +4,8 @@
 every equality is exact (queues, events, token counts).
 """
 
+import logging
+
 import pytest
 
 from paged.step05_preemption import ChunkedPrefillScheduler, PreemptingScheduler
@@ -31,13 +33,16 @@ def _until_preempted(h):
 
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
-def test_rule_the_newest_group_is_the_victim_and_goes_back_in_arrival_order(mode):
+def test_rule_the_newest_group_is_the_victim_and_goes_back_in_arrival_order(mode, caplog):
     """A (the oldest) needs a block: S, the newest, is preempted; then G's two sequences need a block
     each and nobody newer is left, so G preempts itself. Victims go newest first; the queue they
     join (swapped, or waiting for recompute) is in arrival order: G before S."""
     h = _pressure(mode)
-    it = _until_preempted(h)
+    with caplog.at_level(logging.DEBUG, logger="paged"):
+        it = _until_preempted(h)
     assert it.running_before == ["A", "G", "S"] and it.kinds("preempted") == ["S", "G"]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", f"preempted S by {mode}"), ("DEBUG", f"preempted G by {mode}")]
     assert h.ids(h.running) == ["A"] and it.plan.seq_ids == [h.running[0].seqs[0].seq_id]
     assert h.ids(h.swapped if mode == "swap" else h.waiting) == ["G", "S"]
 
@@ -142,7 +147,7 @@ def test_rule_a_group_wider_than_the_budget_runs_whole_when_alone():
     assert h.tick().plan.query_lens == [1, 1, 1]
 
 
-def test_rule_a_request_that_outgrows_the_pool_alone_is_ended_not_preempted_forever():
+def test_rule_a_request_that_outgrows_the_pool_alone_is_ended_not_preempted_forever(caplog):
     """Alone on the device and still short of blocks, a request can never continue: it is ended
     (``length``), not swapped out and in forever; a request waiting behind starts next iteration."""
     h = Harness(PreemptingScheduler, num_blocks=2, swap_blocks=8, preemption_mode="swap")
@@ -150,8 +155,242 @@ def test_rule_a_request_that_outgrows_the_pool_alone_is_ended_not_preempted_fore
     for _ in range(2):
         h.tick()
     h.add(1, max_tokens=1, rid="B")
-    it = h.tick()
+    with caplog.at_level(logging.WARNING, logger="paged"):
+        it = h.tick()
     assert h.finish_reasons("A") == ["length"] and it.kinds("preempted") == []
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "request A needs more KV blocks than the cache has (2); ending it")]
     assert it.kinds("admitted") == [] and h.ids(h.waiting) == ["B"]
     h.run(max_iterations=5)
     assert h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+
+
+def test_rule_preemption_mode_is_one_of_the_three():
+    with pytest.raises(ValueError, match="preemption_mode must be one of"):
+        Harness(PreemptingScheduler, num_blocks=4, swap_blocks=4, preemption_mode="sometimes")
+
+
+def test_rule_a_swap_moves_each_distinct_block_once_and_back():
+    """Swapping G (``n=2``) and S out moves each distinct device block once, in table order, to a fresh
+    host block: the plan's ``blocks_to_swap_out`` are those ``(device, host)`` pairs, and each table now
+    maps the host block of every entry. Swapping back in does the reverse (``blocks_to_swap_in``)."""
+    h = _pressure("swap")
+    for _ in range(50):
+        before = {r.request_id: [list(s.block_table.blocks) for s in r.seqs] for r in h.running}
+        it = h.tick()
+        if it.kinds("preempted"):
+            break
+    out = it.plan.blocks_to_swap_out
+    victims = [b for rid in ("S", "G") for table in before[rid] for b in table]
+    assert [d for d, _ in out] == list(dict.fromkeys(victims)) and len({hb for _, hb in out}) == len(out)
+    to_host = dict(out)
+    for r in h.swapped:
+        assert [s.block_table.blocks for s in r.seqs] == [[to_host[b] for b in t] for t in before[r.request_id]]
+    g = next(r for r in h.swapped if r.request_id == "G")
+    host = [list(s.block_table.blocks) for s in g.seqs]
+    it = next(it for it in (h.tick() for _ in range(50)) if "G" in it.kinds("swapped_in"))
+    to_device = dict(it.plan.blocks_to_swap_in)
+    assert [hb for hb, _ in it.plan.blocks_to_swap_in] == list(dict.fromkeys(b for t in host for b in t))
+    assert [s.block_table.blocks[:len(t)] for s, t in zip(g.seqs, host)] == [[to_device[b] for b in t] for t in host]
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_rule_preemption_is_counted_and_recorded_by_mode(mode):
+    """Each preemption counts once under its mode (``preemptions``, for /metrics) and its record names it."""
+    h = _pressure(mode)
+    it = _until_preempted(h)
+    assert h.scheduler.preemptions == {"swap": 2 * (mode == "swap"), "recompute": 2 * (mode == "recompute")}
+    assert [ev.detail for ev in it.events if ev.kind == "preempted"] == [{"mode": mode}] * 2
+
+
+@pytest.mark.parametrize("num_params, mode", [(1, "recompute"), (10**12, "swap")])
+def test_rule_auto_preemption_prices_a_lone_sequence(num_params, mode):
+    """``auto`` swaps a group (its samples' K/V cannot be recomputed apart) but prices a lone sequence:
+    recomputing its tokens against moving its blocks twice, by the model's size (``policy.choose``)."""
+    h = Harness(PreemptingScheduler, num_blocks=3, swap_blocks=8, preemption_mode="auto", num_params=num_params,
+                bytes_per_block=1024)
+    h.add(4, max_tokens=6, rid="A")
+    h.add(4, max_tokens=6, rid="B")
+    it = _until_preempted(h)
+    assert [ev.detail["mode"] for ev in it.events if ev.kind == "preempted"] == [mode]
+    h = _pressure("auto")
+    assert [ev.detail["mode"] for ev in _until_preempted(h).events if ev.kind == "preempted"] == ["recompute", "swap"]
+
+
+def test_rule_swap_falls_back_to_recompute_when_the_host_pool_is_full():
+    """``swap`` with no host blocks to take the victim: it is recomputed instead (nothing is lost)."""
+    h = _pressure("swap", swap_blocks=0)
+    it = _until_preempted(h)
+    assert [ev.detail["mode"] for ev in it.events if ev.kind == "preempted"] == ["recompute", "recompute"]
+    assert h.ids(h.waiting) == ["G", "S"]
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_rule_preemption_does_not_change_what_a_request_draws(mode):
+    """Under preemption every request draws exactly the tokens it draws in a pool with room for all: the
+    stand-in's draws depend on the seed and the position, so a wrong position after a swap or a
+    recomputation (or a token sampled twice, or skipped) shows. A recomputed request still reports the
+    cached tokens of its first computation (none), not the prefix hits its recomputation found."""
+    def run(num_blocks):
+        h = Harness(PreemptingScheduler, num_blocks=num_blocks, swap_blocks=16, preemption_mode=mode,
+                    max_num_batched_tokens=6)
+        for i in range(5):  # distinct prompts: no prefix hits but a recomputation's own
+            h.add([3 + 50 * i + j for j in range(5 + 2 * i)], max_tokens=9, rid=f"r{i}", n=1 + i % 2,
+                  temperature=1.0, seed=i)
+        h.run(max_iterations=500)
+        return h, {rid: ([o.token_ids for o in out.outputs], out.num_cached_tokens) for rid, out in h.outputs.items()}
+
+    starved, got = run(10)
+    assert sum(len(it.kinds("preempted")) for it in starved.history) >= 2
+    assert got == run(64)[1]
+
+
+def test_rule_a_group_back_alone_whose_next_tokens_cannot_fit_ends_at_once():
+    """Pool 3: G (``n=2``, 2 shared blocks) must copy its shared last block for both samples while A runs:
+    it is swapped out. When A is done G returns alone — its 2 blocks fit, but not the 2 copies its next
+    tokens need on top: it can never continue, so it ends (``length``) in the iteration it returns."""
+    h = Harness(PreemptingScheduler, num_blocks=3, swap_blocks=8, preemption_mode="swap")
+    h.add(1, max_tokens=3, rid="A")
+    h.add(5, max_tokens=8, rid="G", n=2, temperature=1.0, seed=3)
+    assert _until_preempted(h).kinds("preempted") == ["G"]
+    back = next(it for it in (h.tick() for _ in range(10)) if it.kinds("swapped_in"))
+    assert back.running_before == [] and back.kinds("finished") == ["G"]
+    assert h.finish_reasons("G") == ["length", "length"] and not h.scheduler.has_unfinished()
+    assert h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+
+
+def test_rule_a_group_wider_than_the_budget_waits_behind_others():
+    """The other side of running over the budget when alone: beside a decoding request D, a group of 3
+    decoding sequences and a budget of 2 tokens does not run (it is not split); when D is done it does."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h.add(1, max_tokens=4, rid="D")
+    group = h.add(4, max_tokens=3, rid="G", n=3, temperature=1.0, seed=1)
+    h.tick()
+    h.scheduler.max_num_batched_tokens = 2
+    it = h.tick()
+    assert it.plan.query_lens == [1] and not h.plan_seq(it, "G")
+    h.run(max_iterations=10)
+    assert [len(s.output_token_ids) for s in group.seqs] == [3, 3, 3]
+
+
+def test_rule_a_chunked_prompt_forks_its_samples_after_its_last_chunk():
+    """Budget 5: an ``n=2`` request's 12-token prompt runs as 5 + 5 + 2; its second sample is forked in the
+    iteration of the last chunk (when the prompt's K/V is complete), not before."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    req = h.add(12, max_tokens=2, n=2, temperature=1.0, seed=4)
+    plans = [h.tick().plan for _ in range(3)]
+    assert [len(p.fanout) for p in plans] == [0, 0, 1] and len(req.seqs) == 2
+    assert h.scheduler.prompt_tokens_total == 12
+
+
+def test_rule_the_sequence_budget_caps_a_chunked_batch():
+    """``max_num_seqs=2`` holds for chunked prefill too: of three one-block requests exactly the first two
+    run; and a token budget spent to the last token leaves no room for an empty entry: a request waiting
+    behind a prompt that takes the whole budget is not started with nothing to compute."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_seqs=2)
+    for rid in "ABC":
+        h.add(2, max_tokens=3, rid=rid)
+    assert h.tick().kinds("admitted") == ["A", "B"] and h.ids(h.waiting) == ["C"]
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h.add(12, max_tokens=1, rid="P")
+    h.add(2, max_tokens=1, rid="Q")
+    it = h.tick()
+    assert it.plan.query_lens == [5] and it.kinds("admitted") == ["P"] and h.ids(h.waiting) == ["Q"]
+
+
+def test_rule_a_group_that_fits_the_budget_left_runs_beside_others():
+    """Budget 4: a decoding request D (1 token) and a group of 3 decoding sequences (3 tokens) fit it
+    exactly, and run together."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h.add(1, max_tokens=4, rid="D")
+    h.add(4, max_tokens=3, rid="G", n=3, temperature=1.0, seed=1)
+    h.tick()
+    h.scheduler.max_num_batched_tokens = 4
+    assert h.tick().plan.query_lens == [1, 1, 1, 1]
+
+
+def test_rule_an_aborted_swapped_group_frees_its_host_blocks():
+    """Aborting a group while it is swapped out takes it off the swapped queue and frees its host blocks;
+    the others stay where they are. The scheduler's default preemption mode is ``auto``."""
+    h = _pressure("swap")
+    _until_preempted(h)
+    s = next(r for r in h.swapped if r.request_id == "S")
+    g_host = len({b for r in h.swapped if r.request_id == "G" for q in r.seqs for b in q.block_table.blocks})
+    h.scheduler.abort(s)
+    assert h.ids(h.swapped) == ["G"] and h.swap.allocator.num_used == g_host
+    assert Harness(PreemptingScheduler, num_blocks=4, swap_blocks=4).scheduler.preemption_mode == "auto"
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_rule_the_records_agree_with_the_plans_under_preemption(mode):
+    """A mixed batch (parallel samples, beams, a shared prefix, a long chunked prompt) in a starved pool,
+    one request aborted on the way, so every kind of decision happens: after each iteration its records
+    agree with its plan, its tables and its queues (``Harness.check_records``); every sequence is reported
+    ``finished`` exactly once; an abort's records open the next iteration's."""
+    h = Harness(PreemptingScheduler, num_blocks=10, swap_blocks=16, preemption_mode=mode, max_num_batched_tokens=8)
+    shared = [3 + j for j in range(8)]
+    h.add(shared + [40, 41], max_tokens=8, rid="prefix-a")
+    h.add(5, max_tokens=8, rid="parallel", n=3, temperature=1.0, seed=1)
+    h.add(3, max_tokens=6, rid="beam", n=2, best_of=3, use_beam_search=True)
+    h.add(shared + [50], max_tokens=8, rid="prefix-b")
+    h.add(14, max_tokens=4, rid="long")
+    doomed = h.add(3, max_tokens=30, rid="doomed")
+    finished, seen, seq_ids = set(), set(), set()
+    for step in range(300):
+        if not h.scheduler.has_unfinished():
+            break
+        seq_ids |= {q.seq_id for r in h.requests.values() for q in r.seqs}
+        if step == 4:
+            h.abort("doomed")
+            h.tick()
+            assert [ev.kind for ev in h.events[:2]] == ["aborted", "finished"] and h.events[0].request_id == "doomed"
+        else:
+            h.tick()
+        seq_ids |= {q.seq_id for r in h.requests.values() for q in r.seqs}
+        h.check_records(finished)
+        h.check_statuses()
+        seen |= {ev.kind for ev in h.events}
+    assert not h.scheduler.has_unfinished() and doomed.seqs[0].finish_reason == "abort"
+    kinds = {"admitted", "allocated", "cow", "preempted", "finished", "aborted"}
+    assert seen >= kinds | ({"swapped_out", "swapped_in"} if mode == "swap" else set()), seen
+    assert finished == seq_ids and h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+
+
+def test_rule_a_chunked_prompt_starts_with_the_blocks_of_its_first_chunk():
+    """Budget 5, pool 4: R decodes in 2 blocks, so a 12-token prompt's first chunk is 4 tokens — one block
+    — and the 2 free blocks admit it at once, though the whole prompt will need 3."""
+    h = Harness(ChunkedPrefillScheduler, num_blocks=4, max_num_batched_tokens=5)
+    h.add(5, max_tokens=6, rid="R")
+    h.tick()
+    h.add(list(range(100, 112)), max_tokens=1, rid="P")  # no prefix in common with R
+    it = h.tick()
+    assert it.kinds("admitted") == ["P"] and it.plan.query_lens == [1, 4]
+
+
+def test_rule_a_chunk_over_a_cached_prefix_counts_the_blocks_past_it():
+    """Budget 5, pool 3, all held by R (the 9-token prompt: its two full blocks named in the cache). P
+    starts with those 8 tokens: its first chunk maps them (in use: no free block) and computes its 3 more
+    tokens, which need a third block — none is free, so P waits until R is done (then it maps them parked)."""
+    prompt = list(range(10, 19))
+    h = Harness(ChunkedPrefillScheduler, num_blocks=3, max_num_batched_tokens=5)
+    h.add(prompt, max_tokens=3, rid="R")
+    h.tick()
+    h.add(prompt[:8] + [60, 61, 62], max_tokens=1, rid="P")
+    it = h.tick()
+    assert it.kinds("admitted") == [] and h.ids(h.waiting) == ["P"] and h.allocator.num_free == 0
+    h.run(max_iterations=10)
+    assert h.outputs["P"].num_cached_tokens == 8 and h.outputs["P"].error is None
+
+
+def test_rule_a_recomputed_group_comes_back_when_every_sequence_fits():
+    """Pool 4, recompute: G (``n=2``, one prompt token) is preempted beside A, and its two sequences —
+    each to recompute its own tokens — come back only when the blocks of both fit, not of one: every
+    request then finishes its 8 tokens, none ended for want of a block."""
+    h = Harness(PreemptingScheduler, num_blocks=4, swap_blocks=0, preemption_mode="recompute")
+    h.add([3], max_tokens=8, rid="A")
+    h.add([100], max_tokens=8, rid="G", n=2, temperature=1.0, seed=3)
+    history = h.run(max_iterations=200)
+    back = [i for i, it in enumerate(history) if "G" in it.kinds("admitted")]
+    assert any("G" in it.kinds("preempted") for it in history) and len(back) == 2
+    assert {r: [len(o.token_ids) for o in out.outputs] for r, out in h.outputs.items()} == {"A": [8], "G": [8, 8]}
+    assert all(out.error is None for out in h.outputs.values())
