@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "fused_ops.h"
+#include "quant_linear.h"
 #include "paged_attention.h"
 
 namespace {
@@ -239,4 +240,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("argmax_rows", &paged::argmax_rows, "torch.argmax(logits, dim=1) of [S, V] float32/bfloat16 logits",
         py::arg("logits"), py::call_guard<py::gil_scoped_release>());
+  m.def("quant_linear", &paged::quant_linear, "x [M, K] times a GGUF-quantized W [N, K] transposed -> [M, N]",
+        py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("quant_dequantize", &paged::quant_dequantize, "a GGUF-quantized W [N, K] as float32",
+        py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
+  m.def("quant_vnni_compiled", &paged::quant_vnni_compiled, "Whether the AVX-512 VNNI quantized linear was compiled in");
 }

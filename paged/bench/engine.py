@@ -17,6 +17,13 @@ memory of the process, and the cores the engine kept busy (CPU seconds /
 wall seconds over the timed runs).
 
     python -m paged.bench engine --model path/to/checkpoint --dtype bfloat16
+    python -m paged.bench engine --model model.gguf --workload one-stream --quantization gguf
+
+``--workload`` sets the request options to one of the engine table's workloads
+(docs/benchmarks.md): ``batch`` (the default above), ``prefill`` (32 requests,
+prompts U[400,800], outputs U[32,64]) and ``one-stream`` (one request, a
+100-token prompt, 256 outputs). The line carries the peer scripts' keys too
+(``peer``, ``engine_cores_used``, ``peak_rss_gib_tree``).
 """
 
 from __future__ import annotations
@@ -32,11 +39,25 @@ import time
 import torch
 
 BOS_ID, FIRST_ID = 1, 3  # prompts: BOS, then ids from FIRST_ID (skips <unk>, <s>, </s>)
+# The workloads of docs/benchmarks.md's engine table: name -> (what, the request options it sets)
+WORKLOADS = {
+    "batch": ("64 requests, prompts U[50,150], outputs U[64,128] (the default; workloads A and C)",
+              dict(num_requests=64, prompt_mean=100, prompt_spread=50, min_output=64, max_output=128)),
+    "prefill": ("32 requests, prompts U[400,800], outputs U[32,64] (workload B)",
+                dict(num_requests=32, prompt_mean=600, prompt_spread=200, min_output=32, max_output=64)),
+    "one-stream": ("1 request, a 100-token prompt, 256 outputs (workload D)",
+                   dict(num_requests=1, prompt_mean=100, prompt_spread=0, min_output=256, max_output=256)),
+}
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face checkpoint folder")
+    parser.add_argument("--model", required=True, help="Hugging Face checkpoint folder or GGUF file")
     parser.add_argument("--dtype", default="bfloat16", help="float32, bfloat16, ... or auto")
+    parser.add_argument("--quantization", choices=["gguf"], default=None,
+                        help="gguf: a GGUF file's linears multiply by its quantized blocks (default: dense weights)")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default=None,
+                        help="a preset of the request options below: " +
+                             "; ".join(f"{k}: {v[0]}" for k, v in sorted(WORKLOADS.items())))
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's, one per core)")
     parser.add_argument("--kv-cache-gib", type=float, default=2.0, help="KV cache budget")
     parser.add_argument("--block-size", type=int, default=16)
@@ -94,10 +115,13 @@ def timed_generate(llm, requests) -> dict:
 def run(args) -> int:
     from paged import LLM
 
+    if args.workload:
+        for key, value in WORKLOADS[args.workload][1].items():
+            setattr(args, key, value)
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    llm = LLM(model=args.model, dtype=args.dtype, block_size=args.block_size,
+    llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization, block_size=args.block_size,
               kv_cache_memory=int(args.kv_cache_gib * 2**30), enable_prefix_caching=False,
               batch_invariant=None if args.batch_invariant is None else bool(args.batch_invariant))
     load_s = time.perf_counter() - start
@@ -107,10 +131,15 @@ def run(args) -> int:
     runs = [timed_generate(llm, requests) for _ in range(args.repeats)]
     median = statistics.median(r["wall_s"] for r in runs)
     run0 = runs[0]
+    rss = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
+    cores = [round(r["cores_used"], 2) for r in runs]
     result = {
         "engine": "paged",
+        "peer": "paged",  # the peer scripts' keys, so their tables read this line too
         "model": args.model,
         "dtype": args.dtype,
+        "quantization": args.quantization,
+        "workload": args.workload,
         "requests": len(requests),
         "vocab_size": llm.model.config.vocab_size,
         "prompt_tokens": run0["prompt_tokens"],
@@ -121,8 +150,10 @@ def run(args) -> int:
         "total_tok_per_s": round((run0["output_tokens"] + run0["prompt_tokens"]) / median, 1),
         "load_s": round(load_s, 2),
         "first_request_s": round(first["wall_s"], 2),
-        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
-        "cores_used": [round(r["cores_used"], 2) for r in runs],
+        "peak_rss_gib": rss,
+        "peak_rss_gib_tree": rss,  # one process: the tree is this process
+        "cores_used": cores,
+        "engine_cores_used": cores,
         "threads": torch.get_num_threads(),
         "attention_backend": llm.engine.backend,
         "batch_invariant": llm.engine.batch_invariant,

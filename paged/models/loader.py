@@ -31,6 +31,7 @@ from paged.models.base import CausalLM
 from paged.models.chat_template import read_chat_template
 from paged.models.config import ModelConfig, ModelLoadError, parse_dtype
 from paged.models.gguf_loader import is_gguf, load_gguf
+from paged.models.quantized import QUANTIZATIONS, quantize_linears
 from paged.models.llama import LlamaForCausalLM
 from paged.models.opt import OPTForCausalLM
 
@@ -183,9 +184,23 @@ def _tokenizer(path: Path):
         raise ModelLoadError(f"{tok_file}: cannot be read by tokenizers ({err})") from None
 
 
+def check_quantization(quantization, path: Path, gguf: bool, dtype, device) -> None:
+    """Raise ``ValueError`` unless ``quantization`` can serve this file in this dtype on this device."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be None or one of {', '.join(map(repr, QUANTIZATIONS))}, "
+                         f"got {quantization!r}")
+    if not gguf:
+        raise ValueError(f"quantization={quantization!r} reads a GGUF file's quantized blocks; {path} is not a "
+                         ".gguf file")
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"quantization={quantization!r} runs on the CPU only, got device={str(device)!r}")
+    if dtype != "auto" and parse_dtype(dtype) not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"quantization={quantization!r} runs in float32 or bfloat16, got dtype={dtype!r}")
+
+
 def load_model(
     path: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
-    shard=None,
+    shard=None, quantization: str | None = None,
 ) -> LoadedModel:
     """Load a Hugging Face checkpoint folder or a GGUF file.
 
@@ -201,6 +216,8 @@ def load_model(
             one tensor-parallel rank and returns, per parameter, ``(checkpoint name, first row, row
             count, index)`` entries, ``index`` being the slice of the checkpoint tensor to read (None:
             all of it). Rows no entry fills (vocabulary padding) are zeros.
+        quantization: None (dense weights in ``dtype``) or ``"gguf"``: a GGUF file's linear layers
+            keep the file's quantized blocks (``paged.models.quantized``; CPU, float32 or bfloat16).
 
     Returns:
         a ``LoadedModel``.
@@ -210,11 +227,16 @@ def load_model(
         ValueError: ``dtype`` is not one of the supported ones.
     """
     path = Path(path)
-    if path.suffix == ".gguf" or is_gguf(path):
+    gguf = path.suffix == ".gguf" or is_gguf(path)
+    if quantization is not None:
+        check_quantization(quantization, path, gguf, dtype, device)
+    if gguf:
         if shard is not None:
             raise ModelLoadError(f"{path}: tensor parallelism is not supported for GGUF files")
         dtype = torch.bfloat16 if dtype == "auto" else parse_dtype(dtype)
         model, config, tokenizer, eos, template, specials = load_gguf(path, dtype, device, _build, _plan)
+        if quantization == "gguf":
+            quantize_linears(model, path)
         return LoadedModel(model, config, tokenizer, eos, path, template, specials)
     config = read_config(path)
     dtype = (config.torch_dtype or torch.float32) if dtype == "auto" else parse_dtype(dtype)

@@ -28,6 +28,7 @@ ENGINE_OPTIONS = {
     "tensor_parallel_size": "--tensor-parallel-size", "attention_backend": "--attention-backend",
     "seed": "--seed", "batch_invariant": "--batch-invariant", "nnodes": "--nnodes", "master_addr": "--master-addr", "master_port": "--master-port",
     "distributed_timeout": "--distributed-timeout", "join_timeout": "--join-timeout",
+    "quantization": "--quantization",
 }
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30}
@@ -105,6 +106,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "float64"])
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
+    p.add_argument("--quantization", choices=["gguf"], default=None,
+                   help="gguf: a GGUF model's linear layers multiply by the file's quantized blocks "
+                        "(CPU; default: the weights dequantized once into --dtype)")
     g = p.add_argument_group("engine (passed to paged.LLM only when given)")
     g.add_argument("--block-size", type=positive_int, help="tokens per KV block (engine default 16)")
     kv = g.add_mutually_exclusive_group()

@@ -41,6 +41,8 @@ class LLM:
         dtype: ``"auto"`` (the checkpoint's), ``"float32"``, ``"bfloat16"``,
             ``"float16"`` or ``"float64"``.
         device: ``"cpu"`` or ``"cuda"``.
+        quantization: None, or ``"gguf"``: a GGUF model's linear layers multiply by the file's
+            quantized blocks in a C++ kernel instead of dense weights (``paged.models.quantized``).
         **engine_args (Any): passed to the engine (``block_size``, ``num_blocks``,
             ``kv_cache_memory``, ``max_num_seqs``, ``max_model_len``, ``seed``, ...).
     """
@@ -48,8 +50,9 @@ class LLM:
     engine_class = Engine
 
     def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
-                 device: str = "cpu", **engine_args) -> None:
+                 device: str = "cpu", quantization: str | None = None, **engine_args) -> None:
         self.model_path = model or default_model_path()
+        self.quantization = quantization
         self.model = self._load_model(dtype, device)
         self.tokenizer = self.model.tokenizer
         self.engine = self.engine_class(self.model, **engine_args)
@@ -59,7 +62,7 @@ class LLM:
         """The ``LoadedModel`` the engine runs (step06 loads one shard per process instead)."""
         from paged.models import load_model
 
-        return load_model(self.model_path, dtype=dtype, device=device)
+        return load_model(self.model_path, dtype=dtype, device=device, quantization=self.quantization)
 
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:

@@ -21,6 +21,7 @@ import torch
 
 from paged.kernels.cpu import fused_ops
 from paged.models.layers import prepack_linears
+from paged.models.quantized import rows_independent, use_kernel_only
 from paged.step02_block_table import KVCache
 from paged.step03_attention.attention import AttentionMetadata, PagedAttention
 from paged.step03_attention.plan import StepPlan
@@ -41,6 +42,9 @@ class ModelRunner:
                  batch_invariant: bool = False) -> None:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
         self.batch_invariant = batch_invariant
+        use_kernel_only(model, batch_invariant)  # quantized linears: one path for every row count
+        # one token run as two rows (see _inputs), unless no linear has a one-row path of its own
+        self.two_copies = batch_invariant and not rows_independent(model)
         self.device = kv_cache.data.device
         prepack_linears(model)  # serving from here on: oneDNN-packed weights on a CPU in bfloat16
         self._generators: dict[int, torch.Generator] = {}
@@ -65,7 +69,7 @@ class ModelRunner:
                 return {}
             extra = [t for _, first, n, _ in spans for t in range(first, first + n)]
             idx = [r[1] for r in rows] + extra
-            if self.batch_invariant and len(idx) == 1:
+            if self.two_copies and len(idx) == 1:
                 idx = idx * 2  # no one-row GEMM: see _inputs
             logits = self.model.compute_logits(hidden[torch.tensor(idx, device=self.device)])  # [S' (+ prompt rows), V]
             return self._draw(logits[: len(rows) + len(extra)], rows, plan)
@@ -79,11 +83,12 @@ class ModelRunner:
         GEMM takes the BLAS's matrix-vector path, whose sums can round to other bits than the
         same row's in a GEMM of two rows or more (SmolLM2's down projection, K = 1536, on an
         AVX2 CPU); from two rows up the row's bits do not depend on the row count
-        (``test_batch_invariance.py``).
+        (``test_batch_invariance.py``). A model whose linears are all ``QuantizedLinear`` needs no
+        copy: that kernel sums a row the same way whatever the row count.
         """
         ids, pos, slots = plan.input_ids, plan.positions, plan.slot_mapping
         tables, ctx, q_lens = plan.block_tables, plan.context_lens, plan.query_lens
-        if self.batch_invariant and len(ids) == 1:
+        if self.two_copies and len(ids) == 1:
             ids, pos, slots, tables, ctx, q_lens = ids * 2, pos * 2, slots * 2, tables * 2, ctx * 2, q_lens * 2
         meta = AttentionMetadata.build(slots, tables, ctx, q_lens, self.device, per_token=self.batch_invariant)
         return (torch.tensor(ids, dtype=torch.int64, device=self.device),

@@ -62,6 +62,9 @@ class LLM(Step05LLM):
     def _load_model(self, dtype, device):
         if self.tensor_parallel_size == 1:
             return super()._load_model(dtype, device)
+        if self.quantization is not None:
+            raise ValueError(f"quantization={self.quantization!r} runs in one process; it cannot be combined with "
+                             f"tensor_parallel_size={self.tensor_parallel_size}")
         return load_sharded(self.model_path, dtype, device, self.tensor_parallel_size, launcher=self.launcher,
                             nodes=self.nodes, **self._timeouts)
 

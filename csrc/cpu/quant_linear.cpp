@@ -1,0 +1,390 @@
+// A linear layer whose weight stays in GGUF's quantized blocks: y = x · Wᵀ.
+//
+// A GGUF file (llama.cpp's format) stores each row of a weight matrix W [N, K]
+// as blocks of 32 consecutive weights: a float16 scale d (Q4_1: and a float16
+// offset m) and 32 small integers q.
+//
+//   type   weights                          bytes per block
+//   Q4_0   w = d * (q - 8),  q in 0..15     18: d, 16 bytes (q[j] low nibble, q[j + 16] high)
+//   Q4_1   w = d * q + m,    q in 0..15     20: d, m, 16 bytes as in Q4_0
+//   Q8_0   w = d * q,        q in -128..127 34: d, 32 int8
+//
+// At one token per step a decoder reads every weight once per token and does
+// two flops with it, so its speed is the speed of reading weights: 4.5 to 8.5
+// bits per weight here instead of bfloat16's 16. Widening every weight to a
+// float to multiply it costs more instructions than the memory saves time
+// (measured: slower than a bfloat16 GEMM), so the kernel does what llama.cpp
+// does: it quantizes the activations too, each block of 32 values of a row of
+// x to int8 with a float32 scale (dx = max|x| / 127, qx = round(x / dx)), and
+// multiplies integers: one AVX-512 VNNI instruction (vpdpbusd) sums 64
+// products of unsigned 8-bit by signed 8-bit values. Per block of a row,
+//
+//   sum_j w_j x_j  ~  d dx sum_j q_j qx_j  +  m dx sum_j qx_j      (m = -8 d for Q4_0)
+//
+// with the integer sums exact and the rest in float32. So the result is the
+// product of the dequantized weights with the int8-rounded x, up to float32
+// rounding; tests/kernels/test_quant_linear.py checks it against that product
+// in float64 and against the exact x within the bound the rounding of x gives.
+//
+// Layout. At load, each row's blocks are regrouped (paged/models/quantized.py,
+// ``pack_blocks``): all its q bytes, then all its d, then all its m, with the
+// block count padded to even by a zero block. Same bytes, but four blocks' q
+// are one 64-byte load and four scales one 8-byte load.
+//
+// Every output element is summed in the same order wherever it falls (which
+// row of x, how many rows, which thread), so a row's result does not depend on
+// the batch. Without AVX-512 VNNI, the same sums run on scalars.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
+    defined(__F16C__)
+#define PAGED_QUANT_VNNI 1
+#include <immintrin.h>
+
+#include "avx512_math.h"
+#endif
+
+#include "quant_linear.h"
+
+namespace paged {
+namespace {
+
+constexpr int64_t QK = 32;     // weights per block
+constexpr int64_t TILE_N = 4;  // output columns computed side by side
+
+// Where the parts of one packed row are: q bytes, then the d scales, then (Q4_1) the m offsets.
+struct RowLayout {
+  int64_t blocks;      // K / 32, padded to even
+  int64_t q_bytes;     // per block: 16 (Q4_x) or 32 (Q8_0)
+  int64_t row_bytes;
+  int64_t d_offset, m_offset;
+
+  RowLayout(int64_t type, int64_t K) {
+    blocks = K / QK + (K / QK) % 2;
+    q_bytes = type == kQ8_0 ? 32 : 16;
+    d_offset = blocks * q_bytes;
+    m_offset = d_offset + blocks * 2;
+    row_bytes = m_offset + (type == kQ4_1 ? blocks * 2 : 0);
+  }
+};
+
+void check_type(int64_t type) {
+  TORCH_CHECK_VALUE(type == kQ4_0 || type == kQ4_1 || type == kQ8_0, "unsupported GGUF block type ", type,
+                    "; supported: 2 (Q4_0), 3 (Q4_1), 8 (Q8_0)");
+}
+
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+}
+
+// --- the activations, quantized per block of 32 -------------------------------------------
+
+// One row of x as int8 blocks. For the 4-bit formats the halves of each block are stored
+// apart (lo: values 0..15 of every block, then hi: values 16..31), matching where the low
+// and high nibbles of the weights sit; for Q8_0 they stay in order.
+struct QuantizedRow {
+  int8_t* q;  // [blocks * 32]
+  float* d;   // [blocks] scale dx
+  float* s;   // [blocks] dx * sum(qx), for the offset term of the 4-bit formats
+};
+
+template <typename T>
+inline float widen_x(T v) { return static_cast<float>(v); }
+
+template <typename T>
+void quantize_row(const T* x, int64_t K, const RowLayout& L, bool split_halves, QuantizedRow out) {
+#if defined(PAGED_QUANT_VNNI)
+  // The scalar loop below, 32 values at a time: the same max, scale, products and
+  // rounding (cvtps_epi32 rounds ties to even, as nearbyint does), so the same bytes.
+  for (int64_t b = 0; b < K / QK; ++b) {
+    const __m512 v0 = avx512::load16(x + b * QK), v1 = avx512::load16(x + b * QK + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.0f;
+    const __m512 inv = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    const __m512i lim = _mm512_set1_epi32(127);
+    const __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)),
+                                                         _mm512_sub_epi32(_mm512_setzero_si512(), lim)), lim);
+    const __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)),
+                                                         _mm512_sub_epi32(_mm512_setzero_si512(), lim)), lim);
+    const int64_t lo = split_halves ? b * 16 : b * QK, hi = split_halves ? L.blocks * 16 + b * 16 : b * QK + 16;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + lo), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + hi), _mm512_cvtsepi32_epi8(q1));
+    out.d[b] = d;
+    out.s[b] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+  for (int64_t b = K / QK; b < L.blocks; ++b) {  // the padding block
+    const int64_t lo = split_halves ? b * 16 : b * QK, hi = split_halves ? L.blocks * 16 + b * 16 : b * QK + 16;
+    std::memset(out.q + lo, 0, 16);
+    std::memset(out.q + hi, 0, 16);
+    out.d[b] = out.s[b] = 0.0f;
+  }
+  return;
+#endif
+  for (int64_t b = 0; b < L.blocks; ++b) {
+    float v[QK];
+    if (b < K / QK) {
+      for (int j = 0; j < QK; ++j) v[j] = widen_x(x[b * QK + j]);
+    } else {
+      std::fill(v, v + QK, 0.0f);  // the padding block
+    }
+    float amax = 0.0f;
+    for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float d = amax / 127.0f;
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < QK; ++j) {
+      const int q = std::clamp(static_cast<int>(std::nearbyint(v[j] * inv)), -127, 127);  // ties to even
+      sum += q;
+      const int64_t at = split_halves ? (j < 16 ? b * 16 + j : L.blocks * 16 + b * 16 + j - 16) : b * QK + j;
+      out.q[at] = static_cast<int8_t>(q);
+    }
+    out.d[b] = d;
+    out.s[b] = d * static_cast<float>(sum);
+  }
+}
+
+// --- the dot products of one row of x with TILE_N (or fewer) rows of W --------------------
+
+#if defined(PAGED_QUANT_VNNI)
+// lanes 4i..4i+3 <- scale i (four blocks of 4-bit weights per 512-bit step)
+inline __m512 spread4(__m128 s) {
+  return _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                               _mm512_castps128_ps512(s));
+}
+// lanes 8i..8i+7 <- scale i (two blocks of Q8_0 per step)
+inline __m512 spread2x8(__m128 s) {
+  return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                               _mm512_castps128_ps512(s));
+}
+inline __m128 scales(const uint8_t* d16, const float* dx, int n) {  // n = 2 or 4 blocks: d * dx
+  int32_t two;
+  std::memcpy(&two, d16, 4);
+  const __m128i h = n == 4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(d16)) : _mm_cvtsi32_si128(two);
+  const __m128 x = n == 4 ? _mm_loadu_ps(dx) : _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dx)));
+  return _mm_mul_ps(_mm_cvtph_ps(h), x);
+}
+#endif
+
+// sum_b m_b * s_b (Q4_1), or sum_b d_b * s_b (Q4_0, to be multiplied by -8): the offset term.
+inline float offset_term(const uint8_t* h16, const float* s, int64_t blocks) {
+#if defined(PAGED_QUANT_VNNI)
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; b += 16) {
+    const __mmask16 k = blocks - b >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (blocks - b)) - 1);
+    const __m512 h = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, h16 + 2 * b));
+    acc = _mm512_fmadd_ps(h, _mm512_maskz_loadu_ps(k, s + b), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+#else
+  float acc = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) acc = std::fma(half_at(h16 + 2 * b), s[b], acc);
+  return acc;
+#endif
+}
+
+template <int64_t TYPE, int C>
+void dot_cols(const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
+  const int64_t B = L.blocks;
+#if defined(PAGED_QUANT_VNNI)
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  if constexpr (TYPE == kQ8_0) {
+    for (int64_t b = 0; b < B; b += 2) {  // B is even
+      const __m512i xv = _mm512_loadu_si512(x.q + b * QK);
+      const __m128 dx2 = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.d + b)));
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* row = rows + c * L.row_bytes;
+        const __m512i w = _mm512_loadu_si512(row + b * QK);
+        // vpdpbusd multiplies unsigned by signed bytes: |w| times x with w's sign
+        const __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w), zero, xv);
+        const __m512i s = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w), sx);
+        int32_t two;
+        std::memcpy(&two, row + L.d_offset + 2 * b, 4);
+        const __m128i h = _mm_cvtsi32_si128(two);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), spread2x8(_mm_mul_ps(_mm_cvtph_ps(h), dx2)), acc[c]);
+      }
+    }
+  } else {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const int8_t* xlo = x.q;
+    const int8_t* xhi = x.q + B * 16;
+    int64_t b = 0;
+    for (; b + 4 <= B; b += 4) {
+      const __m512i lo_x = _mm512_loadu_si512(xlo + b * 16), hi_x = _mm512_loadu_si512(xhi + b * 16);
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* row = rows + c * L.row_bytes;
+        const __m512i v = _mm512_loadu_si512(row + b * 16);
+        const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo, lo_x), hi, hi_x);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), spread4(scales(row + L.d_offset + 2 * b, x.d + b, 4)),
+                                 acc[c]);
+      }
+    }
+    if (b < B) {  // two blocks left (B is even): the same on 256 bits, zero-extended
+      const __m256i lo_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xlo + b * 16));
+      const __m256i hi_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xhi + b * 16));
+      const __m256i low4_256 = _mm256_set1_epi8(0x0F);
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* row = rows + c * L.row_bytes;
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16));
+        const __m256i lo = _mm256_and_si256(v, low4_256);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4_256);
+        const __m256i z = _mm256_setzero_si256();
+        const __m256i s = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(z, lo, lo_x), hi, hi_x);
+        const __m512 s16 = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(s));  // lanes 8..15 are zero
+        acc[c] = _mm512_fmadd_ps(s16, spread4(scales(row + L.d_offset + 2 * b, x.d + b, 2)), acc[c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) out[c] = _mm512_reduce_add_ps(acc[c]);
+#else
+  for (int c = 0; c < C; ++c) {
+    const uint8_t* row = rows + c * L.row_bytes;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t s = 0;
+      for (int j = 0; j < QK; ++j) {
+        int w;
+        if constexpr (TYPE == kQ8_0) {
+          w = reinterpret_cast<const int8_t*>(row)[b * QK + j];
+          s += w * x.q[b * QK + j];
+        } else {
+          const uint8_t byte = row[b * 16 + (j & 15)];
+          w = j < 16 ? (byte & 0xF) : (byte >> 4);
+          s += w * x.q[(j < 16 ? 0 : B * 16) + b * 16 + (j & 15)];
+        }
+      }
+      acc = std::fma(static_cast<float>(s), half_at(row + L.d_offset + 2 * b) * x.d[b], acc);
+    }
+    out[c] = acc;
+  }
+#endif
+  if constexpr (TYPE == kQ4_1) {
+    for (int c = 0; c < C; ++c) out[c] += offset_term(rows + c * L.row_bytes + L.m_offset, x.s, B);
+  } else if constexpr (TYPE == kQ4_0) {
+    for (int c = 0; c < C; ++c) out[c] -= 8.0f * offset_term(rows + c * L.row_bytes + L.d_offset, x.s, B);
+  }
+}
+
+template <typename T, int64_t TYPE>
+void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, at::Tensor& y) {
+  const RowLayout L(TYPE, K);
+  const int64_t M = x.size(0), ld = x.stride(0);
+  const T* x0 = x.data_ptr<T>();
+  T* y0 = y.data_ptr<T>();
+  const uint8_t* w0 = packed.data_ptr<uint8_t>();
+  std::vector<int8_t> q(M * L.blocks * QK);
+  std::vector<float> d(M * L.blocks), s(M * L.blocks);
+  auto row_of = [&](int64_t m) { return QuantizedRow{q.data() + m * L.blocks * QK, d.data() + m * L.blocks,
+                                                      s.data() + m * L.blocks}; };
+  at::parallel_for(0, M, std::max<int64_t>(1, 8192 / K), [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) quantize_row(x0 + m * ld, K, L, TYPE != kQ8_0, row_of(m));
+  });
+  const int64_t tiles = (N + TILE_N - 1) / TILE_N;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    float out[TILE_N];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * TILE_N, cols = std::min(TILE_N, N - n0);
+      const uint8_t* rows = w0 + n0 * L.row_bytes;
+      for (int64_t m = 0; m < M; ++m) {
+        const QuantizedRow xr = row_of(m);
+        switch (cols) {
+          case 4: dot_cols<TYPE, 4>(rows, L, xr, out); break;
+          case 3: dot_cols<TYPE, 3>(rows, L, xr, out); break;
+          case 2: dot_cols<TYPE, 2>(rows, L, xr, out); break;
+          default: dot_cols<TYPE, 1>(rows, L, xr, out); break;
+        }
+        for (int64_t c = 0; c < cols; ++c) y0[m * N + n0 + c] = static_cast<T>(out[c]);
+      }
+    }
+  });
+}
+
+void check_packed(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
+  check_type(type);
+  TORCH_CHECK_VALUE(N > 0 && K > 0 && K % QK == 0, "a quantized weight needs N > 0 and K a positive multiple of ",
+                    QK, ", got N = ", N, ", K = ", K);
+  TORCH_CHECK_TYPE(packed.scalar_type() == at::kByte, "packed blocks must be uint8, got ", packed.scalar_type());
+  TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.is_contiguous(), "packed blocks must be a contiguous CPU tensor");
+  const RowLayout L(type, K);
+  TORCH_CHECK_VALUE(packed.numel() == N * L.row_bytes, "packed blocks hold ", packed.numel(), " bytes; a [", N, ", ",
+                    K, "] weight of type ", type, " takes ", N * L.row_bytes, " (pack_blocks' layout)");
+}
+
+}  // namespace
+
+bool quant_vnni_compiled() {
+#if defined(PAGED_QUANT_VNNI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
+  check_packed(packed, type, N, K);
+  const RowLayout L(type, K);
+  at::Tensor out = at::empty({N, K}, packed.options().dtype(at::kFloat));
+  const uint8_t* w0 = packed.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* row = w0 + n * L.row_bytes;
+      for (int64_t b = 0; b < K / QK; ++b) {
+        const float d = half_at(row + L.d_offset + 2 * b);
+        float* w = o + n * K + b * QK;
+        for (int j = 0; j < QK; ++j) {
+          if (type == kQ8_0) {
+            w[j] = d * float(reinterpret_cast<const int8_t*>(row)[b * QK + j]);
+            continue;
+          }
+          const uint8_t byte = row[b * 16 + (j & 15)];
+          const int q = j < 16 ? (byte & 0xF) : (byte >> 4);
+          // -ffp-contract=off: each product rounded before the sum, as gguf's dequantizer rounds
+          w[j] = type == kQ4_0 ? d * float(q - 8) : d * float(q) + half_at(row + L.m_offset + 2 * b);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
+  check_packed(packed, type, N, K);
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x must be on the CPU, got ", x.device());
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+                   "x must be float32 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == K && x.stride(1) == 1, "x must be [M, ", K,
+                    "] with contiguous rows, got shape ", x.sizes(), " strides ", x.strides());
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0) return y;
+#define PAGED_QUANT_CASE(T)                                          \
+  switch (type) {                                                    \
+    case kQ4_0: linear_impl<T, kQ4_0>(x, packed, N, K, y); break;    \
+    case kQ4_1: linear_impl<T, kQ4_1>(x, packed, N, K, y); break;    \
+    default: linear_impl<T, kQ8_0>(x, packed, N, K, y); break;       \
+  }
+  if (x.scalar_type() == at::kBFloat16) {
+    PAGED_QUANT_CASE(c10::BFloat16)
+  } else {
+    PAGED_QUANT_CASE(float)
+  }
+#undef PAGED_QUANT_CASE
+  return y;
+}
+
+}  // namespace paged

@@ -1,0 +1,25 @@
+// The quantized linear of quant_linear.cpp (block formats, rounding and what
+// the tests check are documented there); bindings.cpp exposes it to Python.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace paged {
+
+// GGUF's block type numbers (ggml_type) for the formats the kernel reads.
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;
+
+// x [M, K] (float32 or bfloat16) times W [N, K] transposed, W given as its
+// GGUF blocks regrouped per row (uint8; paged/models/quantized.py's pack_blocks),
+// x rounded to int8 per block of 32: y [M, N] in x's dtype.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t N, int64_t K);
+
+// W [N, K] as float32: w = d * (q - 8), d * q + m or d * q, each product rounded.
+at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, int64_t K);
+
+// Whether the AVX-512 VNNI kernel was compiled in (else the scalar loops run).
+bool quant_vnni_compiled();
+
+}  // namespace paged

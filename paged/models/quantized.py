@@ -1,0 +1,318 @@
+"""``quantization="gguf"``: a GGUF model's linear layers multiply by the file's quantized blocks.
+
+By default a GGUF file's weights are dequantized once into the model's dtype
+(``gguf_loader``) and every linear layer is a dense GEMM. With
+``LLM(model="model.gguf", quantization="gguf")`` (vLLM's spelling) the
+linears whose tensors are in a format the C++ kernel reads (Q4_0, Q4_1, Q8_0)
+keep the file's bytes instead and ``QuantizedLinear`` multiplies by them
+directly (``csrc/cpu/quant_linear.cpp``). Generating one token reads every
+weight once; SmolLM2-135M's Q4_1 + Q8_0 file is 97 MB where its bfloat16
+weights are 270 MB, and at one sequence a decode step waits on those bytes.
+
+What stays the same: the embedding lookup, the norms and attention (dense,
+from the same load), and the answer up to rounding: the kernel widens each
+block to float32 exactly as ``dequantize_blocks`` below (and gguf's own
+dequantizer) do and sums the products in float32, so it equals
+dequantize-then-multiply within float32 summation error
+(``tests/kernels/test_quant_linear.py`` states the bound). The dense path
+rounds the same weights to bfloat16 first; the two paths therefore differ in
+the last bits of a bfloat16 model's activations, and so may pick a different
+token where two are nearly tied.
+
+A block is 32 consecutive weights of one row: a float16 scale ``d`` (Q4_1:
+and an offset ``m``) and 32 integers ``q``; ``w = d * (q - 8)`` (Q4_0),
+``d * q + m`` (Q4_1), ``d * q`` (Q8_0). Each format's bytes are read straight
+from the file (``gguf_tensors`` parses only the header's tensor table, not
+its 100 000 tokenizer strings the way ``gguf.GGUFReader`` does).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from paged.kernels.cpu import load as load_cpu_kernels
+from paged.models.config import ModelLoadError
+
+QUANTIZATIONS = ("gguf",)  # the values of LLM(quantization=...) besides None
+# ggml type number -> (name, bytes per block of 32 weights) for the formats the kernel reads
+BLOCK_FORMATS = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
+QK = 32  # weights per block
+_ALIGNMENT_KEY = "general.alignment"
+
+
+# --- reading the tensor table of a GGUF file ---------------------------------------------------
+
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Header:
+    """A cursor over the header bytes (little-endian, as GGUF is)."""
+
+    def __init__(self, data: memoryview, path: Path):
+        self.data, self.pos, self.path = data, 0, path
+
+    def take(self, fmt: str):
+        size = struct.calcsize("<" + fmt)
+        if self.pos + size > len(self.data):
+            raise ModelLoadError(f"{self.path}: the GGUF header runs past the end of the file (truncated?)")
+        value = struct.unpack_from("<" + fmt, self.data, self.pos)
+        self.pos += size
+        return value[0] if len(value) == 1 else value
+
+    def string(self) -> str:
+        n = self.take("Q")
+        raw = bytes(self.data[self.pos:self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.take("I"), self.take("Q")
+            if item in _SCALARS:  # skipped in one step: nothing here needs the array's contents
+                self.pos += count * struct.calcsize("<" + _SCALARS[item])
+                return None
+            for _ in range(count):
+                self.value(item)
+            return None
+        if kind not in _SCALARS:
+            raise ModelLoadError(f"{self.path}: unknown GGUF metadata type {kind}")
+        return self.take(_SCALARS[kind])
+
+
+def gguf_tensors(path: Path) -> dict[str, tuple[int, tuple[int, ...], np.ndarray]]:
+    """GGUF tensor name -> (ggml type, row-major shape, the tensor's bytes as a read-only uint8 memmap)."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    head = _Header(memoryview(data), path)
+    if bytes(data[:4]) != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
+    head.pos = 4
+    version, n_tensors, n_kv = head.take("I"), head.take("Q"), head.take("Q")
+    if version < 2:
+        raise ModelLoadError(f"{path}: GGUF version {version} is not supported (2 or later)")
+    alignment = 32
+    for _ in range(n_kv):
+        key, kind = head.string(), head.take("I")
+        value = head.value(kind)
+        if key == _ALIGNMENT_KEY:
+            alignment = int(value)
+    infos = []
+    for _ in range(n_tensors):
+        name, n_dims = head.string(), head.take("I")
+        dims = [head.take("Q") for _ in range(n_dims)]
+        kind, offset = head.take("I"), head.take("Q")
+        infos.append((name, kind, tuple(reversed(dims)), offset))  # GGUF lists dimensions fastest-first
+    start = -(-head.pos // alignment) * alignment
+    tensors = {}
+    for name, kind, shape, offset in infos:
+        nbytes = _tensor_bytes(kind, shape)
+        if nbytes is None:
+            tensors[name] = (kind, shape, None)  # a format this module does not read
+            continue
+        if start + offset + nbytes > len(data):
+            raise ModelLoadError(f"{path}: tensor {name!r} runs past the end of the file (truncated?)")
+        tensors[name] = (kind, shape, data[start + offset:start + offset + nbytes])
+    return tensors
+
+
+def _tensor_bytes(kind: int, shape: tuple[int, ...]) -> int | None:
+    if kind not in BLOCK_FORMATS or len(shape) != 2 or shape[-1] % QK:
+        return None
+    return shape[0] * shape[1] // QK * BLOCK_FORMATS[kind][1]
+
+
+# --- the layer ---------------------------------------------------------------------------------
+
+def row_layout(kind: int, k: int) -> tuple[int, int, int]:
+    """``(blocks, q bytes per block, bytes per row)`` of a packed row: the block count padded to even."""
+    blocks = k // QK + (k // QK) % 2
+    q_bytes = 32 if kind == 8 else 16
+    return blocks, q_bytes, blocks * BLOCK_FORMATS[kind][1]
+
+
+def pack_blocks(raw: np.ndarray, kind: int, n: int, k: int) -> torch.Tensor:
+    """GGUF's blocks of a ``[n, k]`` weight, one row after another, regrouped for the kernel: per row all
+    the q bytes, then all the float16 scales d, then (Q4_1) all the offsets m, with a zero block added
+    when the row has an odd count. Same bytes; four blocks' q become one 64-byte load."""
+    size = BLOCK_FORMATS[kind][1]
+    per_row = k // QK
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(n, per_row, size)
+    padded, _, _ = row_layout(kind, k)
+    if padded != per_row:
+        blocks = np.concatenate([blocks, np.zeros((n, padded - per_row, size), np.uint8)], axis=1)
+    if kind == 3:  # Q4_1: d | m | 16 bytes
+        parts = (blocks[:, :, 4:], blocks[:, :, 0:2], blocks[:, :, 2:4])
+    else:  # Q4_0: d | 16 bytes; Q8_0: d | 32 bytes
+        parts = (blocks[:, :, 2:], blocks[:, :, 0:2])
+    return torch.from_numpy(np.concatenate([p.reshape(n, -1) for p in parts], axis=1).reshape(-1))
+
+
+def dequantize_blocks(packed: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
+    """The weights of a packed ``[n, k]`` weight as float32 ``[n, k]``: the formulas, one torch op at a time."""
+    blocks, q_bytes, row_bytes = row_layout(kind, k)
+    rows = packed.reshape(n, row_bytes)
+    q = rows[:, : blocks * q_bytes].reshape(n, blocks, q_bytes)
+    d = rows[:, blocks * q_bytes : blocks * (q_bytes + 2)].contiguous().view(torch.float16).float()[..., None]
+    if kind == 8:  # Q8_0
+        w = d * q.contiguous().view(torch.int8).float()
+    else:
+        nibbles = torch.cat((q & 0xF, q >> 4), dim=-1).float()  # weights 0..15 in the low nibbles, 16..31 high
+        if kind == 2:  # Q4_0
+            w = d * (nibbles - 8)
+        else:  # Q4_1: rounded after the product, then after the sum
+            m = rows[:, blocks * (q_bytes + 2):].contiguous().view(torch.float16).float()[..., None]
+            w = d * nibbles + m
+    return w.reshape(n, blocks * QK)[:, :k]
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the kernel multiplies by: each block of 32 values of each row rounded to int8 with the scale
+    ``max|x| / 127``, as float32 (``x``'s rows ``[.., K]``, K a multiple of 32)."""
+    v = x.float().reshape(*x.shape[:-1], -1, QK)
+    d = v.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(v * inv).clamp(-127, 127)  # round: ties to even, as the kernel's conversion
+    return (q * d).reshape(x.shape)
+
+
+DENSE_ROWS = 2  # QuantizedLinear.dense_rows: more rows than this run the dense GEMM (measured crossover)
+
+
+class QuantizedLinear(nn.Module):
+    """A bias-free linear layer ``x @ W.T`` whose ``W [out, in]`` is GGUF blocks (``blocks``: ``pack_blocks``'s).
+
+    ``output_sizes`` and ``split`` are ``MergedLinear``'s, for the fused q|k|v and gate|up layers.
+
+    Which path runs, for ``x`` of ``T`` rows:
+
+    * ``T <= dense_rows`` (decode: one or two sequences), or ``dense_rows`` None: the C++
+      kernel over the blocks, on a CPU with the kernel built. Otherwise (no compiler) the
+      weight is dequantized at every call and multiplied in float32: slow, equal to the kernel
+      up to float32 rounding.
+    * more rows (a prompt, a batch): ``dense``, the layer with the weight dequantized once,
+      when there is one. A matrix product of many rows is limited by arithmetic, not by
+      reading weights, and there the GEMM's bfloat16 dot products beat the kernel's integer
+      ones, which widen and scale each block again for every row (measured 3-4x at 64 rows).
+
+    The two paths round differently, so a row's bits would depend on the batch it is in;
+    in batch-invariant mode the runner sets ``dense_rows`` to None: always the kernel.
+    """
+
+    def __init__(self, blocks: torch.Tensor, kind: int, out_features: int, in_features: int,
+                 output_sizes: tuple[int, ...] | None = None, dense: nn.Module | None = None):
+        super().__init__()
+        if kind not in BLOCK_FORMATS:
+            raise ValueError(f"block type {kind} is not one of {sorted(BLOCK_FORMATS)}")
+        self.register_buffer("blocks", blocks)
+        self.kind, self.out_features, self.in_features = kind, out_features, in_features
+        self.output_sizes = tuple(output_sizes or (out_features,))
+        self.dense = dense
+        self.dense_rows: int | None = DENSE_ROWS if dense is not None else None
+
+    @property
+    def format(self) -> str:
+        return BLOCK_FORMATS[self.kind][0]
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return y.split(self.output_sizes, dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.dense is not None and self.dense_rows is not None and x.shape[0] > self.dense_rows:
+            return self.dense(x)
+        kernels = load_cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
+        if kernels is not None and x.dim() == 2:
+            return kernels.quant_linear(x if x.stride(-1) == 1 else x.contiguous(), self.blocks, self.kind,
+                                        self.out_features, self.in_features)
+        weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features).to(x.device)
+        return torch.nn.functional.linear(quantize_activations(x), weight).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}, "
+                f"dense_rows={self.dense_rows}")
+
+
+def use_kernel_only(model: nn.Module, only: bool) -> None:
+    """Every ``QuantizedLinear`` of ``model`` runs the kernel at every row count (``only``), or hands
+    batches of more than ``DENSE_ROWS`` rows to its dense layer (the runner's batch-invariant switch)."""
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear) and module.dense is not None:
+            module.dense_rows = None if only else DENSE_ROWS
+
+
+def rows_independent(model: nn.Module) -> bool:
+    """Whether every linear of ``model`` is a ``QuantizedLinear`` running only its kernel, whose output
+    rows do not depend on how many rows it is given (a dense GEMM of one row may round differently
+    from one of two)."""
+    quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    inside = {id(q.dense) for q in quantized}
+    return (bool(quantized) and all(q.dense_rows is None for q in quantized)
+            and not any(isinstance(m, nn.Linear) and id(m) not in inside for m in model.modules()))
+
+
+# --- putting the layers into a loaded model -----------------------------------------------------
+
+def _gguf_name(hf_name: str) -> str:
+    """``model.layers.3.self_attn.q_proj.weight`` -> ``blk.3.attn_q.weight`` (``gguf_loader``'s map, reversed)."""
+    from paged.models.gguf_loader import _GLOBAL_TENSORS, _LAYER_TENSORS
+
+    stem, _, kind = hf_name.rpartition(".")
+    for gguf, hf in _GLOBAL_TENSORS.items():
+        if stem == hf:
+            return f"{gguf}.{kind}"
+    parts = stem.split(".", 3)  # model, layers, N, rest
+    for gguf, hf in _LAYER_TENSORS.items():
+        if len(parts) == 4 and parts[3] == hf:
+            return f"blk.{parts[2]}.{gguf}.{kind}"
+    raise KeyError(hf_name)
+
+
+def quantize_linears(model: nn.Module, path: Path) -> list[str]:
+    """Replace every linear of ``model`` (loaded from the GGUF file ``path``) whose tensors are all in
+    one kernel format by a ``QuantizedLinear`` over the file's blocks, which keeps the dense layer for
+    batches of many rows; returns the replaced names.
+
+    A linear with a bias, or whose parts (q, k, v of a fused layer) come in different or other
+    formats (the K-quants, float16), stays dense. A tied LM head reads the token embedding's blocks
+    (the embedding itself stays dense for the lookup).
+    """
+    from paged.models.gguf_loader import unpermute_rows
+    from paged.models.layers import MergedLinear
+
+    tensors = gguf_tensors(Path(path))
+    config = model.config
+    unpermute = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads} if config.model_type != "qwen2" else {}
+    layout = model.checkpoint_layout()
+    if config.tie_word_embeddings:
+        layout["lm_head.weight"] = [("model.embed_tokens.weight", 0, config.vocab_size)]
+    replaced = []
+    for name, module in list(model.named_modules()):
+        if type(module) not in (nn.Linear, MergedLinear) or module.bias is not None:
+            continue
+        parts = layout.get(f"{name}.weight")
+        found = [tensors.get(_gguf_name(ck)) for ck, _, _ in parts] if parts else [None]
+        kinds = {f[0] if f is not None and f[2] is not None else None for f in found}
+        if len(kinds) != 1 or None in kinds:
+            continue
+        rows = []
+        n_out, n_in = module.weight.shape
+        for (ck, _, n), (kind, shape, raw) in zip(parts, found):
+            if shape != (n, n_in):
+                raise ModelLoadError(f"{path}: tensor {_gguf_name(ck)!r} has shape {list(shape)}, {name} needs "
+                                     f"[{n}, {n_in}]")
+            block_rows = torch.from_numpy(np.array(raw)).reshape(n, -1)  # [n, K/32 * bytes], copied from the file
+            proj = ck.split(".")[-2]
+            rows.append(unpermute_rows(block_rows, unpermute[proj]) if proj in unpermute else block_rows)
+        kind = kinds.pop()
+        packed = pack_blocks(torch.cat(rows).numpy(), kind, n_out, n_in)
+        sizes = module.output_sizes if isinstance(module, MergedLinear) else None
+        parent_name, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), leaf, QuantizedLinear(packed, kind, n_out, n_in, sizes, module))
+        replaced.append(name)
+    return replaced

@@ -1,0 +1,179 @@
+"""The quantized linear (``csrc/cpu/quant_linear.cpp``, ``paged.models.quantized``) against its specification.
+
+The weights are GGUF blocks made by ``gguf``'s own quantizer from random matrices; the
+references are float64 products of tensors computed here.
+
+* Dequantization: bitwise (``torch.equal``). The kernel's ``quant_dequantize`` and the torch
+  formulas of ``dequantize_blocks`` both equal ``gguf.quants.dequantize``: widening a block is
+  a product (and a sum) rounded once each in float32, which every implementation rounds alike.
+* The product, toleranced. The kernel rounds every block of 32 activations to int8
+  (``quantize_activations``), multiplies integers exactly and combines the blocks in float32.
+  Against ``x̂ · Wᵀ`` in float64 (x̂ the rounded activations) the error is float32 rounding
+  of about ``B + 8`` terms (B blocks): at most ``4 (B + 8) u · T``, ``u = 2**-24`` and ``T`` the
+  sum of the terms' magnitudes (``_term_bound``); then one rounding to the output dtype.
+  Against the exact ``x · Wᵀ`` it adds what rounding x costs: ``|x - x̂| <= max|x_b| / 254``
+  per element of block b, times ``|W|``.
+* Batch invariance: bitwise. A row's output is the same alone, among other rows and at
+  another thread count.
+
+A broken nibble order, a scale applied to the wrong block or a lost padding block moves a
+result by a whole block's share of ``T`` (about ``T / B``), thousands of times the bound.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paged.kernels import cpu
+from paged.models.quantized import (BLOCK_FORMATS, QuantizedLinear, dequantize_blocks, pack_blocks,
+                                    quantize_activations, row_layout)
+
+T = gguf.GGMLQuantizationType
+KINDS = (int(T.Q4_0), int(T.Q4_1), int(T.Q8_0))
+U32 = 2.0**-24
+BF16_ULP = 2.0**-8  # half a bfloat16 unit in the last place, relative
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return cpu.load(strict=True)
+
+
+def quantized(kind: int, n: int, k: int, seed: int, scale: float = 1.0):
+    """(GGUF block bytes, packed tensor) of a random ``[n, k]`` weight with an offset per row."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) * scale + rng.standard_normal((n, 1)) * scale).astype(np.float32)
+    raw = np.ascontiguousarray(gguf.quants.quantize(w, T(kind)))
+    return raw, pack_blocks(raw.reshape(-1).view(np.uint8), kind, n, k)
+
+
+def _term_bound(x_hat: torch.Tensor, packed: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
+    """``T[m, c]``: the sum over blocks of ``|d| q_max |x̂|`` plus ``|offset| |x̂|``, float64."""
+    blocks, q_bytes, row_bytes = row_layout(kind, k)
+    rows = packed.reshape(n, row_bytes)
+    d = rows[:, blocks * q_bytes: blocks * (q_bytes + 2)].contiguous().view(torch.float16).double().abs()
+    if kind == int(T.Q4_1):
+        m = rows[:, blocks * (q_bytes + 2):].contiguous().view(torch.float16).double().abs()
+        per_block = d * 15 + m
+    elif kind == int(T.Q4_0):
+        per_block = d * 8 + d * 8  # |q - 8| <= 8 as one product, and the offset term -8 d
+    else:
+        per_block = d * 128
+    weight_mag = per_block[:, : k // 32].repeat_interleave(32, dim=1)  # [n, k]
+    return x_hat.abs().double() @ weight_mag.T
+
+
+@st.composite
+def shapes(draw):
+    """(kind, M, N, K, seed): odd block counts (a padding block), N not a multiple of 4 (a partial tile)."""
+    kind = draw(st.sampled_from(KINDS))
+    return (kind, draw(st.integers(1, 9)), draw(st.integers(1, 13)), 32 * draw(st.integers(1, 11)),
+            draw(st.integers(0, 2**31)))
+
+
+@given(case=shapes())
+def test_dequantize_is_ggufs_bitwise(ext, case):
+    """Bitwise: the kernel's and the torch formulas' weights are gguf's dequantized weights."""
+    kind, _, n, k, seed = case
+    raw, packed = quantized(kind, n, k, seed)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, T(kind)).reshape(n, k).astype(np.float32))
+    assert torch.equal(ext.quant_dequantize(packed, kind, n, k), want)
+    assert torch.equal(dequantize_blocks(packed, kind, n, k), want)
+
+
+@settings(max_examples=60)
+@given(case=shapes(), dtype=st.sampled_from([torch.float32, torch.bfloat16]), scale=st.sampled_from([1e-3, 1.0, 30.0]))
+def test_linear_equals_dequantize_then_multiply(ext, case, dtype, scale):
+    """Toleranced: against x̂ · Wᵀ in float64 within float32 rounding; against x · Wᵀ within x's rounding."""
+    kind, m, n, k, seed = case
+    raw, packed = quantized(kind, n, k, seed, scale)
+    x = (torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+    y = ext.quant_linear(x, packed, kind, n, k)
+    assert y.dtype == dtype and y.shape == (m, n)
+    w = dequantize_blocks(packed, kind, n, k).double()
+    x_hat = quantize_activations(x)
+    want = x_hat.double() @ w.T
+    blocks = k // 32
+    out_rounding = (BF16_ULP if dtype == torch.bfloat16 else U32) * want.abs()
+    tol = 4 * (blocks + 8) * U32 * _term_bound(x_hat, packed, kind, n, k) + out_rounding
+    assert ((y.double() - want).abs() <= tol).all()
+    # and the exact activations: each is off by at most half its block's step, max|x_b| / 254
+    step = x.double().reshape(m, blocks, 32).abs().amax(-1).repeat_interleave(32, dim=1) / 254
+    exact = x.double() @ w.T
+    assert ((y.double() - exact).abs() <= tol + step @ w.abs().T * (1 + 1e-6)).all()
+
+
+@given(case=shapes())
+def test_a_row_does_not_depend_on_the_batch_or_the_threads(ext, case):
+    """Bitwise: each row alone, in the batch, and with one thread gives the same output."""
+    kind, m, n, k, seed = case
+    _, packed = quantized(kind, n, k, seed)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    batch = ext.quant_linear(x, packed, kind, n, k)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single_thread = ext.quant_linear(x, packed, kind, n, k)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(batch, single_thread)
+    for i in range(m):
+        assert torch.equal(ext.quant_linear(x[i : i + 1], packed, kind, n, k), batch[i : i + 1])
+
+
+def test_the_torch_fallback_equals_the_kernel(ext, monkeypatch):
+    """Toleranced (as above): a ``QuantizedLinear`` without the kernel dequantizes and multiplies in float32."""
+    import paged.models.quantized as quantized_module
+
+    kind, n, k = int(T.Q4_1), 24, 96
+    _, packed = quantized(kind, n, k, 7)
+    layer = QuantizedLinear(packed, kind, n, k)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        fast = layer(x)
+        monkeypatch.setattr(quantized_module, "load_cpu_kernels", lambda: None)
+        slow = layer(x)
+    tol = 4 * (k // 32 + 8) * U32 * _term_bound(quantize_activations(x), packed, kind, n, k) * 2
+    assert ((fast.double() - slow.double()).abs() <= tol).all()
+    assert not torch.equal(fast, torch.zeros_like(fast))
+
+
+def test_activation_rounding_matches_the_kernels(ext):
+    """Bitwise: the kernel multiplies by exactly ``quantize_activations(x)``. W is the identity, written
+    by hand as Q8_0 blocks with d = 1: each output is one product dx * qx, rounded once on both sides."""
+    k = 64
+    raw = np.zeros((k, k // 32, 34), np.uint8)
+    raw[:, :, 0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    for n in range(k):
+        raw[n, n // 32, 2 + n % 32] = 1
+    packed = pack_blocks(raw.reshape(-1), int(T.Q8_0), k, k)
+    assert torch.equal(dequantize_blocks(packed, int(T.Q8_0), k, k), torch.eye(k))
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(2)) * 5
+    x_hat = quantize_activations(x)
+    assert not torch.equal(x_hat, x)
+    assert torch.equal(ext.quant_linear(x, packed, int(T.Q8_0), k, k), x_hat)
+
+
+def test_bad_arguments_are_refused(ext):
+    """Specific errors, nothing computed: an unknown type, a wrong byte count, a K that is not blocks, x's width."""
+    kind, n, k = int(T.Q4_1), 8, 64
+    _, packed = quantized(kind, n, k, 0)
+    x = torch.randn(2, k)
+    with pytest.raises(ValueError, match="unsupported GGUF block type 7"):
+        ext.quant_linear(x, packed, 7, n, k)
+    with pytest.raises(ValueError, match="packed blocks hold"):
+        ext.quant_linear(x, packed[:-1].contiguous(), kind, n, k)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ext.quant_linear(torch.randn(2, 48), packed, kind, n, 48)
+    with pytest.raises(ValueError, match=r"x must be \[M, 64\]"):
+        ext.quant_linear(torch.randn(2, 32), packed, kind, n, k)
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        ext.quant_linear(x.double(), packed, kind, n, k)
+    with pytest.raises(ValueError, match="block type 5"):
+        QuantizedLinear(packed, 5, n, k)
+    assert set(BLOCK_FORMATS) == set(KINDS)

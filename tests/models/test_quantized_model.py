@@ -1,0 +1,126 @@
+"""``quantization="gguf"``: a GGUF model whose linears multiply by the file's blocks.
+
+The files are tiny Hugging Face LLaMAs written as GGUF by ``tests.gguf_files.write_gguf``
+(llama.cpp's names, its query/key row order). The reference is the same file loaded dense
+in float32 with each linear multiplying the int8-rounded activations
+(``quantize_activations``) by the dequantized weight: what the kernel computes, in another
+order. Toleranced: logits within ``1e-4`` of the largest logit. The two differ only by float32
+summation order (relative 1e-6), unless a difference moves an activation across a rounding
+boundary of its int8 grid, one step of one activation; a row of q or k in the wrong order, a
+missing part of a fused layer or a misread block moves logits by a sizable fraction of their
+range (the test checks the plain dense model is farther than the bound, so it can tell).
+"""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+import torch.nn.functional as F
+
+from paged import LLM, SamplingParams
+from paged.models import load_model
+from paged.models.contiguous import ContiguousAttention
+from paged.models.quantized import DENSE_ROWS, QuantizedLinear, quantize_activations, use_kernel_only
+from tests.gguf_files import write_gguf
+from tests.hf_models import build_hf_model, save_checkpoint
+
+T = gguf.GGMLQuantizationType
+PROMPT = [1, 17, 99, 3, 42, 120, 7, 64, 5, 88, 31]
+
+
+def _gguf(tmp_path, qtype, kind="llama"):
+    hf = build_hf_model(kind)
+    return write_gguf(tmp_path / f"{kind}-{qtype.name}.gguf", hf.state_dict(), hf.config.to_dict(), qtype=qtype)
+
+
+def _logits(model, ids):
+    attention = ContiguousAttention(model.config.num_layers)
+    attention.begin([0], [len(ids)])
+    with torch.inference_mode():
+        hidden = model(torch.tensor(ids), torch.arange(len(ids)), attention)
+        return model.compute_logits(hidden).float()
+
+
+def _rounding_activations(model, like):
+    """Make the linears of ``model`` that are quantized in the model ``like`` multiply the int8-rounded
+    activations, as the kernel does."""
+    names = {n for n, m in like.named_modules() if isinstance(m, QuantizedLinear)}
+    for name, module in model.named_modules():
+        if name in names:
+            module.forward = lambda x, m=module: F.linear(quantize_activations(x), m.weight.float()).to(x.dtype)
+    return model
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_0, T.Q8_0])
+def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
+    path = _gguf(tmp_path, qtype)
+    quant = load_model(path, dtype="float32", quantization="gguf")
+    layers = quant.config.num_layers
+    linears = [m for m in quant.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(linears) == 4 * layers + 1 and {m.format for m in linears} == {qtype.name}
+    inside = {id(m.dense) for m in linears}
+    assert all(id(m) in inside for m in quant.model.modules() if type(m) is torch.nn.Linear)
+    use_kernel_only(quant.model, True)  # a prompt of 11 rows would go to the dense layers otherwise
+    want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
+    got = _logits(quant.model, PROMPT)
+    bound = 1e-4 * want.abs().max()
+    assert (got - want).abs().max() <= bound
+    plain = _logits(load_model(path, dtype="float32").model, PROMPT)
+    assert (plain - want).abs().max() > bound  # the rounded activations are what the test compares
+
+
+def test_tied_head_reads_the_embedding_blocks(tmp_path):
+    """A tied LM head is quantized from token_embd's blocks; the embedding lookup stays dense."""
+    path = _gguf(tmp_path, T.Q8_0, kind="llama_tied_bias")  # biases: those linears stay dense
+    quant = load_model(path, dtype="float32", quantization="gguf")
+    use_kernel_only(quant.model, True)
+    assert isinstance(quant.model.lm_head, QuantizedLinear)
+    assert type(quant.model.model.embed_tokens).__name__ == "Embedding"
+    assert not isinstance(quant.model.model.layers[0].self_attn.qkv_proj, QuantizedLinear)  # it has a bias
+    want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
+    got = _logits(quant.model, PROMPT)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_many_rows_take_the_dense_layers(tmp_path):
+    """Bitwise: more than ``DENSE_ROWS`` rows give the dense model's logits; fewer, the kernel's (not those)."""
+    path = _gguf(tmp_path, T.Q4_1)
+    quant, dense = load_model(path, dtype="float32", quantization="gguf"), load_model(path, dtype="float32")
+    assert torch.equal(_logits(quant.model, PROMPT), _logits(dense.model, PROMPT))
+    short = PROMPT[:DENSE_ROWS]
+    assert not torch.equal(_logits(quant.model, short), _logits(dense.model, short))
+    use_kernel_only(quant.model, True)
+    kernel = _logits(quant.model, PROMPT)
+    assert not torch.equal(kernel, _logits(dense.model, PROMPT))
+
+
+def test_llm_serves_a_quantized_model(tmp_path):
+    """End to end through the engine. Batch-invariant: a prompt's greedy tokens alone and beside another
+    prompt are the same (bitwise: every row takes the kernel, whose rows do not depend on the batch), with
+    no two-copy rule. Otherwise prompts take the dense layers and every request still gets its tokens."""
+    path = _gguf(tmp_path, T.Q4_1)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm = LLM(model=str(path), dtype="bfloat16", quantization="gguf", batch_invariant=True, num_blocks=64)
+    assert not llm.engine.runner.two_copies
+    alone = llm.generate([PROMPT], sp, use_tqdm=False)[0].outputs[0].token_ids
+    beside = llm.generate([PROMPT[:4], PROMPT, PROMPT[3:]], sp, use_tqdm=False)[1].outputs[0].token_ids
+    assert alone == beside and len(alone) == 6
+    fast = LLM(model=str(path), dtype="bfloat16", quantization="gguf", batch_invariant=False, num_blocks=64)
+    assert all(len(o.outputs[0].token_ids) == 6 for o in fast.generate([PROMPT, PROMPT[:5]], sp, use_tqdm=False))
+
+
+def test_bad_choices_are_refused_before_loading(tmp_path):
+    """Specific errors: an unknown quantization, a folder, another device, float16, tensor parallelism."""
+    path = _gguf(tmp_path, T.Q4_1)
+    with pytest.raises(ValueError, match="quantization must be None or one of 'gguf', got 'awq'"):
+        load_model(path, quantization="awq")
+    folder = save_checkpoint(build_hf_model("llama"), tmp_path / "folder")
+    with pytest.raises(ValueError, match="is not a .gguf file"):
+        load_model(folder, quantization="gguf")
+    with pytest.raises(ValueError, match="CPU only"):
+        load_model(path, device="cuda", quantization="gguf")
+    with pytest.raises(ValueError, match="float32 or bfloat16, got dtype='float16'"):
+        load_model(path, dtype="float16", quantization="gguf")
+    with pytest.raises(ValueError, match="cannot be combined with tensor_parallel_size=2"):
+        LLM(model=str(path), quantization="gguf", tensor_parallel_size=2)
