@@ -10,14 +10,14 @@ weight once; SmolLM2-135M's Q4_1 + Q8_0 file is 97 MB where its bfloat16
 weights are 270 MB, and at one sequence a decode step waits on those bytes.
 
 What stays the same: the embedding lookup, the norms and attention (dense,
-from the same load), and the answer up to rounding: the kernel widens each
-block to float32 exactly as ``dequantize_blocks`` below (and gguf's own
-dequantizer) do and sums the products in float32, so it equals
-dequantize-then-multiply within float32 summation error
-(``tests/kernels/test_quant_linear.py`` states the bound). The dense path
-rounds the same weights to bfloat16 first; the two paths therefore differ in
-the last bits of a bfloat16 model's activations, and so may pick a different
-token where two are nearly tied.
+from the same load). What changes is the rounding: the kernel rounds each block
+of 32 activations to int8 (llama.cpp's scheme, ``quantize_activations``) and
+multiplies integers exactly, so it equals the dequantized weights
+(``dequantize_blocks``, bitwise gguf's own dequantizer) times the rounded
+activations up to float32 rounding (``tests/kernels/test_quant_linear.py``
+states the bounds). The dense path multiplies the unrounded activations by
+the same weights rounded to bfloat16; the two may pick a different token
+where two are nearly tied.
 
 A block is 32 consecutive weights of one row: a float16 scale ``d`` (Q4_1:
 and an offset ``m``) and 32 integers ``q``; ``w = d * (q - 8)`` (Q4_0),
@@ -224,7 +224,7 @@ class QuantizedLinear(nn.Module):
         return y.split(self.output_sizes, dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if self.dense is not None and self.dense_rows is not None and x.shape[0] > self.dense_rows:
+        if self.dense_rows is not None and x.shape[0] > self.dense_rows:  # None without a dense layer
             return self.dense(x)
         kernels = load_cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
         if kernels is not None and x.dim() == 2:
@@ -258,21 +258,6 @@ def rows_independent(model: nn.Module) -> bool:
 
 # --- putting the layers into a loaded model -----------------------------------------------------
 
-def _gguf_name(hf_name: str) -> str:
-    """``model.layers.3.self_attn.q_proj.weight`` -> ``blk.3.attn_q.weight`` (``gguf_loader``'s map, reversed)."""
-    from paged.models.gguf_loader import _GLOBAL_TENSORS, _LAYER_TENSORS
-
-    stem, _, kind = hf_name.rpartition(".")
-    for gguf, hf in _GLOBAL_TENSORS.items():
-        if stem == hf:
-            return f"{gguf}.{kind}"
-    parts = stem.split(".", 3)  # model, layers, N, rest
-    for gguf, hf in _LAYER_TENSORS.items():
-        if len(parts) == 4 and parts[3] == hf:
-            return f"blk.{parts[2]}.{gguf}.{kind}"
-    raise KeyError(hf_name)
-
-
 def quantize_linears(model: nn.Module, path: Path) -> list[str]:
     """Replace every linear of ``model`` (loaded from the GGUF file ``path``) whose tensors are all in
     one kernel format by a ``QuantizedLinear`` over the file's blocks, which keeps the dense layer for
@@ -282,10 +267,11 @@ def quantize_linears(model: nn.Module, path: Path) -> list[str]:
     formats (the K-quants, float16), stays dense. A tied LM head reads the token embedding's blocks
     (the embedding itself stays dense for the lookup).
     """
-    from paged.models.gguf_loader import unpermute_rows
+    from paged.models.gguf_loader import hf_tensor_name, unpermute_rows
     from paged.models.layers import MergedLinear
 
-    tensors = gguf_tensors(Path(path))
+    # Hugging Face name -> (GGUF name, type, shape, bytes); bytes None for a format the kernel does not read
+    tensors = {hf_tensor_name(name): (name, *entry) for name, entry in gguf_tensors(Path(path)).items()}
     config = model.config
     unpermute = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads} if config.model_type != "qwen2" else {}
     layout = model.checkpoint_layout()
@@ -295,16 +281,16 @@ def quantize_linears(model: nn.Module, path: Path) -> list[str]:
     for name, module in list(model.named_modules()):
         if type(module) not in (nn.Linear, MergedLinear) or module.bias is not None:
             continue
-        parts = layout.get(f"{name}.weight")
-        found = [tensors.get(_gguf_name(ck)) for ck, _, _ in parts] if parts else [None]
-        kinds = {f[0] if f is not None and f[2] is not None else None for f in found}
-        if len(kinds) != 1 or None in kinds:
-            continue
+        parts = layout.get(f"{name}.weight", [])
+        found = [tensors.get(ck) for ck, _, _ in parts]
+        kinds = {f[1] for f in found if f is not None and f[3] is not None}
+        if not parts or None in found or any(f[3] is None for f in found) or len(kinds) != 1:
+            continue  # not in the file, a format the kernel does not read, or mixed formats: stays dense
         rows = []
         n_out, n_in = module.weight.shape
-        for (ck, _, n), (kind, shape, raw) in zip(parts, found):
+        for (ck, _, n), (gguf_name, _, shape, raw) in zip(parts, found):
             if shape != (n, n_in):
-                raise ModelLoadError(f"{path}: tensor {_gguf_name(ck)!r} has shape {list(shape)}, {name} needs "
+                raise ModelLoadError(f"{path}: tensor {gguf_name!r} has shape {list(shape)}, {name} needs "
                                      f"[{n}, {n_in}]")
             block_rows = torch.from_numpy(np.array(raw)).reshape(n, -1)  # [n, K/32 * bytes], copied from the file
             proj = ck.split(".")[-2]
