@@ -234,3 +234,20 @@ def test_gpu_check_goals_against_their_thresholds():
              "engine": {"figures": {"paged_over_hf": 1.0}}}
     assert [g["met"] for g in report.goals(parts, dry_run=False)] == [True, True, False, True]
     assert [g["met"] for g in report.goals(parts, dry_run=True)] == [None] * 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["kernel_gpu", "--device", "cpu", "--heads", "40", "--kv-heads", "3"], "--heads (40) must be a multiple of --kv-heads (3)"),
+    (["kernel_gpu", "--device", "cpu", "--batch", "8", "0"], "--batch must be >= 1, got [0]"),
+    (["kernel_gpu", "--device", "cpu", "--repeats", "0"], "--repeats must be >= 1"),
+    (["engine_gpu", "--device", "cpu", "--max-len", "4096"], "--max-len must be in [2, 2048] (the one-b model's context)"),
+    (["engine_gpu", "--device", "cpu", "--kv-gib", "0"], "--kv-gib and --system-timeout-s must be > 0"),
+    (["engine_gpu", "--device", "cpu", "--num-requests", "0"], "--num-requests must be >= 1, got 0"),
+])  # fmt: skip
+def test_gpu_benchmarks_reject_bad_arguments_before_any_work(argv, message):
+    """Exact: the benchmarks of the GPU run name the bad argument and its bound, and build or load nothing."""
+    from paged.bench.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert message in str(e.value.code)

@@ -33,6 +33,7 @@ code on the CPU through the device emulation, for ``tools/gpu_check.py --dry-run
 
 from __future__ import annotations
 
+import gc
 import json
 import tempfile
 import time
@@ -168,7 +169,10 @@ def run_engine(args, path: str, prompts, outputs, kv_bytes: int) -> dict:
               "kv_pool_bytes": stats["blocks_total"] * block_bytes, "kv_peak_used_bytes": peak_blocks[0] * block_bytes,
               "cuda_peak_allocated_bytes": _peak_and_reset(device), "preemptions": stats.get("preemptions"),
               "prefix_cache_hit_rate": stats.get("prefix_cache_hit_rate")}
-    del llm, engine
+    del llm, engine, watch
+    gc.collect()  # the engine's KV cache goes back before transformers allocates its own
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return result
 
 

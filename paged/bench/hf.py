@@ -135,8 +135,8 @@ def continuous_batching(hf_model, prompts: list[list[int]], output_lens: list[in
             manager.add_request(prompt, request_id=str(i), max_new_tokens=n)
         done, tokens = _collect(manager, len(prompts), clock, None if timeout_s is None else start + timeout_s)
         seconds = clock() - start
-    finally:
-        manager.stop(block=True)
+    finally:  # hard: a run stopped at its time limit fails what is still queued instead of finishing it
+        manager.stop(block=True, timeout=60, hard_stop=True)
     return {"seconds": seconds, "output_tokens": tokens, "finished": done, "timed_out": done < len(prompts)}
 
 

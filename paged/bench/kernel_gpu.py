@@ -46,9 +46,10 @@ import torch.nn.functional as F
 from paged.bench import flex_paged, gpu_timing
 from paged.bench.kernel import DTYPES, geomean, make_case
 
-# Outputs of two systems agree when every element is within this of flash's (atol and rtol):
-# each rounds its float32 result to the dtype once, so two ulps at magnitude 1.
-AGREE = {"float32": 1e-4, "bfloat16": 2 * 2**-8, "float16": 2 * 2**-11}
+# Outputs agree when every element is within this of flash's (atol and rtol): the CUDA tests hold each
+# kernel within 1e-5 / 2e-3 / 1.6e-2 (float32 / float16 / bfloat16) of the exact result, and flash
+# rounds its probabilities to the dtype before multiplying by V, so twice that, rounded up.
+AGREE = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3.2e-2}
 
 
 def add_arguments(parser) -> None:
