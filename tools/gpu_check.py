@@ -133,15 +133,19 @@ def blocked_pytest_plugins() -> dict[str, str]:
 
 
 def child_env(dry_run: bool, part: str = "") -> dict:
-    """The children's environment: the checkout importable, unbuffered output; in a dry run the
-    device's missing packages blocked; on the GPU the build's architecture from nvidia-smi."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """The children's environment: the checkout importable, unbuffered output, Hugging Face libraries
+    offline (a GPU machine may have no network: a lookup would wait for its timeout); in a dry run the
+    device's missing packages blocked; on the GPU the build's architecture from nvidia-smi and the
+    build in /tmp unless ``PAGED_EXTENSIONS_DIR`` says otherwise."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     paths = [str(ROOT)] + ([str(BLOCKER)] if dry_run else []) + [p for p in [env.get("PYTHONPATH")] if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     if dry_run:
         keep = set(blocked_pytest_plugins().values()) if part == "pytest" else set()
         env["PAGED_BLOCK_IMPORTS"] = ",".join(m for m in ABSENT_ON_DEVICE if m not in keep)
-    elif "TORCH_CUDA_ARCH_LIST" not in env:
+        return env
+    env.setdefault("PAGED_EXTENSIONS_DIR", "/tmp/paged-gpu-check/torch_extensions")
+    if "TORCH_CUDA_ARCH_LIST" not in env:
         cap = _query_gpu("compute_cap")
         if cap:
             env["TORCH_CUDA_ARCH_LIST"] = cap.splitlines()[0].strip()
@@ -281,9 +285,8 @@ def main(argv=None) -> int:
               + (" TIMED OUT" if r["timed_out"] else ""), flush=True)
     summary = report.summarize(args.out, {p.name: p.file for p in parts}, results, args.dry_run)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    text = report.markdown(summary)
-    (args.out / "summary.md").write_text(text, encoding="utf-8")
-    print(text, flush=True)
+    (args.out / "summary.md").write_text(report.markdown(summary), encoding="utf-8")
+    print(report.short(summary), flush=True)
     return 0 if summary["passed"] else 1
 
 

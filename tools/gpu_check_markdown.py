@@ -104,6 +104,11 @@ def _engine(fig: dict) -> list[str]:
     return lines
 
 
+def brief(summary: dict) -> str:
+    """The parts' table and the goals only: what the run prints last, so that the end of its output says it."""
+    return "\n".join(_header(summary)) + "\n\n(every figure: summary.md)\n"
+
+
 def render(summary: dict) -> str:
     parts = summary["parts"]
     lines = _header(summary)

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from gpu_check_markdown import render  # noqa: F401  (tools/ is on sys.path: gpu_check.py and the tests put it there)
+from gpu_check_markdown import brief, render  # tools/ is on sys.path: gpu_check.py and the tests put it there
 
 ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -227,3 +227,8 @@ def goals(parts: dict, dry_run: bool) -> list[dict]:
 def markdown(summary: dict) -> str:
     """summary.md: the parts' table, the goals, then each part's figures (``gpu_check_markdown``)."""
     return render(summary)
+
+
+def short(summary: dict) -> str:
+    """The parts' table and the goals, without the long tables."""
+    return brief(summary)

@@ -8,8 +8,9 @@ Not a benchmark itself (no ``run``): ``kernel_gpu`` uses it.
   events on the current stream and nothing synchronizes between runs; before
   each run a buffer larger than the L2 cache is overwritten, so a case whose
   K/V would fit in L2 (batch 8, context 64 is 10 MB; an H200 has 60 MB of L2)
-  is still read from device memory, as it is in a real decode step. On the CPU
-  (the dry run) the wall clock is used.
+  is still read from device memory, as it is in a real decode step; the flush
+  also keeps the GPU busy while the host launches the timed call, so the host's
+  launch overhead is not counted. On the CPU (the dry run) the wall clock is used.
 * ``copy_bandwidth``: ``dst.copy_(src)`` of ``mib`` MiB, timed the same way;
   bytes moved = read + written. A kernel's achieved bandwidth (bytes it must
   read and write / its median time) is reported as a fraction of this.
