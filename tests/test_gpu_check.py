@@ -251,3 +251,26 @@ def test_gpu_benchmarks_reject_bad_arguments_before_any_work(argv, message):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert message in str(e.value.code)
+
+
+def test_kernel_gpu_flex_sweep_skips_a_failing_block_size_and_stops_at_the_budget(monkeypatch):
+    """Exact: after flex fails at one block size none of its other cases is tried (each would compile
+    again), the others go on; past --budget-s no case starts and the note says why."""
+    from argparse import Namespace
+
+    from paged.bench import kernel_gpu
+
+    calls = []
+
+    def fake_case(args, kernels, gen, device, dtype, batch, context, block_size, with_flex):
+        calls.append((block_size, batch))
+        return {"errors": {"flex": "cannot compile"} if block_size == 8 else {}}
+
+    monkeypatch.setattr(kernel_gpu, "time_case", fake_case)
+    monkeypatch.setattr(kernel_gpu, "_print_row", lambda row, copy_gbps: None)
+    args = Namespace(flex_dtypes=["bfloat16"], flex_block_sizes=[8, 16], batch=[1, 2], context=[64], budget_s=100)
+    rows, note = kernel_gpu.flex_sweep(args, None, None, None, 1.0, time.perf_counter())
+    assert calls == [(8, 1), (16, 1), (16, 2)] and len(rows) == 3 and note is None
+    calls.clear()
+    rows, note = kernel_gpu.flex_sweep(args, None, None, None, 1.0, time.perf_counter() - 101)
+    assert calls == [] and rows == [] and note == "stopped at --budget-s 100 s: 0 cases timed"

@@ -37,6 +37,7 @@ shapes only, for ``tools/gpu_check.py --dry-run``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -151,7 +152,11 @@ def time_case(args, kernels, gen, device, dtype_name, batch, context, block_size
             row["errors"][name] = f"disagrees with flash: max |diff| {row[f'{name}_max_abs_diff']:.3g} > {tol:.3g}"
             continue
         systems[name] = fn
-    times = gpu_timing.time_systems(systems, args.repeats, args.warmup, device)
+    try:
+        times = gpu_timing.time_systems(systems, args.repeats, args.warmup, device)
+    except Exception as e:  # a system that ran once but fails when repeated: the case is lost, not the run
+        row["errors"]["timing"] = f"{type(e).__name__}: {e}"[:300]
+        return row
     nbytes = step_bytes(batch, context, args.heads, args.kv_heads, args.head_dim, block_size, q.element_size())
     row["bytes"] = nbytes
     for name, ms in times.items():
@@ -193,6 +198,28 @@ def summarize(rows: list[dict], copy_gbps: float) -> dict:
     }
 
 
+def flex_sweep(args, kernels, gen, device, copy_gbps: float, started: float) -> tuple[list[dict], str | None]:
+    """FlexAttention's cases (flash timed beside it), until ``--budget-s`` is spent: (rows, why it stopped)."""
+    note = flex_paged.availability()
+    if note is None and not (args.flex_dtypes and args.flex_block_sizes):
+        note = "not asked for (--flex-dtypes / --flex-block-sizes empty)"
+    if note is not None:
+        print(f"\nFlexAttention skipped: {note}")
+        return [], note
+    print("\nFlexAttention (compiled; the first call of each dtype / block size compiles)")
+    rows, failed = [], set()
+    for bs, dt, b, c in itertools.product(args.flex_block_sizes, args.flex_dtypes, args.batch, args.context):
+        if time.perf_counter() - started > args.budget_s:
+            return rows, f"stopped at --budget-s {args.budget_s:.0f} s: {len(rows)} cases timed"
+        if (dt, bs) in failed:  # it would fail again, and compile again first
+            continue
+        rows.append(time_case(args, kernels, gen, device, dt, b, c, bs, with_flex=True))
+        _print_row(rows[-1], copy_gbps)
+        if "flex" in rows[-1]["errors"]:
+            failed.add((dt, bs))
+    return rows, None
+
+
 def run(args) -> int:
     started = time.perf_counter()
     try:
@@ -218,22 +245,7 @@ def run(args) -> int:
                 for bs in args.block_sizes:
                     rows.append(time_case(args, kernels, gen, device, dt, b, c, bs, with_flex=False))
                     _print_row(rows[-1], copy["gbps"])
-    flex_rows, flex_note = [], flex_paged.availability()
-    if flex_note is None and not (args.flex_dtypes and args.flex_block_sizes):
-        flex_note = "not asked for (--flex-dtypes / --flex-block-sizes empty)"
-    if flex_note is None:
-        print("\nFlexAttention (compiled; first call per dtype / block size compiles)")
-        for bs in args.flex_block_sizes:
-            for dt in args.flex_dtypes:
-                for b in args.batch:
-                    for c in args.context:
-                        if time.perf_counter() - started > args.budget_s:
-                            flex_note = f"stopped at --budget-s {args.budget_s:.0f} s: {len(flex_rows)} cases timed"
-                            break
-                        flex_rows.append(time_case(args, kernels, gen, device, dt, b, c, bs, with_flex=True))
-                        _print_row(flex_rows[-1], copy["gbps"])
-    else:
-        print(f"\nFlexAttention skipped: {flex_note}")
+    flex_rows, flex_note = flex_sweep(args, kernels, gen, device, copy["gbps"], started)
     result = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "heads": args.heads,
               "kv_heads": args.kv_heads, "head_dim": args.head_dim, "repeats": args.repeats, "warmup": args.warmup,
               "copy": copy, "cases": rows, "flex_cases": flex_rows, "flex_note": flex_note,
