@@ -46,7 +46,7 @@ SHAPES = {  # config keywords of paged.models.random_llama.llama_shape
     "tiny": dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
 }
-WARMUP_REQUESTS = 4
+WARMUP_REQUESTS = 4  # of 16 tokens, other than the workload's (its prefixes must not be cached)
 
 
 def add_arguments(parser) -> None:
@@ -84,14 +84,15 @@ def check_args(args) -> None:
                          f"(the {args.shape} model's context), got {args.max_len}")
 
 
-def workload(args, vocab_size: int) -> tuple[list[list[int]], list[int]]:
-    """(prompts, output lengths): the trace's lengths, scaled, with seeded random prompt ids."""
+def workload(args, vocab_size: int) -> tuple[list[list[int]], list[int], list[list[int]]]:
+    """(prompts, output lengths, warm-up prompts): the trace's lengths, scaled, with seeded random prompt ids."""
     from paged.bench.traces import random_prompts, synthetic_trace
 
     s = args.length_scale
     trace = synthetic_trace(args.trace, args.num_requests, args.seed, args.max_len)
     lengths = [(-(-r.prompt_len // s), -(-r.output_len // s)) for r in trace]
-    return random_prompts([p for p, _ in lengths], vocab_size, args.seed), [o for _, o in lengths]
+    warmup = random_prompts([16] * WARMUP_REQUESTS, vocab_size, args.seed + 1)
+    return random_prompts([p for p, _ in lengths], vocab_size, args.seed), [o for _, o in lengths], warmup
 
 
 def random_model(args, path: str):
@@ -119,7 +120,7 @@ def _peak_and_reset(device: torch.device) -> int | None:
     return peak
 
 
-def run_engine(args, path: str, prompts, outputs, kv_bytes: int) -> dict:
+def run_engine(args, path: str, prompts, outputs, warmup, kv_bytes: int) -> dict:
     """The engine on the workload through ``add_request`` / ``step``; stops at ``--system-timeout-s``."""
     from paged import LLM, SamplingParams
 
@@ -132,8 +133,7 @@ def run_engine(args, path: str, prompts, outputs, kv_bytes: int) -> dict:
     block_bytes = 2 * cfg.num_layers * args.block_size * cfg.num_kv_heads * cfg.head_dim * torch.finfo(
         getattr(torch, args.dtype)).bits // 8
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
-    llm.generate(prompts[:WARMUP_REQUESTS], [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]
-                 * min(WARMUP_REQUESTS, len(prompts)), use_tqdm=False)  # fmt: skip
+    llm.generate(warmup, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     peak_blocks, iterations = [0], [0]
 
     def watch(engine, plan, results):
@@ -176,7 +176,7 @@ def run_engine(args, path: str, prompts, outputs, kv_bytes: int) -> dict:
     return result
 
 
-def run_hf(args, model, prompts, outputs, kv_bytes: int) -> dict:
+def run_hf(args, model, prompts, outputs, warmup, kv_bytes: int) -> dict:
     """transformers' continuous batching with the same KV bytes, in its own block size."""
     from paged.bench.hf import continuous_batching
 
@@ -188,7 +188,7 @@ def run_hf(args, model, prompts, outputs, kv_bytes: int) -> dict:
     _peak_and_reset(device)
     result = continuous_batching(model, prompts, outputs, num_blocks=num_blocks, block_size=args.hf_block_size,
                                  clock=time.perf_counter, max_batch_tokens=args.max_batched_tokens,
-                                 timeout_s=args.system_timeout_s, warmup=WARMUP_REQUESTS,
+                                 timeout_s=args.system_timeout_s, warmup=warmup,
                                  max_requests_per_batch=args.max_num_seqs)
     result.update(kv_pool_bytes=num_blocks * args.hf_block_size * token_bytes,
                   cuda_peak_allocated_bytes=_peak_and_reset(device))
@@ -226,19 +226,19 @@ def run(args) -> int:
     kv_bytes = int(args.kv_gib * 2**30)
     with tempfile.TemporaryDirectory(prefix="paged-engine-gpu-") as path:
         model = random_model(args, path)
-        prompts, outputs = workload(args, model.config.vocab_size)
+        prompts, outputs, warmup = workload(args, model.config.vocab_size)
         result["workload"] = {"requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
                               "output_tokens": sum(outputs), "max_output": max(outputs), "trace": args.trace}
         result["model"] = {"shape": args.shape, "dtype": args.dtype, **SHAPES[args.shape],
                            "parameters": sum(p.numel() for p in model.parameters())}
         print(f"model: random LLaMA '{args.shape}', {result['model']['parameters'] / 1e9:.2f} B parameters, "
               f"{args.dtype}; workload: {result['workload']}", flush=True)
-        systems = {"paged": run_engine(args, path, prompts, outputs, kv_bytes)}
+        systems = {"paged": run_engine(args, path, prompts, outputs, warmup, kv_bytes)}
         if args.no_hf:
             result["notes"]["hf_continuous"] = "skipped (--no-hf)"
         else:
             try:
-                systems["hf_continuous"] = run_hf(args, model, prompts, outputs, kv_bytes)
+                systems["hf_continuous"] = run_hf(args, model, prompts, outputs, warmup, kv_bytes)
             except Exception as e:  # an experimental API that changes between versions: report, go on
                 result["notes"]["hf_continuous"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
     for r in systems.values():

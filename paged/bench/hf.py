@@ -101,7 +101,7 @@ def run_continuous(hf_model, jobs, args, clock) -> dict:
 
 def continuous_batching(hf_model, prompts: list[list[int]], output_lens: list[int], *, num_blocks: int,
                         block_size: int, clock, max_batch_tokens: int = 2048, timeout_s: float | None = None,
-                        warmup: int = 0, **config) -> dict:
+                        warmup: list[list[int]] = (), **config) -> dict:
     """Generate ``output_lens[i]`` tokens (EOS off, greedy) for every prompt through transformers'
     ``ContinuousBatchingManager``, all requests queued at once; raises if the API is missing or fails.
 
@@ -109,8 +109,8 @@ def continuous_batching(hf_model, prompts: list[list[int]], output_lens: list[in
         num_blocks, block_size: its paged KV cache (``ContinuousBatchingConfig``).
         timeout_s: stop waiting after this long: the result then has ``"timed_out": True`` and
             counts the tokens of the requests that finished.
-        warmup: first let the manager warm up (its CUDA graphs), then run this many prompts (with
-            at most 8 new tokens each), untimed.
+        warmup: prompts to run first, untimed, 8 new tokens each, after the manager's own warm-up
+            (its CUDA graphs); other than the workload's, so that no prefix of it is cached.
         **config: more ``ContinuousBatchingConfig`` fields.
 
     Returns:
@@ -127,9 +127,9 @@ def continuous_batching(hf_model, prompts: list[list[int]], output_lens: list[in
         manager.warmup()  # CUDA graphs captured before the clock starts, as generate_batch does
     manager.start()
     try:
-        for i, prompt in enumerate(prompts[:warmup]):
-            manager.add_request(prompt, request_id=f"warmup-{i}", max_new_tokens=min(8, output_lens[i]))
-        _collect(manager, warmup, clock, None)
+        for i, prompt in enumerate(warmup):
+            manager.add_request(prompt, request_id=f"warmup-{i}", max_new_tokens=8)
+        _collect(manager, len(warmup), clock, None)
         start = clock()
         for i, (prompt, n) in enumerate(zip(prompts, output_lens)):
             manager.add_request(prompt, request_id=str(i), max_new_tokens=n)
