@@ -20,7 +20,7 @@ from paged.step03_attention.scheduler import build_scheduler as step03
 from paged.step04_sharing.scheduler import build_scheduler as step04
 from paged.step05_preemption.scheduler import build_scheduler as step05
 
-__all__ = ["EOS", "Harness", "Iteration", "NumberTokenizer", "step03", "step04", "step05"]
+__all__ = ["EOS", "ByteTokenizer", "Harness", "Iteration", "NumberTokenizer", "step03", "step04", "step05"]
 
 EOS = 2
 
@@ -30,6 +30,18 @@ class NumberTokenizer:
 
     def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
         return " ".join(str(t) for t in token_ids)
+
+
+class ByteTokenizer:
+    """A stand-in byte-level tokenizer: token ``3 + b`` is the byte ``b``, so a character of several UTF-8
+    bytes takes several tokens, and a prefix that ends inside one decodes to U+FFFD, as with real
+    byte-level BPE vocabularies."""
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + b for b in text.encode()]
+
+    def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return bytes(t - 3 for t in token_ids if 3 <= t < 259).decode("utf-8", errors="replace")
 
 
 @dataclass

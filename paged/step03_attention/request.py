@@ -15,6 +15,8 @@ from paged.step03_attention.outputs import CompletionOutput, RequestOutput
 from paged.sampling.result import SampleResult
 from paged.sampling.sampling_params import SamplingParams
 
+REPLACEMENT = "\ufffd"  # what decoding yields for the bytes of a character not yet complete
+
 
 @dataclass(eq=False)  # a request is itself: queue membership tests identity, not every field
 class Request:
@@ -103,8 +105,11 @@ class StopChecker:
             window = 4 * max(len(s) for s in params.stop) + 4
             tail = self.decode(seq.output_token_ids[-window:])
             if any(s in tail for s in params.stop):
+                # a character whose bytes are not all generated yet decodes as U+FFFD: the text is
+                # matched only as far as it is decoded for good (its trailing U+FFFD held back)
                 text = self.decode(seq.output_token_ids)
-                hits = [(text.find(s), s) for s in params.stop if s in text]
+                decoded = text.rstrip(REPLACEMENT)
+                hits = [(decoded.find(s), s) for s in params.stop if s in decoded]
                 if hits:  # (a tail cut inside a character can show a match the text does not have)
                     at, hit = min(hits)
                     reason, stop_reason, out.text = "stop", hit, text[:at]

@@ -13,7 +13,7 @@ import pytest
 
 from paged.errors import RequestError
 from paged.step03_attention.policies import Reservation
-from tests.scheduler_harness import Harness, step03
+from tests.scheduler_harness import ByteTokenizer, Harness, step03
 
 pytestmark = pytest.mark.step03
 
@@ -305,3 +305,45 @@ def test_rule_retiring_a_request_costs_the_same_whatever_waits_behind_it(monkeyp
         return len(compared)
 
     assert comparisons(20) == comparisons(2000) == 0
+
+
+class _Scripted:
+    """A stand-in runner whose every sequence draws the tokens of ``script``, in order."""
+
+    def __init__(self, script):
+        self.script = script
+
+        self.drawn: dict[int, int] = {}  # seq id -> tokens drawn so far
+
+    def execute(self, plan):
+        from paged.sampling.result import SampleResult
+
+        out = {}
+        for i, seq_id in enumerate(plan.seq_ids):
+            if plan.sample[i]:
+                n = self.drawn.get(seq_id, 0)
+                self.drawn[seq_id] = n + 1
+                out[seq_id] = SampleResult(self.script[n])
+        return out
+
+
+def test_rule_a_stop_string_matches_only_text_decoded_for_good():
+    """A stop string of U+FFFD, the character a half-generated multi-byte character decodes to: an answer
+    whose characters take several tokens each (``漢字``, byte-level) is not cut while a character is half
+    done — it runs to ``max_tokens`` and its text holds no U+FFFD; the same stop string still ends an
+    answer at a real U+FFFD (a whole character), and an ordinary stop string still ends one at once."""
+    tok = ByteTokenizer()
+    text = " 漢字漢字 🙂 ok"
+
+    def answer(script, stop):
+        h = Harness(step03, num_blocks=32, tokenizer=tok, runner=lambda s: _Scripted(script))
+        h.add(3, max_tokens=len(script), rid="A", stop=[stop])
+        h.run(max_iterations=50)
+        return h.outputs["A"].outputs[0]
+
+    out = answer(tok.encode(text), "\ufffd")
+    assert (out.finish_reason, out.text) == ("length", text)
+    out = answer(tok.encode(" ok \ufffd more"), "\ufffd")
+    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", "\ufffd", " ok ")
+    out = answer(tok.encode(text), "字")
+    assert (out.finish_reason, out.text) == ("stop", " 漢")
