@@ -90,7 +90,21 @@ def _example(notes: list[str], invariants: set[str]) -> list[str]:
                 continue  # an invariant checked between the calls
             if line.strip() and line.strip() not in ("Failing test case: <state machine>", "state.teardown()"):
                 lines.append(_DRAW_NOTE.sub("", line.rstrip()))
-    return lines
+    return _join_open_brackets(lines)
+
+
+def _join_open_brackets(lines: list[str]) -> list[str]:
+    """A long list printed one item per line (``Draw 3: [1,`` / ``0,`` …) back on one line."""
+    out: list[str] = []
+    depth = 0
+    for line in lines:
+        if depth > 0:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+        depth += line.count("[") + line.count("(") - line.count("]") - line.count(")")
+        depth = max(depth, 0)
+    return out
 
 
 def describe(item, call) -> dict:

@@ -71,7 +71,8 @@ LABS: dict[str, Lab] = {
         "sharing blocks: fork, and copy-on-write on the first write",
         (("paged.step04_sharing.cow_table", "CowBlockTable.fork", "fork"),
          ("paged.step04_sharing.cow_table", "CowBlockTable.append", "append")),
-        ("tests/step04_sharing/test_sharing_stateful.py",
+        ("tests/step04_sharing/test_cow_table.py",
+         "tests/step04_sharing/test_sharing_stateful.py",
          "tests/step04_sharing/test_scheduler_rules.py::test_rule_a_group_computes_its_prompt_once_and_forks"),
     ),
     "05": Lab(
@@ -189,9 +190,18 @@ def _pytest_args(key: str, source: str) -> list[str]:
             "-q", "--tb=no"]
 
 
+MISTAKES = ROOT / "tests" / "lab_mistakes"  # a learner's answer with one planted mistake per file
+
+
+def mistakes(key: str) -> list[Path]:
+    """The planted-mistake files of lab ``key`` (``tests/lab_mistakes/stepNN_*.py``)."""
+    return sorted(MISTAKES.glob(f"step{key}_*.py"))
+
+
 def check(keys: list[str]) -> dict:
-    """Every lab of ``keys`` twice in this one process: with its stubs (stopping at the first
-    failure) and with the reference. Returns ``{key: {"labs" | "reference": {"rc", "output"}}}``.
+    """Every lab of ``keys`` in this one process: with its stubs, with each planted mistake (both
+    stopping at the first failure) and with the reference. Returns ``{key: {"labs" | "reference":
+    {"rc", "output"}, "mistakes": {file stem: {"rc", "output"}}}}``.
 
     What ``tests/test_labs.py`` reads: one interpreter, so torch, Hypothesis and the test modules
     are imported once instead of once per run.
@@ -203,14 +213,18 @@ def check(keys: list[str]) -> dict:
 
     results: dict = {}
     for key in keys:
-        for source, extra in (("labs", ["-x"]), ("reference", [])):
+        runs = [("labs", "labs", ["-x"]), ("reference", "reference", [])]
+        runs += [(path.stem, str(path), ["-x"]) for path in mistakes(key)]
+        for name, source, extra in runs:
             out = io.StringIO()
             try:
                 with contextlib.redirect_stdout(out):
                     rc = int(pytest.main([*_pytest_args(key, source), *extra]))
             finally:
                 uninstall()  # the next run starts from the reference, whatever happened
-            results.setdefault(key, {})[source] = {"rc": rc, "output": out.getvalue()}
+            where = results.setdefault(key, {"mistakes": {}})
+            (where if name in ("labs", "reference") else where["mistakes"])[name] = {
+                "rc": rc, "output": out.getvalue()}
     return results
 
 

@@ -93,9 +93,11 @@ class BlockTableMachine(RuleBasedStateMachine):
             f"append({n}) to a table of {start} tokens (B = {self.block_size}, blocks {before[0]}) took "
             f"{table.num_blocks - len(before[0])} new block(s); it needs {predicted}: a new block only when the last is full")
         assert table.blocks[: len(before[0])] == before[0], "existing entries moved"
-        assert slots == [table.slot(p) for p in range(start, start + n)], (
-            f"append({n}) returned slots {slots}, but slot(p) of those positions gives "
-            f"{[table.slot(p) for p in range(start, start + n)]}")
+        b = self.block_size
+        want = [table.blocks[p // b] * b + p % b for p in range(start, start + n)]
+        assert slots == want, (f"append({n}) at positions {start}..{start + n - 1} returned slots {slots}; "
+                               f"blocks[p // B] * B + p % B gives {want} (table {table.blocks}, B = {b})")
+        check_shape(table)  # slot(p) of every position, by the same formula
         self.issued[id(table)] += slots
 
     @rule(table=consumes(tables))
