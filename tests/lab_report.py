@@ -102,7 +102,7 @@ def _join_open_brackets(lines: list[str]) -> list[str]:
             out[-1] += " " + line.strip()
         else:
             out.append(line)
-        depth += line.count("[") + line.count("(") - line.count("]") - line.count(")")
+        depth += line.count("[") - line.count("]")
         depth = max(depth, 0)
     return out
 
@@ -117,7 +117,9 @@ def describe(item, call) -> dict:
         if found is None or found[0] in chain:
             continue
         chain.append(found[0])
-        if found[1] and path != TESTS / "attention_rows.py":  # its message says it all
+        # a helper (``_name``) speaks only where it checks: not a setup helper the error passed through
+        checks = str(entry.statement).lstrip().startswith(("assert", "with pytest.raises"))
+        if found[1] and path != TESTS / "attention_rows.py" and (checks or not found[0].startswith("_")):
             holds.append(found[1])
     last = frames[-1] if frames else None
     where = None
