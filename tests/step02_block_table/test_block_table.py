@@ -290,4 +290,5 @@ def test_block_table_errors_say_what_was_wrong():
     for call, error, message in cases:
         with pytest.raises(error) as caught:
             call()
-        assert str(caught.value) == message
+        assert str(caught.value) == message, (
+            f"the {error.__name__} says {str(caught.value)!r}; it must say, word for word, {message!r}")
