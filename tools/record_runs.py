@@ -163,11 +163,14 @@ def run_step04(model) -> dict:
 
 def run_step05(model) -> dict:
     """Preemption: three requests outgrow a pool of 8 blocks; the newest is swapped out to the host
-    pool, and swapped back in when the oldest finishes."""
+    pool (8 blocks too), and swapped back in when the oldest finishes."""
+    from paged.step02_block_table import KVCache
     from paged.step05_preemption import PreemptingEngine
 
+    cfg = model.config
+    per_block = KVCache.bytes_per_block(cfg.num_layers, 4, cfg.num_kv_heads, cfg.head_dim, torch.float32)
     engine = PreemptingEngine(model, block_size=4, num_blocks=8, attention_backend="reference",
-                              preemption_mode="swap", swap_space=8 * 2**20, free_order=list(range(8)))
+                              preemption_mode="swap", swap_space=8 * per_block, free_order=list(range(8)))
     requests = [("A", "def add(a, b):", greedy(6)), ("B", "import os", greedy(10)),
                 ("C", "class Point:", greedy(8))]
     return record(engine, model.tokenizer, requests, "step 05: preemption by swapping")
