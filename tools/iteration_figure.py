@@ -6,7 +6,7 @@ The run is ``record_runs.run_step03``: the demo model, 12 blocks of 4 tokens, re
 B and C from the start and D arriving before iteration 3, while ``max_num_seqs=3`` keeps
 it waiting. The figure shows the three iterations around the moment the batch changes
 — A finishes in the first, D is admitted in the second, two tables grow in the third —
-one column each:
+one row each:
 
 * per running request, the tokens it feeds in this iteration (a whole prompt when it is
   admitted, one token when it decodes), decoded, and the token it samples;
@@ -84,20 +84,21 @@ def plot(run: dict, path: str | Path, first: int = FIRST) -> None:
     from matplotlib.patches import Rectangle
 
     frames, b = run["frames"], run["block_size"]
-    fig = Figure(figsize=(16, 4.9))
-    axes = fig.subplots(1, 3)
-    fig.subplots_adjust(left=0.01, right=0.99, wspace=0.06)
+    fig = Figure(figsize=(12.5, 9.6))
+    axes = fig.subplots(3, 1)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.94, bottom=0.01, hspace=0.08)
     for ax, it in zip(axes, range(first, first + 3)):
         frame, before = frames[it], frames[it - 1]
         rows = _rows(frame, before)
-        ax.set_xlim(0, 11.0)
-        ax.set_ylim(-3.3, 4.7)
+        ax.set_xlim(0, 21.0)
+        ax.set_ylim(-0.2, 4.8)
         ax.axis("off")
-        ax.set_title(f"iteration {it}", fontsize=12, loc="left", fontweight="bold")
-        ax.text(0.0, 4.3, "request · tokens in → token out", fontsize=8, color="#555")
-        ax.text(6.6, 4.3, "block table (green: new)", fontsize=8, color="#555")
+        ax.text(0.0, 4.55, f"iteration {it}", fontsize=12.5, fontweight="bold", va="center")
+        ax.text(0.0, 4.0, "request · tokens in → token out", fontsize=8.5, color="#555")
+        ax.text(7.6, 4.0, "block table (green: new)", fontsize=8.5, color="#555")
+        ax.text(13.0, 4.0, "what happened", fontsize=8.5, color="#555")
         for r, row in enumerate(rows):
-            y = 3.3 - r * 1.15
+            y = 3.05 - r * 1.12
             color = COLORS.get(row["request"], "#888")
             ax.text(0.0, y + 0.3, row["request"], fontsize=12, fontweight="bold", color=color, va="center")
             tokens = row["tokens"]
@@ -114,14 +115,14 @@ def plot(run: dict, path: str | Path, first: int = FIRST) -> None:
                         arrowprops=dict(arrowstyle="->", color="#333"))
             ax.text(x + 0.5, y + 0.3, _label(row["sampled"])[:8], fontsize=7.5, va="center", fontweight="bold")
             for j, block in enumerate(row["table"]):
-                bx = 6.6 + j * 0.8
+                bx = 7.6 + j * 0.8
                 filled = min(b, row["context"] - j * b)
                 new = block in row["new"]
                 ax.add_patch(Rectangle((bx, y), 0.7, 0.6, facecolor=color, alpha=0.15 + 0.5 * filled / b,
                                        edgecolor="#2ca02c" if new else "black", lw=2.2 if new else 0.6))
                 ax.text(bx + 0.35, y + 0.3, str(block), fontsize=8, ha="center", va="center")
             if row["finished"]:
-                ax.text(6.6 + len(row["table"]) * 0.8 + 0.05, y + 0.3, f"finished\n({row['finished']})",
+                ax.text(7.6 + len(row["table"]) * 0.8 + 0.05, y + 0.3, f"finished\n({row['finished']})",
                         fontsize=7, color="#c00", va="center")
         notes = []
         for e in frame["events"]:
@@ -137,18 +138,18 @@ def plot(run: dict, path: str | Path, first: int = FIRST) -> None:
         if waiting:
             notes.append(f"waiting: {', '.join(waiting)} (max_num_seqs = 3)")
         for k, note in enumerate(notes):
-            ax.text(0.0, -0.85 - 0.42 * k, note, fontsize=8, color="#333")
+            ax.text(13.0, 3.35 - 0.45 * k, note, fontsize=9, color="#333")
         owner = frame["snapshot"]["pools"]["device"]["owner"]
         reqs = frame["snapshot"]["requests"]
-        ax.text(0.0, -2.72, "pool after it:", fontsize=8, color="#555", va="center")
+        ax.text(13.0, 1.05, "the pool after it:", fontsize=8.5, color="#555", va="center")
         for block, who in enumerate(owner):
             name = reqs[who]["id"] if who >= 0 else None
-            ax.add_patch(Rectangle((2.2 + block * 0.7, -2.97), 0.64, 0.5,
+            ax.add_patch(Rectangle((13.0 + block * 0.66, 0.1), 0.6, 0.55,
                                    facecolor=COLORS.get(name, "#888") if name else "#eeeeee",
                                    alpha=0.55 if name else 1.0, edgecolor="#999", lw=0.5))
-            ax.text(2.2 + block * 0.7 + 0.32, -2.72, str(block), fontsize=6.5, ha="center", va="center")
+            ax.text(13.0 + block * 0.66 + 0.3, 0.375, str(block), fontsize=7.5, ha="center", va="center")
     fig.suptitle("Iteration-level batching, from a real run: the batch is re-formed after every forward pass",
-                 fontsize=11, x=0.01, ha="left")
+                 fontsize=12, x=0.01, ha="left")
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
