@@ -8,9 +8,10 @@ A lab names, for one step, the one or two functions that carry its idea (``targe
 and the tests of that step that exercise them (``tests``). ``pytest --lab 02`` (see
 ``tests/conftest.py``) sets each function of ``labs/step02.py`` in place of the
 reference one on the class or module that owns it, for the whole run, keeps only the
-lab's tests, and ends with a summary: for each failing test, the invariant or rule
-that broke (the function of the test where the assertion failed, and its message) and
-Hypothesis's smallest counterexample.
+lab's tests, and ends with a summary (``tests/lab_report.py``): for each failing test,
+what must hold in words, what broke with its numbers, and Hypothesis's smallest
+example in full. ``tests/lab_mistakes/`` holds the mistakes learners make, each planted
+in an otherwise right answer; ``--check`` runs them too.
 
 There is one implementation, the reference in ``paged/``; a lab file holds only the
 learner's version of a few functions. ``--lab-source reference`` runs the reference's
