@@ -9,8 +9,8 @@ play on its own; at the frame of a copy-on-write / a swap the touched blocks mus
 marked, and every frame must draw one cell per block of each pool (exact counts).
 
 Chromium is Debian's (``make test`` installs it as root, as ``make docs-check`` does);
-where it cannot be, the test skips saying so. ``PLAYER_SCREENSHOTS=<folder>`` keeps a
-screenshot of the step 05 player at three frames.
+where it cannot be, the test skips saying so. ``PLAYER_SCREENSHOTS=<folder>`` keeps the
+screenshots of the step 05 player it takes at three frames.
 """
 
 import json
@@ -169,14 +169,13 @@ def test_player_plays_and_pauses(tab, runs):
     assert docs_check.problems_in_events(tab.events) == []
 
 
-def test_player_screenshots_at_three_frames(tab, runs):
-    """``PLAYER_SCREENSHOTS=<folder>``: the step 05 player before, at the swap-out and at the swap-in."""
-    out = os.environ.get("PLAYER_SCREENSHOTS")
-    if not out:
-        pytest.skip("set PLAYER_SCREENSHOTS=<folder> to keep screenshots")
+def test_player_frames_can_be_pictured(tab, runs, tmp_path):
+    """A screenshot of the step 05 player after iteration 1, at the swap-out and at the swap-in is a PNG as
+    wide as the player (into ``PLAYER_SCREENSHOTS=<folder>`` when set, to look at)."""
     import base64
 
-    Path(out).mkdir(parents=True, exist_ok=True)
+    out = Path(os.environ.get("PLAYER_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
     run = runs["step05"]
     for k in (1, first_frame_with(run, "swapped_out"), first_frame_with(run, "swapped_in")):
         goto(tab, "p5", k)
@@ -184,4 +183,6 @@ def test_player_screenshots_at_three_frames(tab, runs):
                       "return [r.x, r.y + window.scrollY, r.width, r.height]; })()")
         shot = tab.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
                         clip={"x": box[0], "y": box[1], "width": box[2], "height": box[3], "scale": 1})
-        (Path(out) / f"player_step05_frame{k}.png").write_bytes(base64.b64decode(shot["data"]))
+        png = base64.b64decode(shot["data"])
+        assert png.startswith(b"\x89PNG") and int.from_bytes(png[16:20], "big") == round(box[2]), k
+        (out / f"player_step05_frame{k}.png").write_bytes(png)
