@@ -15,7 +15,7 @@ import re
 import sys
 
 from paged.models.default import default_model
-from paged.serve.app import DEFAULT_MAX_BODY_BYTES
+from paged.serve.guard import DEFAULT_MAX_BODY_BYTES
 
 logger = logging.getLogger("paged.serve")
 

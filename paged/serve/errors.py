@@ -5,6 +5,13 @@ it (the message says what was wrong and what the bound is) and 5xx only when
 the server itself failed. Nothing about a bad request reaches the engine: it is
 refused before ``add_request``, so an error never leaves blocks or queue
 entries behind.
+
+One place maps each kind of failure: a pydantic error (``from_validation_error``),
+a ``RequestError`` of ``SamplingParams`` or the engine (``from_request_error``),
+a request that failed while it ran (``request_failure``), a failed engine
+(``engine_failure``), and any exception a route lets through
+(``install_handlers``). A stream that fails after its first event ends with
+the same error as an event (``APIError.event``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paged import RequestError
+from paged.serve.schemas import ErrorResponse
 
 logger = logging.getLogger("paged.serve")
 
@@ -51,6 +59,10 @@ class APIError(Exception):
 
     def response(self, headers: dict | None = None) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+    def event(self) -> ErrorResponse:
+        """The error as the last event of a stream (whose status, 200, was sent with its first event)."""
+        return ErrorResponse.model_validate(self.body())
 
 
 def _field_path(error: dict) -> list[str]:
@@ -96,6 +108,21 @@ def from_request_error(err: RequestError, rename: dict[str, str]) -> APIError:
     param = rename.get(err.param, err.param)
     message = str(err) if param == err.param else f"{param}: {err}"
     return APIError(message, 400, param=param, code="invalid_value")
+
+
+def request_failure(error: BaseException, rename: dict[str, str]) -> APIError:
+    """A request that failed while it ran, as its own error: a 400 naming the field when the
+    request asked for more than the engine could do (its grammar met a limit), else a 500."""
+    if isinstance(error, RequestError):
+        return from_request_error(error, rename)
+    return APIError(f"this request failed while it ran: {type(error).__name__}: {error}", 500,
+                    type="server_error", code="request_failed")
+
+
+def engine_failure(error: BaseException, status: int = 503) -> APIError:
+    """The engine failed under this request (its loop delivered ``error`` instead of an output): a 503
+    for an answer not yet started, ``status`` 500 (a ``server_error`` event) for a stream under way."""
+    return APIError(f"the engine failed: {error}", status, type="server_error" if status == 500 else None)
 
 
 def install_handlers(app: FastAPI) -> None:

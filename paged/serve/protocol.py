@@ -5,7 +5,7 @@ unknown fields are refused, so a misspelt ``max_token`` is an error, not a
 silently ignored wish. Bounds on sampling fields are checked once, by
 ``SamplingParams`` (its messages name the field and the bound); what only the
 server knows — the context left for ``max_tokens``, streaming with ranked
-outputs — is checked in ``completions.py``. Structured output has four
+outputs — is checked in ``generation.py``. Structured output has four
 spellings (OpenAI's ``response_format``, vLLM's ``guided_json``,
 ``guided_regex``, ``guided_choice``); a request may use one of them.
 """
@@ -241,7 +241,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Sampling, ChatExtensions):
-    """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat.py``)."""
+    """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat_template.py``)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(None, **bounds(minimum=1))

@@ -7,7 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from paged.serve.app import MAX_JSON_DEPTH, Guard, host_allowed, json_depth
+from paged.serve.body import MAX_JSON_DEPTH, json_depth
+from paged.serve.guard import Guard, host_allowed
 
 pytestmark = pytest.mark.step05
 

@@ -1,0 +1,223 @@
+"""What ``/v1/completions`` and ``/v1/chat/completions`` share once a request is prompt token ids.
+
+An endpoint (``completions.py``, ``chat.py``) turns its body into prompt token
+ids and hands them to ``Generator.run``; from there the path is the same, in
+this order:
+
+1. ``Generator.params`` — the checks only the server can make (the prompt and
+   ``max_tokens`` against the context, streaming with ranked outputs) and the
+   engine's ``SamplingParams``, whose own errors name the endpoint's field;
+2. submit one engine request per prompt (atomically: the engine's check runs
+   for all of them before any is queued), then
+3. stream (``streaming.py``) or collect every final output and answer one JSON
+   body, built by the request's ``Formatter`` (``formatter.py``).
+
+A request may carry several prompts (completions); each has ``n`` choices,
+numbered ``prompt * n + j`` as OpenAI does. A client that goes away — the
+stream's task is cancelled, or the disconnect watcher fires for a non-streamed
+request — aborts its engine requests, which frees their blocks before the
+engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from paged import RequestError
+from paged.serve import streaming
+from paged.serve.async_engine import EngineDeadError
+from paged.serve.errors import APIError, engine_failure, from_request_error, request_failure
+from paged.serve.formatter import Formatter
+
+
+class Timing:
+    """Per-request latency observations for /metrics."""
+
+    def __init__(self, metrics) -> None:
+        self.metrics, self.t0 = metrics, time.monotonic()
+        self.last: dict[str, float] = {}
+        self.tokens: dict[str, int] = {}
+
+    def observe(self, out) -> None:
+        rid, now = out.request_id, time.monotonic()
+        n = sum(len(c.token_ids) for c in out.outputs)
+        if n > self.tokens.get(rid, 0):
+            hist = self.metrics.tpot if rid in self.last else self.metrics.ttft
+            hist.observe(now - self.last.get(rid, self.t0))
+            self.last[rid], self.tokens[rid] = now, n
+        if out.finished:
+            self.metrics.e2e.observe(now - self.t0)
+            for c in out.outputs:
+                self.metrics.finished.labels(c.finish_reason or "unknown").inc()
+
+
+@dataclass
+class Run:
+    """One HTTP request's engine requests, from submission to their last outputs.
+
+    ``ids`` are the prompts' token ids, ``rids`` their engine request ids (one per
+    prompt), ``outputs`` the queue their outputs arrive on, ``echo`` the prompts'
+    texts when the client asked for them back. ``rename`` maps engine field
+    names to this endpoint's (``prompt`` -> ``messages`` for chat).
+    """
+
+    req: object
+    fmt: object
+    rids: list[str]
+    ids: list[list[int]]
+    params: object
+    rename: dict[str, str]
+    echo: list[str] | None
+    outputs: asyncio.Queue
+    timing: Timing
+    tokenizer: object
+    engine: object
+    metrics: object
+
+    def final_text(self, completion) -> str:
+        """The engine's text (cut before the stop string), with the stop string that ended it when asked
+        (vLLM's ``include_stop_str_in_output``)."""
+        include = self.req.include_stop_str_in_output and completion.finish_reason == "stop"
+        stop = completion.stop_reason if include else None
+        return completion.text + stop if isinstance(stop, str) else completion.text
+
+    def abort_unfinished(self, finals: dict) -> None:
+        """Abort the engine requests with no final output yet (the client went away, or one failed)."""
+        gone = [r for r in self.rids if r not in finals]
+        if gone:
+            self.engine.abort(gone)
+            self.metrics.finished.labels("abort").inc(len(gone))
+
+
+def json_response(body, status_code: int = 200) -> Response:
+    """``body`` (a pydantic model) serialized by pydantic, as an ``application/json`` response."""
+    return Response(body.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
+def response_id(prefix: str, req) -> str:
+    """``cmpl-<request_id>`` when the client named its request (vLLM's ``request_id``), else a fresh uuid."""
+    return f"{prefix}-{req.request_id or uuid.uuid4().hex}"
+
+
+async def _wait_for_disconnect(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Generator:
+    """Submits a request's prompts to the ``AsyncEngine`` and answers with the stream or the whole response.
+
+    Args:
+        engine: the ``AsyncEngine``.
+        served: the ``ServedModel`` (its tokenizer and context length).
+        metrics: the ``ServerMetrics``.
+    """
+
+    def __init__(self, engine, served, metrics) -> None:
+        self.engine = engine
+        self.served = served
+        self.metrics = metrics
+
+    def params(self, req, ids, max_tokens, logprobs, rename, prompt_logprobs=None):
+        """The request's ``SamplingParams``; ``rename`` maps engine field names to this endpoint's."""
+        max_model_len = self.served.max_model_len
+        prompt_param = rename.get("prompt", "prompt")
+        max_tokens_name = rename.get("max_tokens", "max_tokens")
+        longest = max(len(i) for i in ids)
+        if longest >= max_model_len:
+            raise APIError(f"the prompt has {longest} tokens; this model's context is {max_model_len} "
+                           f"tokens (max_model_len), so a prompt may have at most {max_model_len - 1}",
+                           param=prompt_param, code="context_length_exceeded")
+        if isinstance(max_tokens, int) and max_tokens > max_model_len - longest:
+            raise APIError(f"{max_tokens_name} must be <= {max_model_len - longest} for this prompt "
+                           f"({longest} prompt tokens + {max_tokens} > max_model_len {max_model_len}), "
+                           f"got {max_tokens}", param=max_tokens_name, code="context_length_exceeded")
+        try:
+            params = req.sampling_params(max_tokens, logprobs, prompt_logprobs)
+        except RequestError as e:
+            raise from_request_error(e, rename) from None
+        if req.stream and (params.use_beam_search or params.best_of > params.n):
+            raise APIError("stream cannot be used with use_beam_search or best_of > n: the returned "
+                           "sequences are only known when all have finished", param="stream")
+        return params
+
+    async def run(self, req, raw: Request, kind: str, ids: list[list[int]], prompts: list[str | None],
+                  max_tokens: int | None, logprobs: int | None, rename: dict[str, str],
+                  prompt_logprobs: int | None = None, echo=None, stop_token_ids=()) -> Response:
+        """Check, submit ``ids`` (one engine request each) and answer: the event stream, or the whole response.
+
+        Args:
+            req: the parsed request (its sampling fields, ``stream``, ``request_id``...).
+            raw: the HTTP request (to notice a client that goes away).
+            kind: ``"completion"`` or ``"chat"``: the shape of the answer.
+            ids: each prompt's token ids; ``prompts`` their texts where the client sent text.
+            max_tokens, logprobs, prompt_logprobs: as the engine names them, already read from the
+                endpoint's own fields; ``rename`` maps engine field names back to those fields.
+            echo: None, or a callable giving the prompts' texts, called once the engine has accepted
+                the ids (an id outside the vocabulary is a 400 before anything is decoded), or the texts.
+            stop_token_ids: more tokens that end a reply (chat: the template's end of turn).
+        """
+        params = self.params(req, ids, max_tokens, logprobs, rename, prompt_logprobs)
+        params.stop_token_ids += [t for t in stop_token_ids if t not in params.stop_token_ids]
+        fmt = Formatter(kind, response_id("chatcmpl" if kind == "chat" else "cmpl", req), self.served.name,
+                        self.served.tokenizer, logprobs, req.return_tokens_as_token_ids)
+        # engine ids stay unique even when two clients send the same request_id
+        tag = f"{fmt.id}-{uuid.uuid4().hex[:8]}" if req.request_id else fmt.id
+        rids = [f"{tag}-{i}" for i in range(len(ids))]
+        try:
+            outputs = await self.engine.add(list(zip(rids, ids, [params] * len(ids), prompts)))
+        except RequestError as e:
+            raise from_request_error(e, rename) from None
+        except EngineDeadError as e:
+            raise APIError(str(e), 503) from None
+        run = Run(req, fmt, rids, ids, params, rename, echo() if callable(echo) else echo, outputs,
+                  Timing(self.metrics), self.served.tokenizer, self.engine, self.metrics)
+        if req.stream:
+            return streaming.response(streaming.events(run))
+        finals = await self._collect(run, raw)
+        if finals is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return json_response(self._whole_response(run, finals))
+
+    async def _collect(self, run: Run, raw: Request) -> dict | None:
+        """Wait for every request's final output; None if the client disconnected (requests aborted)."""
+        finals: dict = {}
+        watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
+        try:
+            while len(finals) < len(run.rids):
+                get = asyncio.ensure_future(run.outputs.get())
+                done, _ = await asyncio.wait({get, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    return None
+                out = get.result()
+                if isinstance(out, BaseException):
+                    raise engine_failure(out)
+                run.timing.observe(out)
+                if out.error is not None:  # the other prompts of this request end with it (aborted)
+                    raise request_failure(out.error, run.rename)
+                if out.finished:
+                    finals[out.request_id] = out
+            return finals
+        finally:
+            watcher.cancel()
+            run.abort_unfinished(finals)
+
+    @staticmethod
+    def _whole_response(run: Run, finals: dict):
+        """The response model of a non-streamed request: every choice of every prompt, and the usage."""
+        choices, completion_tokens = [], 0
+        for i, rid in enumerate(run.rids):
+            prompt_lp = finals[rid].prompt_logprobs
+            echoed = (run.ids[i], prompt_lp) if run.echo and prompt_lp is not None else None
+            for c in finals[rid].outputs:
+                text = (run.echo[i] if run.echo else "") + run.final_text(c)
+                choices.append(run.fmt.choice(i * run.params.n + c.index, text, c, echoed))
+                completion_tokens += len(c.token_ids)
+        return run.fmt.response(choices, sum(map(len, run.ids)), completion_tokens)
