@@ -18,8 +18,9 @@ them:
 =========================================  ======================================================
 
 What they share: the ``AsyncEngine`` (the one thread that owns the engine),
-the ``ServedModel`` (name, tokenizer, chat renderer, context), the
-``Generator`` (submit, then stream or collect), the metrics and the KV view.
+the ``Offload`` pool (heavy work off the event loop), the ``ServedModel``
+(name, tokenizer, chat renderer, context), the ``Generator`` (submit, then
+stream or collect), the metrics and the KV view.
 Each route declares its response models and error statuses, and each body the
 server sends is built from those models, so the published document is what
 the server does. In front of the app sits the ``Guard`` (``guard.py``).
@@ -34,9 +35,10 @@ from fastapi import FastAPI
 
 from paged.serve import chat, completions, health, kv_view, metrics, models, tokenize
 from paged.serve.async_engine import AsyncEngine
-from paged.serve.errors import install_handlers
+from paged.serve.errors import install_handlers, stopping_error
 from paged.serve.generation import Generator
 from paged.serve.guard import DEFAULT_MAX_BODY_BYTES, Guard
+from paged.serve.offload import Offload
 from paged.serve.openapi import install as install_openapi
 from paged.serve.protocol import ChatCompletionRequest, CompletionRequest
 from paged.serve.schemas import ChatCompletionChunk, CompletionChunk, Index
@@ -51,20 +53,23 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 
 def build_app(llm, served_model_name: str, api_key: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, on_engine_failure=None,
-              bind_host: str | None = None) -> Guard:
+              bind_host: str | None = None, kv_view_key: str | None = None) -> Guard:
     """The ASGI app serving ``llm`` (an ``LLM``: ``.engine``, ``.tokenizer``, ``.model``).
 
     ``on_engine_failure(exc)`` runs on the event loop after the engine failed and every in-flight
     request got its error (``python -m paged.serve`` stops the server then); without it the app stays
-    up and answers 503. The returned ``Guard`` holds the FastAPI app as ``.fastapi``.
+    up and answers 503. ``kv_view_key`` opens the live KV view's data (None: nobody reads it). Once
+    ``engine.stop_admission`` was called (a graceful stop, ``shutdown.py``) every new request gets a
+    503. The returned ``Guard`` holds the FastAPI app as ``.fastapi``.
     """
     engine = AsyncEngine(llm.engine, on_dead=on_engine_failure)
+    work = Offload()
     device = llm.engine.kv_cache.data.device.type if hasattr(llm.engine, "kv_cache") else "cpu"
     server_metrics = metrics.ServerMetrics(lambda: engine.stats, device)
     view = kv_view.KVView(llm.engine)  # its first snapshot is taken here, before the engine thread starts
     llm.engine.add_observer(view.observe)
     engine.idle_observers.append(view.refresh)
-    served = models.ServedModel(llm, served_model_name)
+    served = models.ServedModel(llm, served_model_name, work)
     generator = Generator(engine, served, server_metrics)
 
     @asynccontextmanager
@@ -72,6 +77,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
         engine.start()
         yield
         engine.shutdown()
+        work.shutdown()
 
     app = FastAPI(title="paged", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None, description="OpenAI-compatible completions and chat over paged's engine.")
@@ -91,6 +97,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     async def root() -> Index:
         return Index(name="paged", model=served_model_name, endpoints=ENDPOINTS)
 
-    guarded = Guard(app, api_key, max_body_bytes, bind_host)
+    guarded = Guard(app, api_key, max_body_bytes, bind_host, kv_view_key,
+                    stopping=lambda: stopping_error(engine.stopping) if engine.stopping else None)
     guarded.fastapi = app
     return guarded

@@ -50,8 +50,8 @@ async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, 
         raise APIError(f"{served.no_chat}; use /v1/completions instead", param="messages",
                        code="chat_template_missing")
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    text, ids = served.render_chat(messages, req.add_generation_prompt, req.continue_final_message,
-                                   req.add_special_tokens, template_variables(req))
+    text, ids = await served.render_chat(messages, req.add_generation_prompt, req.continue_final_message,
+                                         req.add_special_tokens, template_variables(req))
     if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
         text, ids = None, ids[-req.truncate_prompt_tokens:]
     # vLLM's chat echo: a reply that continues the last message (same role) starts with that message

@@ -26,6 +26,8 @@ from __future__ import annotations
 import datetime
 import json
 
+from paged.serve.offload import encode
+
 _SENTINEL = "\x00paged-end-of-turn-probe\x00"
 
 
@@ -102,7 +104,7 @@ class ChatRenderer:
                 raise TemplateError("continue_final_message: the chat template does not write the final "
                                     "message's content as given, so there is no end of it to continue from")
             text = text[:end + len(final)]
-        return text, self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return text, encode(self.tokenizer, text, add_special_tokens)  # the GIL let go: it may run on a thread
 
     def _end_of_turn_ids(self) -> list[int]:
         """The special token the template writes right after an assistant message, as ``[id]`` (else ``[]``)."""

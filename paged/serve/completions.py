@@ -35,25 +35,24 @@ def install(app, served: ServedModel, generator: Generator) -> None:
 async def complete(req: CompletionRequest, raw: Request, served: ServedModel, generator: Generator) -> Response:
     """Answer one parsed completions request (the stream, or the whole response)."""
     served.check(req.model)
-    tokenizer = served.tokenizer
-    prompts, ids = [], []
-    for p in req.prompts():
-        if isinstance(p, str):
-            if tokenizer is None:
-                raise APIError("this model has no tokenizer.json: send prompt as token ids", param="prompt")
-            prompts.append(p)
-            ids.append(tokenizer.encode(p, add_special_tokens=req.add_special_tokens).ids)
-        else:
-            prompts.append(None)
-            ids.append(p)
+    sent = req.prompts()  # each a text or token ids
+    texts = [p for p in sent if isinstance(p, str)]
+    if texts and served.tokenizer is None:
+        raise APIError("this model has no tokenizer.json: send prompt as token ids", param="prompt")
+    encoded = iter(await served.encode(texts, req.add_special_tokens) if texts else [])
+    ids = [next(encoded) if isinstance(p, str) else p for p in sent]
+    prompts = [p if isinstance(p, str) else None for p in sent]
     for i, one in enumerate(ids):
         if req.truncate_prompt_tokens is not None and len(one) > req.truncate_prompt_tokens:
             ids[i], prompts[i] = one[-req.truncate_prompt_tokens:], None  # the last ones, as vLLM keeps
     prompt_logprobs = req.logprobs if req.echo else None  # echo with logprobs: the prompt's too
     rename = req.guided_rename()
-    def prompt_texts() -> list[str]:  # a token-id prompt decoded (skipping special tokens), a text one as sent
-        return [p if p is not None else tokenizer.decode(i, skip_special_tokens=True) if tokenizer else ""
-                for p, i in zip(prompts, ids)]
+
+    async def prompt_texts() -> list[str]:  # a token-id prompt decoded (skipping special tokens), a text one as sent
+        if served.tokenizer is None:
+            return [p if p is not None else "" for p in prompts]
+        decoded = iter(await served.decode([i for p, i in zip(prompts, ids) if p is None], True))
+        return [p if p is not None else next(decoded) for p in prompts]
 
     # decoded only once the engine has accepted the ids (an id out of the vocabulary is a 400)
     return await generator.run(req, raw, "completion", ids, prompts, req.max_tokens, req.logprobs, rename,

@@ -26,7 +26,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paged import RequestError
+from paged.serve.async_engine import StoppingError
 from paged.serve.schemas import ErrorResponse
+
+RETRY_AFTER_S = 5  # what a refused client is told to wait: a restarted server takes about this long to answer
 
 logger = logging.getLogger("paged.serve")
 
@@ -46,19 +49,20 @@ class APIError(Exception):
     """A request that cannot be served; becomes the OpenAI error JSON with ``status``."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 code: str | None = None, type: str | None = None) -> None:
+                 code: str | None = None, type: str | None = None, headers: dict | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.code = code
         self.type = type or _TYPE_OF_STATUS.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers  # e.g. Retry-After on a 503 while the server stops
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self, headers: dict | None = None) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body(), status_code=self.status, headers={**(self.headers or {}), **(headers or {})})
 
     def event(self) -> ErrorResponse:
         """The error as the last event of a stream (whose status, 200, was sent with its first event)."""
@@ -120,9 +124,17 @@ def request_failure(error: BaseException, rename: dict[str, str]) -> APIError:
 
 
 def engine_failure(error: BaseException, status: int = 503) -> APIError:
-    """The engine failed under this request (its loop delivered ``error`` instead of an output): a 503
-    for an answer not yet started, ``status`` 500 (a ``server_error`` event) for a stream under way."""
+    """The engine loop delivered ``error`` instead of an output: the server is stopping and ended this
+    request (``StoppingError``: a 503 saying so, with ``Retry-After``), or the engine failed under it (a
+    503 for an answer not yet started, ``status`` 500, a ``server_error`` event, for a stream under way)."""
+    if isinstance(error, StoppingError):
+        return stopping_error(str(error))
     return APIError(f"the engine failed: {error}", status, type="server_error" if status == 500 else None)
+
+
+def stopping_error(message: str) -> APIError:
+    """A 503 of a server that is stopping: the client may retry (``Retry-After``), here or elsewhere."""
+    return APIError(message, 503, code="server_shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def install_handlers(app: FastAPI) -> None:

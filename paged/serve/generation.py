@@ -17,6 +17,19 @@ numbered ``prompt * n + j`` as OpenAI does. A client that goes away — the
 stream's task is cancelled, or the disconnect watcher fires for a non-streamed
 request — aborts its engine requests, which frees their blocks before the
 engine's next step.
+
+**Bounded answers.** What a request may ask back is bounded before anything
+runs: ``response_entries`` counts the token entries its answer could hold —
+each returned token, and with ``logprobs`` each of its alternatives — over
+every prompt and choice, echoed prompts included, and more than
+``MAX_RESPONSE_ENTRIES`` is a 400 naming the field that multiplies most. A
+grammar is built, and a large answer's JSON is written, on the offload pool
+(``offload.py``), not on the event loop.
+
+**Engine ids are the server's.** Each engine request is ``cmpl-<uuid>-<i>``
+(``chatcmpl-...``), whatever the client sent as ``request_id``: engine ids are
+what the server logs and the operator's KV view lists, and a string one client
+chose must not reach them. The response's ``id`` still carries the client's.
 """
 
 from __future__ import annotations
@@ -31,9 +44,22 @@ from fastapi.responses import Response
 
 from paged import RequestError
 from paged.serve import streaming
-from paged.serve.async_engine import EngineDeadError
-from paged.serve.errors import APIError, engine_failure, from_request_error, request_failure
+from paged.serve.async_engine import EngineDeadError, StoppingError
+from paged.serve.errors import APIError, engine_failure, from_request_error, request_failure, stopping_error
 from paged.serve.formatter import Formatter
+from paged.serve.offload import INLINE_MAX
+
+# Token entries one request's answer may hold: each returned token is one, and with logprobs each of
+# its k + 1 alternatives is one more (about 35 bytes of JSON each). 2**18 is a 9 MB answer, written
+# in well under a second; lm-eval's scoring (echo, logprobs 1) fits 40 prompts of 2 048 tokens in it.
+MAX_RESPONSE_ENTRIES = 2**18
+
+
+def response_entries(prompt_lengths: list[int], n: int, max_tokens: int, logprobs: int | None, echo: bool) -> int:
+    """The most token entries an answer can hold: per prompt, ``n`` choices of ``max_tokens`` tokens (plus the
+    prompt's own when it is echoed), each token one entry and, with ``logprobs``, ``logprobs + 1`` more."""
+    per_token = 1 + (logprobs + 1 if logprobs is not None else 0)
+    return sum(n * (max_tokens + (length if echo else 0)) * per_token for length in prompt_lengths)
 
 
 class Timing:
@@ -79,6 +105,8 @@ class Run:
     tokenizer: object
     engine: object
     metrics: object
+    work: object  # the ``Offload`` pool, for building large chunks
+    entries: int  # the most token entries the answer can hold (``response_entries``)
 
     def final_text(self, completion) -> str:
         """The engine's text (cut before the stop string), with the stop string that ended it when asked
@@ -93,16 +121,6 @@ class Run:
         if gone:
             self.engine.abort(gone)
             self.metrics.finished.labels("abort").inc(len(gone))
-
-
-def json_response(body, status_code: int = 200) -> Response:
-    """``body`` (a pydantic model) serialized by pydantic, as an ``application/json`` response."""
-    return Response(body.model_dump_json(), status_code=status_code, media_type="application/json")
-
-
-def response_id(prefix: str, req) -> str:
-    """``cmpl-<request_id>`` when the client named its request (vLLM's ``request_id``), else a fresh uuid."""
-    return f"{prefix}-{req.request_id or uuid.uuid4().hex}"
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
@@ -123,9 +141,10 @@ class Generator:
         self.engine = engine
         self.served = served
         self.metrics = metrics
+        self.work = served.work
 
-    def params(self, req, ids, max_tokens, logprobs, rename, prompt_logprobs=None):
-        """The request's ``SamplingParams``; ``rename`` maps engine field names to this endpoint's."""
+    def check_context(self, ids, max_tokens, rename) -> None:
+        """Each prompt, and ``max_tokens`` after it, must fit the model's context."""
         max_model_len = self.served.max_model_len
         prompt_param = rename.get("prompt", "prompt")
         max_tokens_name = rename.get("max_tokens", "max_tokens")
@@ -138,6 +157,27 @@ class Generator:
             raise APIError(f"{max_tokens_name} must be <= {max_model_len - longest} for this prompt "
                            f"({longest} prompt tokens + {max_tokens} > max_model_len {max_model_len}), "
                            f"got {max_tokens}", param=max_tokens_name, code="context_length_exceeded")
+
+    def check_answer_size(self, req, ids, max_tokens, logprobs, rename, echo: bool) -> int:
+        """The most token entries the answer can hold (``response_entries``); more than
+        ``MAX_RESPONSE_ENTRIES`` is a 400 naming the field that multiplies most."""
+        longest = max(len(i) for i in ids)
+        most_tokens = max_tokens if isinstance(max_tokens, int) else self.served.max_model_len - longest
+        entries = response_entries([len(i) for i in ids], req.n, most_tokens, logprobs, echo)
+        if entries <= MAX_RESPONSE_ENTRIES:
+            return entries
+        max_tokens_name = rename.get("max_tokens", "max_tokens")
+        logprobs_name = rename.get("logprobs", "logprobs")
+        per_token = f" x (1 + {logprobs_name} {logprobs} + 1)" if logprobs is not None else ""
+        param = logprobs_name if logprobs else "n" if req.n > 1 else "echo" if echo else max_tokens_name
+        raise APIError(f"{param}: this request's answer could hold {entries} token entries ({len(ids)} prompt(s) "
+                       f"x n {req.n} x ({max_tokens_name} {most_tokens}{' + the echoed prompt' if echo else ''})"
+                       f"{per_token}); at most {MAX_RESPONSE_ENTRIES} are allowed: ask for fewer choices, "
+                       "logprobs or tokens, or send the prompts in several requests", param=param,
+                       code="response_too_large")
+
+    def params(self, req, ids, max_tokens, logprobs, rename, prompt_logprobs=None):
+        """The request's ``SamplingParams``; ``rename`` maps engine field names to this endpoint's."""
         try:
             params = req.sampling_params(max_tokens, logprobs, prompt_logprobs)
         except RequestError as e:
@@ -159,16 +199,20 @@ class Generator:
             ids: each prompt's token ids; ``prompts`` their texts where the client sent text.
             max_tokens, logprobs, prompt_logprobs: as the engine names them, already read from the
                 endpoint's own fields; ``rename`` maps engine field names back to those fields.
-            echo: None, or a callable giving the prompts' texts, called once the engine has accepted
-                the ids (an id outside the vocabulary is a 400 before anything is decoded), or the texts.
+            echo: None, the prompts' texts, or an async callable giving them, called once the engine has
+                accepted the ids (an id outside the vocabulary is a 400 before anything is decoded).
             stop_token_ids: more tokens that end a reply (chat: the template's end of turn).
         """
-        params = self.params(req, ids, max_tokens, logprobs, rename, prompt_logprobs)
+        self.check_context(ids, max_tokens, rename)
+        entries = self.check_answer_size(req, ids, max_tokens, logprobs, rename, echo is not None)
+        # a grammar is compiled while the params are built: off the loop
+        params = await self.work.run(INLINE_MAX if req.wants_grammar else 0, self.params, req, ids, max_tokens,
+                                     logprobs, rename, prompt_logprobs)
         params.stop_token_ids += [t for t in stop_token_ids if t not in params.stop_token_ids]
-        fmt = Formatter(kind, response_id("chatcmpl" if kind == "chat" else "cmpl", req), self.served.name,
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        tag = f"{prefix}-{uuid.uuid4().hex}"  # the engine's ids: the server's own (see the module's docstring)
+        fmt = Formatter(kind, f"{prefix}-{req.request_id}" if req.request_id else tag, self.served.name,
                         self.served.tokenizer, logprobs, req.return_tokens_as_token_ids)
-        # engine ids stay unique even when two clients send the same request_id
-        tag = f"{fmt.id}-{uuid.uuid4().hex[:8]}" if req.request_id else fmt.id
         rids = [f"{tag}-{i}" for i in range(len(ids))]
         try:
             outputs = await self.engine.add(list(zip(rids, ids, [params] * len(ids), prompts)))
@@ -176,14 +220,17 @@ class Generator:
             raise from_request_error(e, rename) from None
         except EngineDeadError as e:
             raise APIError(str(e), 503) from None
-        run = Run(req, fmt, rids, ids, params, rename, echo() if callable(echo) else echo, outputs,
-                  Timing(self.metrics), self.served.tokenizer, self.engine, self.metrics)
+        except StoppingError as e:
+            raise stopping_error(str(e)) from None
+        run = Run(req, fmt, rids, ids, params, rename, await echo() if callable(echo) else echo, outputs,
+                  Timing(self.metrics), self.served.tokenizer, self.engine, self.metrics, self.work, entries)
         if req.stream:
             return streaming.response(streaming.events(run))
         finals = await self._collect(run, raw)
         if finals is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return json_response(self._whole_response(run, finals))
+        body = await self.work.run(entries, lambda: self._whole_response(run, finals).model_dump_json())
+        return Response(body, media_type="application/json")
 
     async def _collect(self, run: Run, raw: Request) -> dict | None:
         """Wait for every request's final output; None if the client disconnected (requests aborted)."""

@@ -1,16 +1,24 @@
-"""The HTTP guard: plain ASGI in front of every route (API key, ``Host``, ``Content-Type``, body size).
+"""The HTTP guard: plain ASGI in front of every route (API key, operator key, ``Host``, ``Content-Type``, body size).
 
 It is plain ASGI (no ``BaseHTTPMiddleware``), so streaming responses and
 disconnect detection pass through untouched. It refuses, before any route runs:
 
-* a missing or wrong Bearer key on ``GUARDED_PREFIXES`` when the server has an
-  API key (401; compared in constant time);
+* every request once the server is stopping (503 with ``Retry-After``: see
+  ``shutdown.py``);
 * without an API key, a ``Host`` header that does not name the bind address
   (421: a page whose name was re-bound to 127.0.0.1 must not read the answers);
+* a missing or wrong Bearer key on ``GUARDED_PREFIXES`` when the server has an
+  API key (401; compared in constant time);
+* on ``OPERATOR_PREFIXES`` (the live KV view's data), any key but the
+  operator's ``--kv-view-key`` (401), and everything when the server has none
+  (403): the view shows which blocks each request found in the prefix cache,
+  so a client holding it could confirm a guess at another client's prompt
+  block by block. The API key is the clients' and does not open it;
 * a body larger than ``--max-request-bytes`` (413, by ``Content-Length`` or
   while it is read);
-* a POST whose ``Content-Type`` is not JSON (415: a web page can post
-  ``text/plain`` to any address without asking, but not JSON).
+* a POST whose ``Content-Type`` is missing or not JSON (415: a web page can
+  send ``text/plain``, a form, or a body with no type at all to any address
+  without asking the server first, but not JSON).
 
 The body is read whole here and replayed to the app, so a route never waits on a
 slow body.
@@ -24,8 +32,9 @@ import ipaddress
 from paged.serve.errors import APIError
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
-# the API, the tokenizer routes (/tokenize covers /tokenizer_info) and the KV data; /kv (a page with no data) stays open
-GUARDED_PREFIXES = ("/v1", "/kv/", "/tokenize", "/detokenize")
+# the API and the tokenizer routes (/tokenize covers /tokenizer_info); /kv (a page with no data) stays open
+GUARDED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
+OPERATOR_PREFIXES = ("/kv/",)  # the live KV view's data: the operator's key (--kv-view-key) only
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 
@@ -61,8 +70,14 @@ def is_json(content_type: bytes) -> bool:
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
+def bearer(headers: dict) -> bytes:
+    """The token of an ``Authorization: Bearer <token>`` header (``b""`` without one)."""
+    auth = headers.get(b"authorization", b"")
+    return auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+
+
 class Guard:
-    """ASGI middleware: Bearer API key on ``GUARDED_PREFIXES`` (constant-time compare) and a body size limit.
+    """ASGI middleware: the checks above, in that order, before the app sees a request.
 
     Args:
         app: the ASGI app behind the guard.
@@ -70,13 +85,30 @@ class Guard:
         max_body_bytes: larger bodies get 413 without being read further.
         bind_host: the address the server listens on; without an API key, a ``Host``
             header that does not name it gets 421 (``host_allowed``). None: no check.
+        kv_view_key: the operator's key for ``OPERATOR_PREFIXES``, or None: those answer 403.
+        stopping: returns the ``APIError`` every request gets once the server is stopping, or None.
     """
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int, bind_host: str | None = None) -> None:
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, bind_host: str | None = None,
+                 kv_view_key: str | None = None, stopping=lambda: None) -> None:
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
         self.bind_host = bind_host
+        self.kv_view_key = kv_view_key.encode() if kv_view_key else None
+        self.stopping = stopping
+
+    def _operator_refusal(self, given: bytes) -> APIError | None:
+        """None when ``given`` is the operator's key, else why not (403: the server has none; 401: wrong)."""
+        if self.kv_view_key is None:
+            return APIError("the live KV view's data is for the server's operator and this server has no "
+                            "--kv-view-key, so nobody may read it", 403, code="kv_view_disabled")
+        if hmac.compare_digest(given, self.kv_view_key):
+            return None
+        why = "wrong key" if given else "missing key"
+        return APIError(f"{why}: the live KV view's data needs 'Authorization: Bearer <key>' with the operator's "
+                        "key (--kv-view-key or PAGED_KV_VIEW_KEY; the API key does not open it)", 401,
+                        code="invalid_api_key")
 
     def _too_big(self) -> APIError:
         return APIError(f"request body is larger than the limit of {self.max_body_bytes} bytes "
@@ -85,6 +117,9 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        refusal = self.stopping()
+        if refusal is not None:
+            return await refusal.response()(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         if self.api_key is None and self.bind_host is not None:
             host = headers.get(b"host", b"").decode("latin-1")
@@ -93,9 +128,12 @@ class Guard:
                                "the server answers only requests addressed to the address it listens on",
                                421, code="misdirected_request")
                 return await err.response()(scope, receive, send)
-        if self.api_key is not None and scope["path"].startswith(GUARDED_PREFIXES):
-            auth = headers.get(b"authorization", b"")
-            given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+        if scope["path"].startswith(OPERATOR_PREFIXES):
+            err = self._operator_refusal(bearer(headers))
+            if err is not None:
+                return await err.response(headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        elif self.api_key is not None and scope["path"].startswith(GUARDED_PREFIXES):
+            given = bearer(headers)
             if not hmac.compare_digest(given, self.api_key):
                 why = "wrong API key" if given else "missing API key"
                 err = APIError(f"{why}: send the header 'Authorization: Bearer <key>' with the key the "
@@ -108,9 +146,11 @@ class Guard:
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         content_type = headers.get(b"content-type")
-        if content_type is not None and not is_json(content_type):
-            err = APIError(f"Content-Type {content_type.decode('latin-1')!r} is not accepted: send the body as "
-                           "JSON with 'Content-Type: application/json'", 415, code="unsupported_media_type")
+        if content_type is None or not is_json(content_type):
+            given = f"Content-Type {content_type.decode('latin-1')!r} is" if content_type else "a body without a " \
+                "Content-Type is"
+            err = APIError(f"{given} not accepted: send the body as JSON with 'Content-Type: application/json'",
+                           415, code="unsupported_media_type")
             return await err.response()(scope, receive, send)
         chunks, size = [], 0
         while True:

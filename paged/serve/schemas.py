@@ -161,7 +161,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
-    root: str = Field(description="the checkpoint folder")
+    root: str = Field(description="the model's name, as served (never a path on the server)")
     max_model_len: int = Field(ge=1)
 
 

@@ -11,7 +11,8 @@ the queue its outputs arrive on) and yields the events' text.
   the non-streamed text.
 * **Chat opens each choice** with an empty ``role: assistant`` delta; ``echo``
   sends the prompt first (with ``logprobs``, once the prompt's logprobs came
-  with the first output).
+  with the first output; those events, the largest a stream sends, are written
+  on the offload pool).
 * **A failure mid-stream** (the engine, or this request's own grammar) ends the
   stream with an error event: the 200 status went out with the first event.
 * **A client that goes away** cancels the generator; its ``finally`` aborts the
@@ -81,9 +82,13 @@ async def events(run):
             i = pos[out.request_id]
             if i in echo_pending and out.prompt_logprobs is not None:
                 echo_pending.discard(i)
-                lp = fmt.logprobs(ids[i], out.prompt_logprobs)
-                for j in range(n):
-                    yield sse(fmt.chunk(i * n + j, echo[i], lp, counts=counts(i, i * n + j)))
+
+                def echo_events(i: int = i, prompt_logprobs=out.prompt_logprobs) -> list[str]:
+                    lp = fmt.logprobs(ids[i], prompt_logprobs)
+                    return [sse(fmt.chunk(i * n + j, echo[i], lp, counts=counts(i, i * n + j))) for j in range(n)]
+                # the prompt's logprobs, n times: as large as answers get, so written off the loop
+                for event in await run.work.run(n * len(ids[i]) * (run.params.prompt_logprobs + 2), echo_events):
+                    yield event
             for c in out.outputs:
                 index = i * n + c.index
                 if index in ended:

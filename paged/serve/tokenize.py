@@ -9,6 +9,9 @@ tokenizer: ``/tokenizer_info`` gives the special tokens and the chat template,
 added by default, as ``/v1/completions`` adds them) or chat ``messages``
 (rendered by the same ``ChatRenderer`` as ``/v1/chat/completions``, so the
 count is exactly that endpoint's ``usage.prompt_tokens``).
+
+A body may hold megabytes of text, so tokenizing, the token strings and the
+answer's JSON are computed off the event loop (``offload.py``) when large.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import Response
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from paged.serve import offload
 from paged.serve.body import parse_body
 from paged.serve.errors import APIError
 from paged.serve.openapi import COMPONENTS, error_responses
@@ -135,6 +140,11 @@ def install(app, served) -> None:
             raise APIError(f"tokens: ids must be in [0, {vocab}) for this tokenizer, got {bad[:5]}",
                            param="tokens", code="invalid_value")
 
+    async def json_off_loop(size: int, answer) -> Response:
+        """``answer()`` (a response model) serialized on the offload pool when ``size`` is large."""
+        body = await served.work.run(size, lambda: answer().model_dump_json())
+        return Response(body, media_type="application/json")
+
     errors = error_responses(400, 401, 413, _404="no model of that name, or the model has no tokenizer")
 
     @app.post("/tokenize", tags=["tokenizer"], summary="Token ids of a prompt or of chat messages",
@@ -147,20 +157,27 @@ def install(app, served) -> None:
             if served.chat is None:
                 raise APIError(served.no_chat, param="messages", code="chat_template_missing")
             messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-            _, ids = served.render_chat(messages, req.add_generation_prompt, req.continue_final_message,
-                                        req.add_special_tokens, req.chat_template_kwargs)
+            _, ids = await served.render_chat(messages, req.add_generation_prompt, req.continue_final_message,
+                                              req.add_special_tokens, req.chat_template_kwargs)
         else:
-            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens).ids
-        strs = [tok.decode([t], skip_special_tokens=False) for t in ids] if req.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=served.max_model_len, tokens=ids, token_strs=strs)
+            (ids,) = await served.encode([req.prompt], req.add_special_tokens)
+
+        def answer() -> TokenizeResponse:  # each token's text: one batch call, which lets go of the GIL
+            strs = tok.decode_batch([[t] for t in ids], skip_special_tokens=False) if req.return_token_strs else None
+            return TokenizeResponse(count=len(ids), max_model_len=served.max_model_len, tokens=ids, token_strs=strs)
+        return await json_off_loop(len(ids), answer)
 
     @app.post("/detokenize", tags=["tokenizer"], summary="The text of token ids",
               openapi_extra=_body("detokenize", DetokenizeRequest), responses=errors)
     async def detokenize(raw: Request) -> DetokenizeResponse:
         req = await parse_body(raw, DetokenizeRequest)
         served.check(req.model)
-        check_ids(req.tokens)
-        return DetokenizeResponse(prompt=tokenizer().decode(req.tokens, skip_special_tokens=False))
+        tokenizer()
+
+        def answer() -> DetokenizeResponse:
+            check_ids(req.tokens)
+            return DetokenizeResponse(prompt=offload.decode(served.tokenizer, req.tokens, False))
+        return await json_off_loop(len(req.tokens), answer)
 
     @app.get("/tokenizer_info", tags=["tokenizer"], summary="The tokenizer's special tokens and chat template",
              responses=error_responses(401, _404="the model has no tokenizer"))
