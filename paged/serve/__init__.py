@@ -22,6 +22,9 @@ models of ``schemas``); every failure on the way is mapped in ``errors``.
 - :mod:`paged.serve.chat_template` — chat messages to a prompt (the checkpoint's template),
 - :mod:`paged.serve.detokenize` — incremental detokenization and stop-string holdback,
 - :mod:`paged.serve.async_engine` — the single engine thread and its queues,
+- :mod:`paged.serve.offload` — the thread pool for heavy work, off the event loop,
+- :mod:`paged.serve.connections`, :mod:`paged.serve.shutdown` — uvicorn's protocol shedding idle and slow
+  connections, and the graceful stop on SIGTERM,
 - :mod:`paged.serve.errors` — every failure as OpenAI's error JSON,
 - :mod:`paged.serve.openapi` — the published document.
 

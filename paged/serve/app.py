@@ -35,7 +35,7 @@ from fastapi import FastAPI
 
 from paged.serve import chat, completions, health, kv_view, metrics, models, tokenize
 from paged.serve.async_engine import AsyncEngine
-from paged.serve.errors import install_handlers, stopping_error
+from paged.serve.errors import install_handlers
 from paged.serve.generation import Generator
 from paged.serve.guard import DEFAULT_MAX_BODY_BYTES, Guard
 from paged.serve.offload import Offload
@@ -97,7 +97,6 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     async def root() -> Index:
         return Index(name="paged", model=served_model_name, endpoints=ENDPOINTS)
 
-    guarded = Guard(app, api_key, max_body_bytes, bind_host, kv_view_key,
-                    stopping=lambda: stopping_error(engine.stopping) if engine.stopping else None)
+    guarded = Guard(app, api_key, max_body_bytes, bind_host, kv_view_key, admission=engine)
     guarded.fastapi = app
     return guarded

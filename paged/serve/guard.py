@@ -29,7 +29,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 
-from paged.serve.errors import APIError
+from paged.serve.errors import APIError, stopping_error
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 # the API and the tokenizer routes (/tokenize covers /tokenizer_info); /kv (a page with no data) stays open
@@ -86,17 +86,18 @@ class Guard:
         bind_host: the address the server listens on; without an API key, a ``Host``
             header that does not name it gets 421 (``host_allowed``). None: no check.
         kv_view_key: the operator's key for ``OPERATOR_PREFIXES``, or None: those answer 403.
-        stopping: returns the ``APIError`` every request gets once the server is stopping, or None.
+        admission: what says whether the server still admits requests (the ``AsyncEngine``): its
+            ``stopping`` is None, or why it no longer does. None: it always does.
     """
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int, bind_host: str | None = None,
-                 kv_view_key: str | None = None, stopping=lambda: None) -> None:
+                 kv_view_key: str | None = None, admission=None) -> None:
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
         self.bind_host = bind_host
         self.kv_view_key = kv_view_key.encode() if kv_view_key else None
-        self.stopping = stopping
+        self.admission = admission
 
     def _operator_refusal(self, given: bytes) -> APIError | None:
         """None when ``given`` is the operator's key, else why not (403: the server has none; 401: wrong)."""
@@ -117,9 +118,8 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        refusal = self.stopping()
-        if refusal is not None:
-            return await refusal.response()(scope, receive, send)
+        if self.admission is not None and self.admission.stopping is not None:
+            return await stopping_error(self.admission.stopping).response()(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         if self.api_key is None and self.bind_host is not None:
             host = headers.get(b"host", b"").decode("latin-1")

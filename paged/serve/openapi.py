@@ -36,7 +36,7 @@ ERRORS = {
     400: "the request is malformed or out of bounds; the message names the field and the bound",
     401: "missing or wrong API key (only when the server was started with one)",
     413: "the body is larger than --max-request-bytes",
-    415: "the body's Content-Type is not JSON",
+    415: "the body's Content-Type is missing or not JSON",
     421: "no API key is set and the Host header does not name the address the server listens on",
     500: "this request's own processing failed while it ran (e.g. a logits processor raised); the others go on",
 }
@@ -89,7 +89,7 @@ def generation_route(request_model: type[BaseModel], response_model: type[BaseMo
             "responses": {200: {"model": response_model, "content": event_stream(chunk_model),
                                 "description": "the completion; with stream: true, server-sent events"},
                           **error_responses(400, 401, 413, 415, 421, 500, _404="the model named is not served here",
-                                            _503="the engine failed; the server takes no more requests")}}
+                                            _503="the engine failed, or the server is stopping (with Retry-After)")}}
 
 
 def openapi_document(app: FastAPI, request_models: list[type[BaseModel]], chunk_models: list[type[BaseModel]],

@@ -59,11 +59,13 @@ def test_guard_refuses_a_body_that_is_not_json_by_content_type(content_type, sta
 
 
 def test_guard_answers_503_with_retry_after_once_stopping():
-    """Every request, even a GET, gets the stopping server's 503 and its Retry-After before any other check."""
-    from paged.serve.errors import RETRY_AFTER_S, stopping_error
+    """A request gets the stopping server's 503 and its Retry-After before any other check (here: the key)."""
+    from types import SimpleNamespace
 
-    refusal = stopping_error("the server is stopping")
-    guard = Guard(_ok, api_key="k", max_body_bytes=1024, bind_host=None, stopping=lambda: refusal)
+    from paged.serve.errors import RETRY_AFTER_S
+
+    guard = Guard(_ok, api_key="k", max_body_bytes=1024, bind_host=None,
+                  admission=SimpleNamespace(stopping="the server is stopping"))
     r = _post(guard, {})
     assert r.status_code == 503 and r.headers["retry-after"] == str(RETRY_AFTER_S)
     assert r.json()["error"]["code"] == "server_shutting_down"
