@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     from paged.models.config import ModelLoadError
     from paged.serve.app import build_app
     from paged.serve.async_engine import describe
-    from paged.serve.connections import BACKLOG, Shedding, connection_cap
+    from paged.serve.connections import Shedding, connection_limits
     from paged.serve.shutdown import GracefulServer
 
     try:
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     logger.info("serving on http://%s:%d/v1 (try GET /v1/models); the live KV cache view, for the operator: "
                 "http://%s:%d/kv#key=%s", args.host, args.port, args.host, args.port,
                 "<--kv-view-key>" if args.kv_view_key else kv_view_key)
-    max_connections = connection_cap(args.max_connections)
+    max_connections, backlog = connection_limits(args.max_connections)
     if max_connections < args.max_connections:
         logger.warning("--max-connections lowered to %d: the descriptor limit (ulimit -n) holds no more",
                        max_connections)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
                     on_engine_failure=stop_serving, kv_view_key=kv_view_key)
     shedding = Shedding(max_connections, args.idle_timeout, args.header_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=shedding.protocol,
-                            backlog=BACKLOG, timeout_graceful_shutdown=5)
+                            backlog=backlog, timeout_graceful_shutdown=5)
     server = GracefulServer(config, app.fastapi.state.engine, args.shutdown_timeout,
                             on_start=lambda loop: loop.set_exception_handler(shedding.exception_handler))
     server.run()

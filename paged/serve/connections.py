@@ -17,7 +17,8 @@ in the transport, before a request reaches the app:
 * **connection cap** (``--max-connections``): a connection beyond it is
   answered at once with a 503 (OpenAI's error JSON, ``Retry-After``) and
   closed. The cap is kept below the process's descriptor limit (raised to
-  its hard limit when the cap needs it), so ``accept`` does not run out.
+  its hard limit when the cap needs it), so ``accept`` does not run out
+  (``connection_limits``).
 
 What is shed is logged as one line per burst (``BurstLog``: counts per
 reason, at most one line every ``BURST_S`` seconds), and so are the event
@@ -39,7 +40,7 @@ logger = logging.getLogger("paged.serve")
 DEFAULT_MAX_CONNECTIONS = 1000
 DEFAULT_IDLE_TIMEOUT_S = 10.0
 DEFAULT_HEADER_TIMEOUT_S = 10.0
-BACKLOG = 128  # connections the kernel queues, and asyncio accepts in one go, before the cap can refuse them
+MAX_BACKLOG = 511  # connections the kernel queues (nginx's default), fewer when descriptors are short
 FD_RESERVE = 64  # descriptors the process holds besides its connections (model files, pipes, the loop's own)
 BURST_S = 10.0  # a burst's counts are logged once, this long after its first event
 RETRY_OVER_CAP_S = 1  # a refused client may try again this soon: connections come and go quickly
@@ -54,11 +55,15 @@ def raw_response(status: int, reason: str, message: str, code: str, headers: dic
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-def connection_cap(wanted: int) -> int:
-    """``wanted``, or fewer when the descriptor limit cannot hold that many connections (raised to the hard
-    limit first when that helps)."""
+def connection_limits(wanted: int) -> tuple[int, int]:
+    """``(cap, backlog)``: ``wanted`` connections, or fewer when the descriptor limit cannot hold them (raised to
+    its hard limit first when that helps), and the listen backlog that leaves room for.
+
+    asyncio accepts up to a backlog's worth of connections in one go before the cap can refuse any, so the
+    limit must hold the cap, the backlog and the process's own descriptors (``FD_RESERVE``) at once.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = wanted + BACKLOG + FD_RESERVE
+    needed = wanted + MAX_BACKLOG + FD_RESERVE
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         try:
@@ -67,8 +72,9 @@ def connection_cap(wanted: int) -> int:
         except (ValueError, OSError):
             pass
     if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, soft - BACKLOG - FD_RESERVE))
+        return wanted, MAX_BACKLOG
+    backlog = min(MAX_BACKLOG, soft // 8)
+    return max(1, min(wanted, soft - backlog - FD_RESERVE)), backlog
 
 
 class BurstLog:
@@ -98,7 +104,7 @@ class Shedding:
     """The limits every connection of one server is held to, and the burst log they share.
 
     Args:
-        max_connections: connections served at once; beyond it a 503 (see ``connection_cap``).
+        max_connections: connections served at once; beyond it a 503 (see ``connection_limits``).
         idle_timeout: seconds a new connection may wait before the first byte of a request.
         header_timeout: seconds a request head may take from its first byte to its end.
         burst_log: the ``BurstLog`` (a fresh one by default).

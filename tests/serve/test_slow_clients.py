@@ -28,7 +28,7 @@ import httpx
 import pytest
 import uvicorn
 
-from paged.serve.connections import BACKLOG, FD_RESERVE, BurstLog, Shedding, connection_cap
+from paged.serve.connections import FD_RESERVE, BurstLog, Shedding, connection_limits
 from tests.serve.conftest import Server, server_args
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -51,7 +51,7 @@ class Running:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         config = uvicorn.Config(ok_app, host="127.0.0.1", port=self.port, http=shedding.protocol, lifespan="off",
-                                log_level="warning", backlog=BACKLOG)
+                                log_level="warning", backlog=64)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -197,10 +197,11 @@ def test_failed_accepts_are_counted_not_logged_one_by_one():
     assert lines == ["shed 2000 connection(s) in the last 0 s: 2000 not accepted: no file descriptor left"]
 
 
-def test_the_cap_stays_below_the_descriptor_limit():
+def test_the_cap_and_backlog_stay_below_the_descriptor_limit():
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert connection_cap(10) == 10
-    assert connection_cap(10**9) <= resource.getrlimit(resource.RLIMIT_NOFILE)[0] - BACKLOG - FD_RESERVE
+    assert connection_limits(10)[0] == 10
+    cap, backlog = connection_limits(10**9)
+    assert 0 < backlog and cap + backlog + FD_RESERVE <= resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= soft  # raised, never lowered
 
 
