@@ -48,8 +48,8 @@ CASES = {  # name: (route, body)
     "prompts 256 token-id lists (the bound)": (COMPLETIONS, {**BASE, "prompt": [[5, 6, 7]] * 256, "max_tokens": 1}),
     "response n 64, echo, logprobs 20, 2 KB prompt": (COMPLETIONS, {**BASE, "prompt": CODE, "n": 64, "echo": True,
                                                                    "logprobs": 20, "max_tokens": 16}),
-    "response n 20, echo, logprobs 20, 2 KB prompt (the bound)": (
-        COMPLETIONS, {**BASE, "prompt": CODE, "n": 20, "echo": True, "logprobs": 20, "max_tokens": 16}),
+    "response n 13, echo, logprobs 20, 2 KB prompt (the largest allowed)": (
+        COMPLETIONS, {**BASE, "prompt": CODE, "n": 13, "echo": True, "logprobs": 20, "max_tokens": 16}),
     "tokenize 3 MB": (TOKENIZE, {"prompt": CODE * 1515}),
     "tokenize 3 MB, return_token_strs": (TOKENIZE, {"prompt": CODE * 1515, "return_token_strs": True}),
     "prompt 1 MiB text (too long)": (COMPLETIONS, {**BASE, "prompt": CODE * 530}),
