@@ -4,35 +4,16 @@ This is the test-side path the models are checked with before paging
 exists: before each forward pass ``begin(seq_ids, query_lens)`` says how the
 packed tokens split into sequences; each layer call appends the new keys and
 values to that sequence's contiguous K/V and runs causal scaled-dot-product
-attention over them. The loop over sequences is deliberate and lives only
-here: it is the plain reference the engine's paged path is compared with.
+attention over them (``paged.kernels.contiguous.causal_attention``, the one
+oracle). The loop over sequences is deliberate and lives only here: it is the
+plain reference the engine's paged path is compared with.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-
-def causal_attention(
-    q: torch.Tensor,  # [T_q, H, D]   queries of the last T_q positions
-    k: torch.Tensor,  # [T_k, H_kv, D] every key of the sequence, oldest first
-    v: torch.Tensor,  # [T_k, H_kv, D]
-    scale: float,
-) -> torch.Tensor:  # [T_q, H, D]
-    """Query ``i`` sits at position ``T_k - T_q + i`` and sees keys ``0..`` that position.
-
-    Grouped-query attention by repeating each KV head ``H // H_kv`` times.
-    """
-    t_q, h, _ = q.shape
-    t_k, h_kv, _ = k.shape
-    k = k.repeat_interleave(h // h_kv, dim=1)  # [T_k, H, D]
-    v = v.repeat_interleave(h // h_kv, dim=1)
-    mask = torch.arange(t_k, device=q.device)[None, :] <= torch.arange(t_k - t_q, t_k, device=q.device)[:, None]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
-    )  # [H, T_q, D]
-    return out.transpose(0, 1)
+from paged.kernels.contiguous import causal_attention
 
 
 class ContiguousAttention:

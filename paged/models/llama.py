@@ -23,7 +23,7 @@ from torch import nn
 from paged.models.attention import Attention
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
-from paged.models.layers import Embedding, MergedLinear, RMSNorm, RotaryEmbedding, silu_and_mul
+from paged.models.layers import Embedding, Linear, MergedLinear, RMSNorm, RotaryEmbedding, silu_and_mul
 
 
 class LlamaAttention(nn.Module):
@@ -35,7 +35,7 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = h, h_kv, d
         self.scale = d**-0.5
         self.qkv_proj = MergedLinear(config.hidden_size, (h * d, h_kv * d, h_kv * d), bias=config.qkv_bias)
-        self.o_proj = nn.Linear(h * d, config.hidden_size, bias=config.o_bias)
+        self.o_proj = Linear(h * d, config.hidden_size, bias=config.o_bias)
         self.rotary = [rotary]  # shared by all layers; a list so it is not registered L times
 
     # --8<-- [start:attention]
@@ -60,7 +60,7 @@ class LlamaMLP(nn.Module):
         super().__init__()
         i = config.intermediate_size
         self.gate_up_proj = MergedLinear(config.hidden_size, (i, i), bias=config.mlp_bias)
-        self.down_proj = nn.Linear(i, config.hidden_size, bias=config.mlp_bias)
+        self.down_proj = Linear(i, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -125,7 +125,7 @@ class LlamaForCausalLM(CausalLM):
             raise ValueError(f"LlamaForCausalLM needs a llama-family config, got {config.architecture!r}")
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
     def get_input_embeddings(self) -> nn.Embedding:

@@ -21,7 +21,7 @@ import torch
 
 from paged.demo import DEFAULT_MODEL_PATH
 from paged.models import ModelLoadError, greedy_generate, load_model
-from paged.models.gguf_loader import unpermute_rows
+from paged.models.gguf_names import unpermute_rows
 from tests.gguf_files import permute_rows, write_gguf
 from tests.hf_models import build_hf_model, save_checkpoint
 

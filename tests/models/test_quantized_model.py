@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from paged import LLM, SamplingParams
 from paged.models import load_model
 from paged.models.contiguous import ContiguousAttention
-from paged.models.quantized import DENSE_ROWS, QuantizedLinear, quantize_activations, use_kernel_only
+from paged.models.quantized import DENSE_ROWS, QuantizedLinear, quantize_activations
 from tests.gguf_files import write_gguf
 from tests.hf_models import build_hf_model, save_checkpoint
 
@@ -61,7 +61,7 @@ def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
     assert len(linears) == 4 * layers + 1 and {m.format for m in linears} == {qtype.name}
     inside = {id(m.dense) for m in linears}
     assert all(id(m) in inside for m in quant.model.modules() if type(m) is torch.nn.Linear)
-    use_kernel_only(quant.model, True)  # a prompt of 11 rows would go to the dense layers otherwise
+    quant.model.prepare_for_serving(batch_invariant=True)  # 11 rows would go to the dense layers otherwise
     want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
     got = _logits(quant.model, PROMPT)
     bound = 1e-4 * want.abs().max()
@@ -74,7 +74,7 @@ def test_tied_head_reads_the_embedding_blocks(tmp_path):
     """A tied LM head is quantized from token_embd's blocks; the embedding lookup stays dense."""
     path = _gguf(tmp_path, T.Q8_0, kind="llama_tied_bias")  # biases: those linears stay dense
     quant = load_model(path, dtype="float32", quantization="gguf")
-    use_kernel_only(quant.model, True)
+    quant.model.prepare_for_serving(batch_invariant=True)
     assert isinstance(quant.model.lm_head, QuantizedLinear)
     assert type(quant.model.model.embed_tokens).__name__ == "Embedding"
     assert not isinstance(quant.model.model.layers[0].self_attn.qkv_proj, QuantizedLinear)  # it has a bias
@@ -90,7 +90,7 @@ def test_many_rows_take_the_dense_layers(tmp_path):
     assert torch.equal(_logits(quant.model, PROMPT), _logits(dense.model, PROMPT))
     short = PROMPT[:DENSE_ROWS]
     assert not torch.equal(_logits(quant.model, short), _logits(dense.model, short))
-    use_kernel_only(quant.model, True)
+    quant.model.prepare_for_serving(batch_invariant=True)
     kernel = _logits(quant.model, PROMPT)
     assert not torch.equal(kernel, _logits(dense.model, PROMPT))
 
@@ -124,3 +124,17 @@ def test_bad_choices_are_refused_before_loading(tmp_path):
         load_model(path, dtype="float16", quantization="gguf")
     with pytest.raises(ValueError, match="cannot be combined with tensor_parallel_size=2"):
         LLM(model=str(path), quantization="gguf", tensor_parallel_size=2)
+
+
+def test_prepare_for_serving_says_when_rows_are_independent(tmp_path):
+    """Exact: batch-invariant, a model whose every linear is quantized runs only kernels, whose rows do not
+    depend on the row count; otherwise its layers keep their dense path, and a dense model never has
+    independent rows. The choice is the model's own (``CausalLM.prepare_for_serving``)."""
+    path = _gguf(tmp_path, T.Q4_1)
+    quant = load_model(path, dtype="float32", quantization="gguf").model
+    linears = [m for m in quant.modules() if isinstance(m, QuantizedLinear)]
+    assert quant.prepare_for_serving(batch_invariant=True).rows_independent
+    assert all(m.dense_rows is None for m in linears)
+    assert not quant.prepare_for_serving(batch_invariant=False).rows_independent
+    assert all(m.dense_rows == DENSE_ROWS for m in linears)
+    assert not load_model(path, dtype="float32").model.prepare_for_serving(batch_invariant=True).rows_independent
