@@ -15,10 +15,11 @@ from pathlib import Path
 
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig, ModelLoadError
-from paged.models.llama import LlamaForCausalLM
+from paged.models.gemma import GemmaForCausalLM
+from paged.models.llama import LlamaForCausalLM, Phi3ForCausalLM
 from paged.models.opt import OPTForCausalLM
 
-MODEL_CLASSES = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}
+MODEL_CLASSES = {"llama": LlamaForCausalLM, "phi3": Phi3ForCausalLM, "gemma": GemmaForCausalLM, "opt": OPTForCausalLM}
 # Checkpoint entries that carry no weights of ours: old Llama checkpoints saved the RoPE frequencies.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

@@ -58,8 +58,10 @@ class ContiguousAttention:
         """
         del self._kv[seq_id]
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """Append ``k``/``v`` per sequence and attend; shapes as in ``Attention``."""
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
+                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        """Append ``k``/``v`` per sequence and attend; shapes and options as in ``Attention``. All keys are
+        kept: a window masks the old ones, it does not drop them."""
         lens = [n for _, n in self._batch]
         if q.shape[0] != sum(lens):
             raise ValueError(f"got {q.shape[0]} tokens but begin() declared {sum(lens)}")
@@ -70,5 +72,5 @@ class ContiguousAttention:
                 k_s, v_s = torch.cat((cached[0], k_s)), torch.cat((cached[1], v_s))
             self._kv[sid][layer] = (k_s, v_s)  # [T_k, H_kv, D] each
             if q_s.shape[0]:
-                outs.append(causal_attention(q_s, k_s, v_s, scale))
+                outs.append(causal_attention(q_s, k_s, v_s, scale, window, softcap))
         return torch.cat(outs) if outs else q.new_empty(q.shape)

@@ -74,7 +74,7 @@ class Converted:
 
     Attributes:
         weights: parameter name (``model.named_parameters()``) -> CPU tensor in the load's dtype.
-        hf_config: the ``config.json`` fields (``ModelConfig.from_hf`` reads them).
+        hf_config: the ``config.json`` fields (``hf_config.parse_hf_config`` reads them).
         tokenizer_json: the rebuilt tokenizer as ``tokenizer.json`` text, or None when the file has none.
         chat_template: the Jinja chat template, or None.
         special_tokens: the ``bos_token`` / ``eos_token`` strings the template may print.

@@ -37,15 +37,17 @@ import numpy as np
 import torch
 
 from paged.models.checkpoint import LoadedModel, build_model, plan_checkpoint
-from paged.models.config import ModelConfig, ModelLoadError
+from paged.models.config import ModelLoadError
 from paged.models.gguf_cache import Converted, GGUFCache
-from paged.models.gguf_names import hf_tensor_name, permuted_projections, unpermute_rows
+from paged.models.gguf_names import ARCHITECTURES, hf_tensor_name, permuted_projections, stored_plus_one, unpermute_rows
 from paged.models.gguf_reader import check_gguf_file, field, open_gguf, row_major_shape, tensor_table
+from paged.models.hf_config import parse_hf_config
 from paged.models.gguf_tokenizer import build_tokenizer, chat_template_from_gguf
 from paged.models.quantized import quantize_linears
 
-# llama.cpp's architecture string -> config.json's model_type
-SUPPORTED_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+# Gemma 2 27B / Gemma 3 27B (by their layer counts) scale scores by hidden / heads, the others by the head
+# dimension (llama.cpp's rule; the files do not say)
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def _supported_types():
@@ -66,9 +68,9 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
     """The GGUF metadata as ``config.json``'s fields; unsupported files raise ``ModelLoadError`` before any
     tensor is read."""
     arch = field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch not in ARCHITECTURES:
         raise ModelLoadError(
-            f"{path}: architecture {arch!r} is not supported; supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+            f"{path}: architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
 
     def need(key: str):
@@ -77,29 +79,30 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
             raise ModelLoadError(f"{path}: metadata key {arch}.{key!r} is missing")
         return value
 
-    tensor_names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in tensor_names:
-        raise ModelLoadError(f"{path}: per-frequency RoPE factors (rope_freqs.weight, Llama 3.1 style) are not supported")
+    tensors = {t.name: t for t in reader.tensors}
+    if "rope_factors_short.weight" in tensors or "rope_factors_long.weight" in tensors:
+        raise ModelLoadError(f"{path}: LongRoPE factors (rope_factors_short/long.weight, Phi-3 128k) are not "
+                             "supported in GGUF files; load the Hugging Face folder")
     scaling_type = field(reader, f"{arch}.rope.scaling.type", "none")
     if scaling_type not in ("none", "linear"):
         raise ModelLoadError(f"{path}: RoPE scaling {scaling_type!r} is not supported; supported: none, linear")
     heads = int(need("attention.head_count"))
     hidden = int(need("embedding_length"))
+    layers = int(need("block_count"))
     head_dim = int(field(reader, f"{arch}.attention.key_length", hidden // heads))
     if int(field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
         raise ModelLoadError(f"{path}: partial rotary embeddings ({arch}.rope.dimension_count != head dim) "
                              "are not supported")
-    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    embedding = tensors.get("token_embd.weight")
     if embedding is None:
         raise ModelLoadError(f"{path}: tensor 'token_embd.weight' (the token embedding) is missing")
     eos = [field(reader, key) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
     window = field(reader, f"{arch}.attention.sliding_window")
-    has_bias = "blk.0.attn_q.bias" in tensor_names
     hf = {
-        "model_type": SUPPORTED_ARCHITECTURES[arch],
+        "model_type": ARCHITECTURES[arch],
         "vocab_size": int(embedding.shape[-1]),  # GGUF lists dimensions fastest-first: [hidden, vocab]
         "hidden_size": hidden,
-        "num_hidden_layers": int(need("block_count")),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": int(field(reader, f"{arch}.attention.head_count_kv", heads)),
         "head_dim": head_dim,
@@ -107,31 +110,45 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
         "max_position_embeddings": int(need("context_length")),
         "rope_theta": _decimal(field(reader, f"{arch}.rope.freq_base", 10000.0)),
         "rms_norm_eps": _decimal(need("attention.layer_norm_rms_epsilon")),
-        "attention_bias": has_bias,
-        "mlp_bias": "blk.0.ffn_down.bias" in tensor_names,
-        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_down.bias" in tensors,
+        "tie_word_embeddings": "output.weight" not in tensors,
         "bos_token_id": field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": sorted({int(e) for e in eos if e is not None}),
         "sliding_window": window,
         "use_sliding_window": window is not None,
     }
+    if arch in _GEMMA_27B_LAYERS:
+        hf["query_pre_attn_scalar"] = hidden // heads if layers == _GEMMA_27B_LAYERS[arch] else head_dim
+        hf["sliding_window_pattern"] = field(reader, f"{arch}.attention.sliding_window_pattern", 6)
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            hf[key] = field(reader, f"{arch}.{key}")
     if scaling_type == "linear":
         hf["rope_scaling"] = {"rope_type": "linear", "factor": float(field(reader, f"{arch}.rope.scaling.factor"))}
+    if "rope_freqs.weight" in tensors:  # Llama 3.1's bands as llama.cpp keeps them: one divisor per frequency
+        factors = dequantize(tensors["rope_freqs.weight"], path).reshape(-1)
+        if factors.numel() != head_dim // 2:
+            raise ModelLoadError(f"{path}: rope_freqs.weight has {factors.numel()} factors, the head dimension "
+                                 f"{head_dim} needs {head_dim // 2}")
+        hf["rope_scaling"] = {"rope_type": "freq_factors", "factors": factors.tolist()}
     return hf
 
 
-def tensor_index(reader, path: Path) -> dict[str, tuple[Path, tuple[int, ...], object]]:
-    """Hugging Face tensor name -> (file, row-major shape, ``ReaderTensor``), checking every tensor's type."""
+def tensor_index(reader, path: Path, model_type: str) -> dict[str, tuple[Path, tuple[int, ...], object]]:
+    """Hugging Face tensor name -> (file, row-major shape, ``ReaderTensor``), checking every tensor's type.
+    ``rope_freqs.weight`` is not a weight: ``hf_config_from_gguf`` read it into the config."""
     supported = _supported_types()
     found = {}
     for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            continue
         if tensor.tensor_type not in supported:
             names = ", ".join(t.name for t in supported)
             raise ModelLoadError(f"{path}: tensor {tensor.name!r} has type {tensor.tensor_type.name}, which this "
                                  f"loader cannot dequantize; supported: {names}")
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, model_type)
         if name is None:
-            raise ModelLoadError(f"{path}: unexpected tensor {tensor.name!r} for a llama-family model")
+            raise ModelLoadError(f"{path}: unexpected tensor {tensor.name!r} for a {model_type} model")
         found[name] = (path, row_major_shape(tensor), tensor)
     return found
 
@@ -156,8 +173,8 @@ def convert_gguf(path: Path, dtype: torch.dtype) -> Converted:
     """
     reader = open_gguf(path)
     hf_config = hf_config_from_gguf(reader, path)
-    config = ModelConfig.from_hf(hf_config, source=str(path))
-    found = tensor_index(reader, path)
+    config = parse_hf_config(hf_config, source=str(path))
+    found = tensor_index(reader, path, config.model_type)
     with torch.device("meta"):
         skeleton = build_model(config)
     layout = plan_checkpoint(skeleton, found, path)
@@ -175,6 +192,8 @@ def convert_gguf(path: Path, dtype: torch.dtype) -> Converted:
             proj = ck_name.split(".")[-2]
             if proj in unpermute:
                 weight = unpermute_rows(weight, unpermute[proj])
+            if stored_plus_one(config.model_type, ck_name):
+                weight = weight - 1  # float32, as transformers reads a Gemma file
             weights[pname][row : row + rows].copy_(weight)  # the cast to dtype
     return Converted(weights=weights, hf_config=hf_config,
                      tokenizer_json=None if tokenizer is None else tokenizer.to_str(),
@@ -205,7 +224,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: str | torch.device,
     # --8<-- [end:cache]
     for message in converted.warnings:
         warnings.warn(message, stacklevel=3)
-    config = ModelConfig.from_hf(converted.hf_config, source=str(path))
+    config = parse_hf_config(converted.hf_config, source=str(path))
     with torch.device("meta"):
         model = build_model(config)
     names = {name for name, _ in model.named_parameters()}

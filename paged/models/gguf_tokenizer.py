@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 from paged.models.gguf_reader import field
+from paged.models.gguf_sentencepiece import sentencepiece_tokenizer
 
 # GGUF token types (llama.cpp's llama_token_type): 3 is a control token, 4 a user-defined one.
 _CONTROL, _USER_DEFINED = 3, 4
@@ -39,33 +40,46 @@ def _byte_level_vocab(tokens: list[str]) -> dict[str, int]:
 
 
 def build_tokenizer(reader, path: Path):
-    """A ``tokenizers.Tokenizer`` from the ``tokenizer.ggml.*`` metadata, or None (with a warning) when unsupported.
+    """A ``tokenizers.Tokenizer`` from the ``tokenizer.ggml.*`` metadata, or None when the file has none
+    (or, with a warning, one of another kind).
 
-    Only byte-level BPE (``tokenizer.ggml.model == "gpt2"``, what Llama 3, Qwen2 and
-    SmolLM use) is built; a SentencePiece vocabulary (``"llama"``) loads without a
-    tokenizer, so the model still serves token-id prompts.
+    Byte-level BPE (``tokenizer.ggml.model == "gpt2"``: Llama 3, Qwen2, SmolLM) comes with its merges
+    and the split rule of ``tokenizer.ggml.pre``; a SentencePiece vocabulary (``"llama"``: Llama 2,
+    Mistral, Phi-3, Gemma) is rebuilt by ``gguf_sentencepiece``. Control tokens become special tokens,
+    user-defined ones added tokens, and ``add_bos_token`` a BOS put before every text.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     kind = field(reader, "tokenizer.ggml.model")
     if kind is None:  # no tokenizer in the file, like a folder without tokenizer.json
         return None
-    if kind != "gpt2":
-        warnings.warn(f"{path}: tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); "
-                      "the model loads without a tokenizer and serves token-id prompts only", stacklevel=3)
-        return None
     tokens = list(field(reader, "tokenizer.ggml.tokens"))
-    merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges", [])]
-    tokenizer = Tokenizer(models.BPE(vocab=_byte_level_vocab(tokens), merges=merges, fuse_unk=False))
-    tokenizer.pre_tokenizer = _pre_tokenizer(field(reader, "tokenizer.ggml.pre", "default"), path, pre_tokenizers, Regex)
-    tokenizer.decoder = decoders.ByteLevel()
+    if kind == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges", [])]
+        vocab = _byte_level_vocab(tokens)
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+        pre = field(reader, "tokenizer.ggml.pre", "default")
+        tokenizer.pre_tokenizer = _pre_tokenizer(pre, path, pre_tokenizers, Regex)
+        tokenizer.decoder = decoders.ByteLevel()
+        add_bos = field(reader, "tokenizer.ggml.add_bos_token", False)
+    elif kind == "llama":
+        unk = field(reader, "tokenizer.ggml.unknown_token_id")
+        scores = list(field(reader, "tokenizer.ggml.scores", [0.0] * len(tokens)))
+        tokenizer, vocab = sentencepiece_tokenizer(field(reader, "general.architecture"), tokens, scores,
+                                                   tokens[unk] if unk is not None else None)
+        add_bos = field(reader, "tokenizer.ggml.add_bos_token", True)  # llama.cpp's default for SentencePiece
+    else:
+        warnings.warn(f"{path}: tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' and "
+                      "SentencePiece 'llama' are); the model loads without a tokenizer and serves token-id "
+                      "prompts only", stacklevel=3)
+        return None
     types = list(field(reader, "tokenizer.ggml.token_type", []))
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                   for t, kind in zip(tokens, types) if kind == _CONTROL])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False)
-                          for t, kind in zip(tokens, types) if kind == _USER_DEFINED])
+                          for t, kind in zip(tokens, types) if kind == _USER_DEFINED and t in vocab])
     bos = field(reader, "tokenizer.ggml.bos_token_id")
-    if field(reader, "tokenizer.ggml.add_bos_token", False) and bos is not None:
+    if add_bos and bos is not None:
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B", special_tokens=[(tokens[bos], bos)])
     return tokenizer

@@ -97,10 +97,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., N] -> [..., N]
         ops = fused_ops(x)
-        if ops is not None:
-            return ops.add_rms_norm(x, None, self.weight, self.eps)[0]
+        if ops is not None:  # the fused op takes rows: [T, N] (or [T * H, N] for per-head norms)
+            return ops.add_rms_norm(x.reshape(-1, x.shape[-1]), None, self.weight, self.eps)[0].view(x.shape)
         return self.eager(x)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,21 +119,30 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:  # [D/2] float32
+def rope_inverse_frequencies(config: ModelConfig, local: bool = False) -> torch.Tensor:  # [D/2] float32
     """Frequency of each rotated pair, ``theta ** (-2i / D)``, with the config's scaling applied.
 
     Computed in float32, like the tables these checkpoints were trained and
     served with (transformers, vLLM); a float64 model casts the finished table.
-    ``llama3`` scaling (Llama 3.1): wavelengths shorter than
-    ``original / high_freq_factor`` are kept, those longer than
-    ``original / low_freq_factor`` are divided by ``factor``, and the band in
-    between is interpolated smoothly.
+    ``local``: the sliding-window layers' table (Gemma 3: base ``rope_local_theta``, no scaling).
+    Scalings: ``linear`` divides every frequency by ``factor``; ``llama3`` (Llama 3.1)
+    keeps wavelengths shorter than ``original / high_freq_factor``, divides those
+    longer than ``original / low_freq_factor`` by ``factor`` and interpolates the
+    band in between; ``longrope`` (Phi-3) multiplies the wavelengths by its short
+    factors; ``freq_factors`` (a GGUF file's ``rope_freqs``, llama.cpp's form of
+    Llama 3.1's bands) divides each frequency by its factor.
     """
     d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    scaling = config.rope_scaling
+    theta = config.rope_local_theta if local and config.rope_local_theta else config.rope_theta
+    exponents = torch.arange(0, d, 2, dtype=torch.float32) / d
+    scaling = None if local else config.rope_scaling
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        return 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * theta**exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
+    if scaling["rope_type"] == "freq_factors":
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
     factor = scaling["factor"]
     if scaling["rope_type"] == "linear":
         return inv_freq / factor
@@ -153,12 +162,17 @@ class RotaryEmbedding(nn.Module):
 
     The table is a non-persistent buffer: it follows ``.to(device/dtype)`` but
     is not part of a checkpoint; ``reset_table()`` rebuilds it (after the
-    loader materialises a model built on the meta device).
+    loader materialises a model built on the meta device). LongRoPE scales
+    cos and sin by its ``attention_factor``, as transformers does.
+
+    Args:
+        config: the model's config.
+        local: the table of the sliding-window layers (``rope_inverse_frequencies``).
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, local: bool = False):
         super().__init__()
-        self.config = config
+        self.config, self.local = config, local
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.reset_table()
@@ -171,11 +185,14 @@ class RotaryEmbedding(nn.Module):
             self.cos = torch.empty(shape, device=device, dtype=dtype)
             self.sin = torch.empty(shape, device=device, dtype=dtype)
             return
-        inv_freq = rope_inverse_frequencies(self.config).to(device)  # [D/2]
+        inv_freq = rope_inverse_frequencies(self.config, self.local).to(device)  # [D/2]
         pos = torch.arange(self.config.max_position_embeddings, device=device, dtype=torch.float32)
         angles = pos[:, None] * inv_freq[None, :]  # [P, D/2]
-        self.cos = angles.cos().to(dtype)
-        self.sin = angles.sin().to(dtype)
+        cos, sin = angles.cos(), angles.sin()
+        scaling = None if self.local else self.config.rope_scaling
+        if scaling is not None and scaling["rope_type"] == "longrope":
+            cos, sin = cos * scaling["attention_factor"], sin * scaling["attention_factor"]
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate the two halves of each head: pair ``(x[i], x[i + D/2])`` turns by ``pos * inv_freq[i]``.
@@ -214,6 +231,12 @@ def silu_and_mul_eager(x: torch.Tensor) -> torch.Tensor:
     """``silu_and_mul`` one PyTorch operation at a time (the fused op's specification)."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """GeGLU's ``gelu_tanh(gate) * up`` for ``x = gate | up`` (Gemma's MLP; transformers' ``gelu_pytorch_tanh``)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 PREPACK_MAX_BYTES = 2 * 2**30  # packed copies of at most this many weight bytes by default

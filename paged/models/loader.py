@@ -31,6 +31,7 @@ from paged.models.checkpoint import LoadedModel, build_model, plan_checkpoint
 from paged.models.config import ModelConfig, ModelLoadError, parse_dtype
 from paged.models.gguf_loader import load_gguf
 from paged.models.gguf_reader import is_gguf
+from paged.models.hf_config import parse_hf_config
 from paged.models.quantized import QUANTIZATIONS
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -52,7 +53,7 @@ def read_config(path: str | Path) -> ModelConfig:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{config_file}: missing (a checkpoint folder needs config.json)")
-    return ModelConfig.from_hf(_read_json(config_file), source=str(config_file))
+    return parse_hf_config(_read_json(config_file), source=str(config_file))
 
 
 def _checkpoint_index(path: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
@@ -168,12 +169,15 @@ def load_model(
     dtype = (config.torch_dtype or torch.float32) if dtype == "auto" else parse_dtype(dtype)
     if config.sliding_window and config.sliding_window < config.max_position_embeddings:
         warnings.warn(
-            f"{path}: sliding-window attention (window {config.sliding_window}) is not implemented; "
-            f"sequences are limited to max_model_len={config.max_model_len} tokens, where it equals full attention",
+            f"{path}: sliding-window attention (window {config.sliding_window}) is not masked by the paged "
+            f"engine yet; it runs sequences up to max_model_len={config.max_model_len} tokens, where it equals "
+            "full attention",
             stacklevel=2,
         )
     with torch.device("meta"):
         model = build_model(config)
+    if shard is not None and not model.tp_plan:
+        raise ModelLoadError(f"{path}: tensor parallelism is not supported for model_type {config.model_type!r}")
     found = _checkpoint_index(path)
     layout = plan_checkpoint(model, found, path)
     tokenizer = _tokenizer(path)

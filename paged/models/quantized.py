@@ -187,9 +187,9 @@ def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list]) -> 
     """
     data = np.memmap(path, dtype=np.uint8, mode="r")
     # Hugging Face name -> (GGUF name, type, shape, offset, bytes)
-    by_hf = {hf_tensor_name(name): (name, kind, tuple(shape), offset, nbytes)
-             for name, (kind, shape, offset, nbytes) in tensors.items()}
     config = model.config
+    by_hf = {hf_tensor_name(name, config.model_type): (name, kind, tuple(shape), offset, nbytes)
+             for name, (kind, shape, offset, nbytes) in tensors.items()}
     unpermute = permuted_projections(config)
     layout = model.checkpoint_layout()
     if config.tie_word_embeddings:
