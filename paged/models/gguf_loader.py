@@ -97,6 +97,9 @@ def hf_config_from_gguf(reader, path: Path) -> dict:
     if embedding is None:
         raise ModelLoadError(f"{path}: tensor 'token_embd.weight' (the token embedding) is missing")
     eos = [field(reader, key) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
+    if arch in _GEMMA_27B_LAYERS:  # a Gemma turn ends at <end_of_turn> (llama.cpp ends generation there too)
+        tokens = field(reader, "tokenizer.ggml.tokens") or []
+        eos.append(tokens.index("<end_of_turn>") if "<end_of_turn>" in tokens else None)
     window = field(reader, f"{arch}.attention.sliding_window")
     hf = {
         "model_type": ARCHITECTURES[arch],

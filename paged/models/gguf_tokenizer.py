@@ -100,13 +100,31 @@ def _pre_tokenizer(pre: str, path: Path, pre_tokenizers, Regex):
     return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(rule), behavior="isolated"), byte_level])
 
 
+# Gemma's turn format, for Gemma files that carry no template: a system message opens the first user
+# turn, the assistant's role is called "model", each turn ends with <end_of_turn> and a newline.
+GEMMA_TURNS = (
+    "{{ bos_token }}"
+    "{%- set first = messages[0]['content'] + '\\n\\n' if messages and messages[0]['role'] == 'system' else '' -%}"
+    "{%- for m in messages if m['role'] != 'system' -%}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n'"
+    " + (first if loop.first else '') + m['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+
+
 def chat_template_from_gguf(reader) -> tuple[str | None, dict[str, str]]:
-    """``tokenizer.chat_template`` (or None) and the ``bos_token`` / ``eos_token`` strings it may use."""
+    """``tokenizer.chat_template`` (or None; Gemma's turn format, ``GEMMA_TURNS``, for a Gemma file without
+    one) and the ``bos_token`` / ``eos_token`` strings it may use."""
     tokens = field(reader, "tokenizer.ggml.tokens") or []
     specials = {}
     for key in ("bos", "eos"):
         i = field(reader, f"tokenizer.ggml.{key}_token_id")
         specials[f"{key}_token"] = tokens[i] if i is not None and i < len(tokens) else ""
-    return field(reader, "tokenizer.chat_template"), specials
+    template = field(reader, "tokenizer.chat_template")
+    if template is None and str(field(reader, "general.architecture", "")).startswith("gemma") \
+            and "<start_of_turn>" in tokens:
+        template = GEMMA_TURNS
+    return template, specials
 
 

@@ -3,7 +3,7 @@
 By default a GGUF file's weights are dequantized once into the model's dtype
 (``gguf_loader``) and every linear layer is a dense GEMM. With
 ``LLM(model="model.gguf", quantization="gguf")`` (vLLM's spelling) the
-linears whose tensors are in a format the C++ kernel reads (Q4_0, Q4_1, Q8_0)
+linears whose tensors are in a format the C++ kernel reads (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
 keep the file's bytes instead and ``QuantizedLinear`` multiplies by them
 directly (``csrc/cpu/quant_linear.cpp``). Generating one token reads every
 weight once; SmolLM2-135M's Q4_1 + Q8_0 file is 97 MB where its bfloat16
@@ -37,12 +37,22 @@ from torch import nn
 from paged.kernels.cpu import load as load_cpu_kernels
 from paged.models.config import ModelLoadError
 from paged.models.gguf_names import hf_tensor_name, permuted_projections, unpermute_rows
+from paged.models.kquants import K_FORMATS, QK_K, dequantize_kquant
 from paged.models.layers import Linear, MergedLinear
 
 QUANTIZATIONS = ("gguf",)  # the values of LLM(quantization=...) besides None
-# ggml type number -> (name, bytes per block of 32 weights) for the formats the kernel reads
+# ggml type number -> (name, bytes per block of 32 weights) for the 32-weight formats the kernel reads
 BLOCK_FORMATS = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
 QK = 32  # weights per block
+# every format the kernel reads: the block formats and the K-quants of a Q4_K_M file
+KERNEL_FORMATS = {**{kind: name for kind, (name, _) in BLOCK_FORMATS.items()}, 12: "Q4_K", 14: "Q6_K"}
+
+
+def row_bytes(kind: int, k: int) -> int:
+    """Bytes of one row of ``k`` weights as the file stores them."""
+    if kind in K_FORMATS:
+        return k // QK_K * K_FORMATS[kind][1]
+    return k // QK * BLOCK_FORMATS[kind][1]
 
 
 # --- the layer ---------------------------------------------------------------------------------
@@ -57,7 +67,10 @@ def row_layout(kind: int, k: int) -> tuple[int, int, int]:
 def pack_blocks(raw: np.ndarray, kind: int, n: int, k: int) -> torch.Tensor:
     """GGUF's blocks of a ``[n, k]`` weight, one row after another, regrouped for the kernel: per row all
     the q bytes, then all the float16 scales d, then (Q4_1) all the offsets m, with a zero block added
-    when the row has an odd count. Same bytes; four blocks' q become one 64-byte load."""
+    when the row has an odd count. Same bytes; four blocks' q become one 64-byte load. K-quants keep
+    the file's layout (the kernel reads their super-blocks in place)."""
+    if kind in K_FORMATS:
+        return torch.from_numpy(np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1).copy())
     size = BLOCK_FORMATS[kind][1]
     per_row = k // QK
     blocks = np.asarray(raw, dtype=np.uint8).reshape(n, per_row, size)
@@ -72,7 +85,10 @@ def pack_blocks(raw: np.ndarray, kind: int, n: int, k: int) -> torch.Tensor:
 
 
 def dequantize_blocks(packed: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
-    """The weights of a packed ``[n, k]`` weight as float32 ``[n, k]``: the formulas, one torch op at a time."""
+    """The weights of a packed ``[n, k]`` weight as float32 ``[n, k]``: the formulas, one torch op at a time
+    (the K-quants': ``kquants.dequantize_kquant``)."""
+    if kind in K_FORMATS:
+        return dequantize_kquant(packed, kind, n, k)
     blocks, q_bytes, row_bytes = row_layout(kind, k)
     rows = packed.reshape(n, row_bytes)
     q = rows[:, : blocks * q_bytes].reshape(n, blocks, q_bytes)
@@ -126,8 +142,8 @@ class QuantizedLinear(nn.Module):
     def __init__(self, blocks: torch.Tensor, kind: int, out_features: int, in_features: int,
                  output_sizes: tuple[int, ...] | None = None, dense: Linear | None = None):
         super().__init__()
-        if kind not in BLOCK_FORMATS:
-            raise ValueError(f"block type {kind} is not one of {sorted(BLOCK_FORMATS)}")
+        if kind not in KERNEL_FORMATS:
+            raise ValueError(f"block type {kind} is not one of {sorted(KERNEL_FORMATS)}")
         self.register_buffer("blocks", blocks)
         self.kind, self.out_features, self.in_features = kind, out_features, in_features
         self.output_sizes = tuple(output_sizes or (out_features,))
@@ -136,7 +152,7 @@ class QuantizedLinear(nn.Module):
 
     @property
     def format(self) -> str:
-        return BLOCK_FORMATS[self.kind][0]
+        return KERNEL_FORMATS[self.kind]
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return y.split(self.output_sizes, dim=-1)
@@ -181,8 +197,8 @@ def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list]) -> 
         path: the GGUF file.
         tensors: its tensor table (``gguf_reader.tensor_table``): GGUF name -> ``[type, shape, offset, bytes]``.
 
-    A linear with a bias, or whose parts (q, k, v of a fused layer) come in different or other
-    formats (the K-quants, float16), stays dense. A tied LM head reads the token embedding's blocks
+    A linear with a bias, or whose parts (q, k, v of a fused layer) come in different formats or in
+    one the kernel does not read (Q5_0, Q2_K, float16, ...), stays dense. A tied LM head reads the token embedding's blocks
     (the embedding itself stays dense for the lookup).
     """
     data = np.memmap(path, dtype=np.uint8, mode="r")
@@ -211,7 +227,7 @@ def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list]) -> 
             if shape != (n, n_in):
                 raise ModelLoadError(f"{path}: tensor {gguf_name!r} has shape {list(shape)}, {name} needs "
                                      f"[{n}, {n_in}]")
-            if offset + nbytes > len(data) or nbytes != n * n_in // QK * BLOCK_FORMATS[kind][1]:
+            if offset + nbytes > len(data) or nbytes != n * row_bytes(kind, n_in):
                 raise ModelLoadError(f"{path}: tensor {gguf_name!r} runs past the end of the file (truncated?)")
             block_rows = torch.from_numpy(np.array(data[offset:offset + nbytes])).reshape(n, -1)  # copied
             proj = ck.split(".")[-2]
@@ -226,5 +242,5 @@ def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list]) -> 
 
 
 def _readable(kind: int, shape: tuple[int, ...]) -> bool:
-    """Whether the kernel reads a tensor of this type and shape: a block format, 2-D, whole blocks per row."""
-    return kind in BLOCK_FORMATS and len(shape) == 2 and shape[-1] % QK == 0
+    """Whether the kernel reads a tensor of this type and shape: its format, 2-D, whole blocks per row."""
+    return kind in KERNEL_FORMATS and len(shape) == 2 and shape[-1] % (QK_K if kind in K_FORMATS else QK) == 0
