@@ -87,6 +87,7 @@ def write_gguf(
     tokenizer_pre: str = "gpt2",
     extra_tensors: dict[str, np.ndarray] | None = None,
     sentencepiece: tuple[list[str], list[float], list[int]] | None = None,
+    raw_tensors: dict[str, tuple[gguf.GGMLQuantizationType, np.ndarray]] | None = None,
 ) -> Path:
     """Write ``state_dict`` (Hugging Face names) as a GGUF file of architecture ``arch``.
 
@@ -96,6 +97,8 @@ def write_gguf(
         tensor_types: per GGUF tensor name, a type to write that tensor in instead (raw values, no conversion).
         tokenizer_pre: ``tokenizer.ggml.pre``, the name of the split rule applied before BPE.
         extra_tensors: GGUF name -> float32 array, written as they are (tensors of no Hugging Face name).
+        raw_tensors: per GGUF tensor name, ``(type, bytes [rows, bytes per row])`` written instead of the
+            state dict's values (e.g. K-quant blocks, which ``gguf`` cannot quantize).
         sentencepiece: ``(pieces, scores, types)`` of a SentencePiece vocabulary (``tokenizer.ggml.model =
             llama``; BOS ``<s>`` or ``<bos>``, EOS, unknown ``<unk>``), instead of ``tokenizer_json``.
     """
@@ -153,6 +156,10 @@ def write_gguf(
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             data = data + np.float32(1)  # llama.cpp's Gemma norms multiply by the weight as stored
         gname = gguf_name(name, arch)
+        if raw_tensors and gname in raw_tensors:
+            kind, raw = raw_tensors[gname]
+            writer.add_tensor(gname, raw, raw_shape=raw.shape, raw_dtype=kind)
+            continue
         if tensor_types and gname in tensor_types:
             writer.add_tensor(gname, data.astype(np.int32), raw_dtype=tensor_types[gname])
             continue

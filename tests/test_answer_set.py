@@ -10,6 +10,7 @@ tokenizer) shows as lost answers. The floor is the score measured when the defau
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,10 @@ import pytest
 from paged.models.default import default_model
 
 _SPEC = importlib.util.spec_from_file_location("answer_set", Path(__file__).parents[1] / "tools" / "answer_set.py")
-answer_set = importlib.util.module_from_spec(_SPEC)
+answer_set = sys.modules["answer_set"] = importlib.util.module_from_spec(_SPEC)  # dataclasses look it up there
 _SPEC.loader.exec_module(answer_set)
 
-MEASURED = 0  # the default model's score when it was chosen (docs/models.md)
+MEASURED = 15  # SmolLM2-135M-Instruct, bfloat16, dense: its score when it was chosen (docs/models.md)
 FLOOR = MEASURED - 2
 
 

@@ -63,7 +63,7 @@ QUESTIONS = (
     _q("arithmetic", "What is 12 times 7?", r"\b84\b"),
     _q("arithmetic", "What is 15 plus 27?", r"\b42\b"),
     _q("arithmetic", "What is 100 minus 37?", r"\b63\b"),
-    _q("arithmetic", "What is 144 divided by 12?", r"\b12\b"),
+    _q("arithmetic", "What is 144 divided by 12?", r"(?:is|=|equals)\s*\**12\b"),  # not the 12 of the question
     _q("arithmetic", "What is 9 squared?", r"\b81\b"),
     _q("arithmetic", "What is half of 50?", r"\b25\b"),
     _q("arithmetic", "What is 3 + 4 * 2? Remember the order of operations.", r"\b11\b"),
