@@ -137,23 +137,17 @@ soak: install
 kv-view-check: install
 	$(PY) tools/kv_view_check.py --screenshot docs/figures/serving_kv_view.png
 
-# On a machine with a CUDA GPU: build csrc/cuda, run the cuda-marked tests (the GPU
-# counterparts of every test that `make test` runs on the device emulation, kernels
-# and engine) and the kernel benchmark, and keep each one's output in $(OUT). Uses the venv
-# if there is one, else creates it; PY=/path/to/python picks another interpreter
-# or a name on PATH (it needs a CUDA build of torch). Fails if any step fails.
+# On a machine with a CUDA GPU: tools/gpu_check.py, one part after another, each with its own time
+# limit, inside 8 minutes: nvidia-smi, csrc/cuda built for the GPU's arch (nvcc flags and ptxas's
+# registers / shared memory per kernel), pytest -m cuda, python -m paged.bench kernel_gpu (Figure 18a)
+# and engine_gpu (the engine vs transformers' continuous batching); one file per part and summary.md in
+# $(OUT). Exit status 0 when every part passed. Runs under the venv's Python if there is one, else
+# python3 (a GPU machine's own torch: nothing is installed); PY=... picks another. DRY=1: the same on
+# the CPU through the device emulation, tiny shapes (make test runs it: tests/test_gpu_check.py).
+GPU_PY = $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
-	@test -n "$(OUT)" || { echo "usage: make gpu-check OUT=<folder> [PY=python]" >&2; exit 2; }
-	@command -v "$(PY)" >/dev/null 2>&1 || $(MAKE) install
-	@mkdir -p "$(OUT)"; status=0; \
-	{ date -u; nvidia-smi || true; } >"$(OUT)/gpu.txt" 2>&1; \
-	$(PY) -c 'import paged.kernels.cuda as c; c.load(verbose=True); print("paged_cuda built:", c.available())' \
-		>"$(OUT)/build.txt" 2>&1 || status=1; tail -n 5 "$(OUT)/build.txt"; \
-	$(PY) -m pytest -p no:cacheprovider -m cuda -ra >"$(OUT)/pytest-cuda.txt" 2>&1 || status=1; \
-		tail -n 15 "$(OUT)/pytest-cuda.txt"; \
-	$(PY) -m paged.bench kernel --device cuda --json >"$(OUT)/bench-kernel.txt" 2>&1 || status=1; \
-		cat "$(OUT)/bench-kernel.txt"; \
-	echo "gpu-check outputs in $(OUT) (exit $$status)"; exit $$status
+	@test -n "$(OUT)" || { echo "usage: make gpu-check OUT=<folder> [PY=python3] [DRY=1]" >&2; exit 2; }
+	$(GPU_PY) tools/gpu_check.py --out "$(OUT)" $(if $(DRY),--dry-run)
 
 clean:
 	rm -rf site build .pytest_cache .hypothesis

@@ -16,5 +16,5 @@ def drain(engine, requests, max_steps: int = 10_000) -> dict:
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out
-    assert engine.allocator.num_used == 0, "blocks leaked"
+    assert engine.scheduler.kv.allocator.num_used == 0, "blocks leaked"
     return done

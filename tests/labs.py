@@ -73,9 +73,9 @@ LABS: dict[str, Lab] = {
          "tests/step04_sharing/test_scheduler_rules.py::test_rule_a_group_computes_its_prompt_once_and_forks"),
     ),
     "05": Lab(
-        "preemption: evict a whole group, bring swapped groups back first",
-        (("paged.step05_preemption.scheduler", "PreemptingScheduler._preempt", "_preempt"),
-         ("paged.step05_preemption.scheduler", "PreemptingScheduler._resume_swapped", "_resume_swapped")),
+        "preemption: how a victim makes room, and its blocks moved to host memory and back",
+        (("paged.step05_preemption.policy", "Preemption.choose", "choose"),
+         ("paged.step05_preemption.kv_manager", "SwappingKVManager._move", "_move")),
         ("tests/step05_preemption/test_scheduler_rules.py",
          "tests/step05_preemption/test_scheduler_stateful.py::test_scheduler_state_machine_model_free"),
     ),

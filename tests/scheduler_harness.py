@@ -1,4 +1,4 @@
-"""The scheduler without a model: a ``Scheduler`` of any step driven by step03's ``StandInRunner``.
+"""The scheduler without a model: the scheduler of any step driven by step03's ``StandInRunner``.
 
 ``Harness`` is the engine's loop (schedule → execute → update) with the
 runner replaced by the stand-in, so a scheduling test builds no model, no KV
@@ -16,7 +16,11 @@ from paged.step02_block_table import SequenceStatus
 from paged.step03_attention.request import StopChecker
 from paged.sampling.sampling_params import SamplingParams
 from paged.step03_attention.stand_in import StandInRunner
-from paged.step05_preemption.swap import SwapSpace
+from paged.step03_attention.scheduler import build_scheduler as step03
+from paged.step04_sharing.scheduler import build_scheduler as step04
+from paged.step05_preemption.scheduler import build_scheduler as step05
+
+__all__ = ["EOS", "ByteTokenizer", "Harness", "Iteration", "NumberTokenizer", "step03", "step04", "step05"]
 
 EOS = 2
 
@@ -26,6 +30,18 @@ class NumberTokenizer:
 
     def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
         return " ".join(str(t) for t in token_ids)
+
+
+class ByteTokenizer:
+    """A stand-in byte-level tokenizer: token ``3 + b`` is the byte ``b``, so a character of several UTF-8
+    bytes takes several tokens, and a prefix that ends inside one decodes to U+FFFD, as with real
+    byte-level BPE vocabularies."""
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + b for b in text.encode()]
+
+    def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return bytes(t - 3 for t in token_ids if 3 <= t < 259).decode("utf-8", errors="replace")
 
 
 @dataclass
@@ -49,27 +65,27 @@ class Iteration:
 
 
 class Harness:
-    """A scheduler of class ``scheduler_class`` and a stand-in runner, stepped like an engine.
+    """A step's scheduler (its ``build_scheduler``) and a stand-in runner, stepped like an engine.
 
     Args:
-        scheduler_class: ``Scheduler``, ``SharingScheduler``, ``PreemptingScheduler``, ...
+        build: a step's ``build_scheduler`` (``step03``, ``step04``, ``step05`` of this module).
         num_blocks, block_size, max_num_seqs, max_num_batched_tokens: the pool and the budgets.
         max_model_len: the most tokens a sequence may hold.
-        swap_blocks: host blocks, for a scheduler that swaps (``PreemptingScheduler``).
+        swap_blocks: host blocks, for step05's scheduler (its ``host_blocks``).
         eos_rate: how often the stand-in draws EOS (requests then stop early).
         runner: builds the stand-in from the scheduler (default: a ``StandInRunner`` with ``eos_rate``).
         tokenizer: what the stop checker detokenizes with (default: none, texts stay empty).
-        **kwargs: more arguments of ``scheduler_class`` (``preemption_mode=``, ``free_order=``, ...).
+        **kwargs: more arguments of ``build`` (``preemption_mode=``, ``free_order=``, a component, ...).
     """
 
-    def __init__(self, scheduler_class, num_blocks: int, block_size: int = 4, *, max_num_seqs: int = 256,
+    def __init__(self, build, num_blocks: int, block_size: int = 4, *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, max_model_len: int = 4096, swap_blocks: int | None = None,
                  eos_rate: float = 0.0, runner=None, tokenizer=None, **kwargs) -> None:
         if swap_blocks is not None:
-            kwargs["swap"] = SwapSpace(swap_blocks)
+            kwargs["host_blocks"] = swap_blocks
         self.stops = StopChecker([EOS], max_model_len, tokenizer)
-        self.scheduler = scheduler_class(num_blocks, block_size, max_num_seqs=max_num_seqs,
-                                         max_num_batched_tokens=max_num_batched_tokens, stops=self.stops, **kwargs)
+        self.scheduler = build(num_blocks, block_size, max_num_seqs=max_num_seqs,
+                               max_num_batched_tokens=max_num_batched_tokens, stops=self.stops, **kwargs)
         self.runner = runner(self.scheduler) if runner else StandInRunner(eos=EOS, eos_rate=eos_rate)
         self.history: list[Iteration] = []
         self.events: list = []  # the last iteration's
@@ -98,7 +114,7 @@ class Harness:
     def step(self) -> list:
         """One iteration: schedule, the stand-in's draws, update; returns the touched requests' outputs."""
         s = self.scheduler
-        before = (self.ids(s.running), self.ids(getattr(s, "swapped", [])), self.ids(s.waiting))
+        before = (self.ids(s.running), self.ids(s.swapped), self.ids(s.waiting))
         plan = s.schedule()
         results = self.runner.execute(plan)
         touched = s.update(plan, results)
@@ -122,13 +138,13 @@ class Harness:
     def last(self) -> Iteration:
         return self.history[-1]
 
-    # the scheduler's state, named as on the engine
+    # shorthands for the scheduler's state
     block_size = property(lambda self: self.scheduler.block_size)
     running = property(lambda self: self.scheduler.running)
     waiting = property(lambda self: self.scheduler.waiting)
     swapped = property(lambda self: self.scheduler.swapped)
-    allocator = property(lambda self: self.scheduler.allocator)
-    swap = property(lambda self: self.scheduler.swap)
+    allocator = property(lambda self: self.scheduler.kv.allocator)  # the device pool
+    host = property(lambda self: self.scheduler.kv.host)  # step05's host pool
 
     # -- shorthands for the rule tests ---------------------------------------------------
     def add(self, prompt, max_tokens: int = 8, rid: str | None = None, **params):
@@ -187,7 +203,7 @@ class Harness:
         its blocks back, its tokens not yet — is still marked swapped until it runs.)"""
         s = self.scheduler
         for queue, status in ((s.running, {SequenceStatus.RUNNING, SequenceStatus.SWAPPED}),
-                              (getattr(s, "swapped", []), {SequenceStatus.SWAPPED}),
+                              (s.swapped, {SequenceStatus.SWAPPED}),
                               (s.waiting, {SequenceStatus.WAITING})):
             for req in queue:
                 assert {q.status for q in req.seqs if not q.is_finished} <= status, (req.request_id, status)

@@ -48,7 +48,7 @@ def test_reservation_reserves_what_the_mode_claims(model, memory, blocks, n):
     held = []
     while eng.has_unfinished():  # held until the end, never exceeded
         assert eng.reserved_blocks("a") == n * blocks
-        held.append(eng.allocator.num_used)
+        held.append(eng.scheduler.kv.allocator.num_used)
         eng.step()
     assert max(held) <= n * blocks
     assert eng.reservations == {} and eng.arena.num_allocated == 0
@@ -63,9 +63,9 @@ def test_reservation_admits_only_what_fits_and_paged_admits_more(model):
         for i, p in enumerate(prompts):
             eng.add_request(str(i), p, _params(4))
         eng.step()
-        running[memory] = len(eng.running)
+        running[memory] = len(eng.scheduler.running)
         if memory != "paged":
-            assert eng.arena.num_allocated == sum(eng.reserved_blocks(r.request_id) for r in eng.running)
+            assert eng.arena.num_allocated == sum(eng.reserved_blocks(r.request_id) for r in eng.scheduler.running)
     assert running == {"paged": 10, "orca-oracle": 8, "orca-max": 1}
 
 
@@ -83,7 +83,7 @@ def test_reservation_outputs_equal_paged_and_never_preempt(model):
                     done[o.request_id] = o.outputs[0].token_ids
         outs[memory] = done
         if memory != "paged":
-            assert sum(eng.preemptions.values()) == 0
+            assert sum(eng.scheduler.preemptions.values()) == 0
     assert all(o == outs["paged"] for o in outs.values())
 
 
@@ -112,7 +112,7 @@ def test_paged_mode_plans_exactly_as_the_preempting_engine(model):
                                                                   temperature=0.7, seed=i))
         while engine.has_unfinished():
             engine.step()
-        return seen, sum(engine.preemptions.values())
+        return seen, sum(engine.scheduler.preemptions.values())
 
     got, preempted = plans(_engine(model, "paged", num_blocks=12))
     want, _ = plans(PreemptingEngine(model, block_size=B, num_blocks=12, max_model_len=CONTEXT))

@@ -71,12 +71,12 @@ def test_replay_plans_equal_a_real_runs_plans(model, memory, mode, num_blocks):
               max_num_batched_tokens=16, preemption_mode=mode, seed=0, attention_backend="reference")
     real = throughput.ReservingEngine(model, swap_space=_swap_bytes(model, 8), **kw)
     fake = ReplayEngine(stand_in_model(CONTEXT), swap_blocks=8, **kw)
-    assert real.swap.allocator.num_blocks == fake.swap.allocator.num_blocks == 8
+    assert real.scheduler.kv.host.num_blocks == fake.scheduler.kv.host.num_blocks == 8
     expected, got = _plans(real), _plans(fake)
     assert got == expected
-    assert fake.preemptions == real.preemptions
+    assert fake.scheduler.preemptions == real.scheduler.preemptions
     if num_blocks == 14:  # the small pool does preempt, by the mode asked for
-        assert real.preemptions[mode] > 0
+        assert real.scheduler.preemptions[mode] > 0
     assert any(p["blocks_to_copy"] for p in expected) and any(p["fanout"] for p in expected)
     assert fake.runner.iterations == len(expected)
 

@@ -253,36 +253,56 @@ def test_layering_circle_check_sees_a_circle_through_a_lazy_import(tmp_path):
         PAGED = saved
 
 
-# -- one scheduler: each step overrides only the hooks of its own idea ----------------------------
-SCHEDULER = ("schedule", "update", "new_seq", "_fit_to_budget", "_blocks_needed", "_take_slots", "_give_slots",
-             "_evict", "_admit", "_insert", "_end", "_process", "_retire")
+# -- one scheduler loop: a step swaps components, it overrides nothing ----------------------------
+def _scheduler_subclasses() -> list[str]:
+    """Every class under ``paged/`` that subclasses the scheduler (read from the AST: each class whose
+    bases name ``Scheduler``)."""
+    found = []
+    for path, module in _modules(PAGED):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and any(
+                    (isinstance(b, ast.Name) and b.id == "Scheduler") or (isinstance(b, ast.Attribute) and
+                                                                         b.attr == "Scheduler")
+                    for b in node.bases):
+                found.append(f"{module}.{node.name}")
+    return found
 
 
-def _overrides(cls) -> set[str]:
-    return {name for name in SCHEDULER if name in vars(cls)}
-
-
-def test_layering_the_scheduler_loop_is_written_once_and_each_step_overrides_its_hooks():
-    """The table of docs/architecture.md, as code: a scheduler class that rewrites the loop (``schedule``,
-    ``update``) or a hook of another step's idea fails here; the engines compose a scheduler and define
-    no hook of it."""
+def test_layering_the_scheduler_loop_has_no_override_point():
+    """The scheduler is one class, written once in step03: no class under ``paged/`` subclasses it (0
+    override points), and each step's scheduler is that class holding the step's components — the
+    table of docs/architecture.md, as code. Step04 swaps the KV manager and the decoding component,
+    step05 the KV manager (again), the eviction and the chunking; the Orca baselines the admission."""
     from paged.bench.reservation import OrcaReservation, ReservingEngine
-    from paged.step03_attention import Engine
-    from paged.step03_attention.scheduler import Reservation, Scheduler
-    from paged.step04_sharing import SharingEngine, SharingScheduler
-    from paged.step05_preemption import ChunkedPrefillScheduler, PreemptingEngine, PreemptingScheduler
-    from paged.step06_tensor_parallel import TensorParallelEngine
+    from paged.step03_attention import EndRequest, KVManager, OneSequence, Reservation, WholePrompt
+    from paged.step03_attention.scheduler import Scheduler, build_scheduler as step03
+    from paged.step04_sharing import SequenceGroups, SharingKVManager
+    from paged.step04_sharing.scheduler import build_scheduler as step04
+    from paged.step05_preemption import ChunkedPrefill, Preemption, SwappingKVManager
+    from paged.step05_preemption.scheduler import build_scheduler as step05
+    from paged.step03_attention.request import StopChecker
 
-    assert _overrides(Scheduler) == set(SCHEDULER)
-    assert _overrides(SharingScheduler) == {"new_seq", "_blocks_needed", "_take_slots", "_give_slots", "_end",
-                                            "_process"}
-    assert _overrides(ChunkedPrefillScheduler) == {"_fit_to_budget"}
-    assert _overrides(PreemptingScheduler) == {"_evict", "_admit", "_retire"}
-    engines = {Engine: Scheduler, SharingEngine: SharingScheduler, PreemptingEngine: PreemptingScheduler,
-               TensorParallelEngine: PreemptingScheduler, ReservingEngine: PreemptingScheduler}
-    for engine, scheduler in engines.items():
-        assert not issubclass(engine, Scheduler) and engine.scheduler_class is scheduler, engine
-        assert all(not hasattr(engine, name) for name in SCHEDULER if name != "new_seq"), engine
-    # the Orca baselines change admission through the scheduler's reservation seam, not a hook
-    assert set(vars(OrcaReservation)) & {"reserve", "release"} == {"reserve", "release"}
-    assert issubclass(OrcaReservation, Reservation)
+    assert _scheduler_subclasses() == []
+    common = dict(max_num_seqs=4, max_num_batched_tokens=16, stops=StopChecker([2], 64))
+    parts = lambda s: (type(s.kv), type(s.chunking), type(s.eviction), type(s.admission), type(s.decoding))  # noqa: E731
+    built = {name: build(8, 4, **common) for name, build in (("03", step03), ("04", step04), ("05", step05))}
+    assert all(type(s) is Scheduler for s in built.values())
+    assert parts(built["03"]) == (KVManager, WholePrompt, EndRequest, Reservation, OneSequence)
+    assert parts(built["04"]) == (SharingKVManager, WholePrompt, EndRequest, Reservation, SequenceGroups)
+    assert parts(built["05"]) == (SwappingKVManager, ChunkedPrefill, Preemption, Reservation, SequenceGroups)
+    # the Orca baselines change admission by swapping that component, not by a subclass of the loop
+    assert issubclass(OrcaReservation, Reservation) and not hasattr(ReservingEngine, "schedule")
+
+
+def test_layering_the_override_check_sees_a_scheduler_subclass(tmp_path):
+    """The checker itself: a class deriving from ``Scheduler`` (by name or attribute) is reported."""
+    step = tmp_path / "paged" / "step05_preemption"
+    step.mkdir(parents=True)
+    (step / "x.py").write_text("from paged.step03_attention import scheduler\n"
+                               "class Mine(scheduler.Scheduler):\n    pass\n")
+    global PAGED
+    saved, PAGED = PAGED, tmp_path / "paged"
+    try:
+        assert _scheduler_subclasses() == ["paged.step05_preemption.x.Mine"]
+    finally:
+        PAGED = saved

@@ -390,8 +390,8 @@ def snapshot_cost(num_blocks: int, swap_space: int, rounds: int = 200) -> dict:
     for _ in range(rounds):
         body = json.dumps(snap)
     snap_ms, json_ms = (mid - start) / rounds * 1e3, (time.process_time() - mid) / rounds * 1e3
-    return {"device_blocks": num_blocks, "host_blocks": engine.swap.allocator.num_blocks,
-            "running": len(engine.running), "swapped": len(engine.swapped), "snapshot_ms": snap_ms,
+    return {"device_blocks": num_blocks, "host_blocks": engine.scheduler.kv.host.num_blocks,
+            "running": len(engine.scheduler.running), "swapped": len(engine.scheduler.swapped), "snapshot_ms": snap_ms,
             "json_ms": json_ms, "json_bytes": len(body),
             "percent_of_one_core_idle_rate": (snap_ms + json_ms) / IDLE_POLL_S / 10,
             "percent_of_one_core_busy_rate": (snap_ms + json_ms) / BUSY_POLL_S / 10}

@@ -94,32 +94,70 @@ def run_static(hf_model, jobs, args, clock) -> dict:
 
 def run_continuous(hf_model, jobs, args, clock) -> dict:
     """transformers' continuous batching with the same KV tokens; raises if unavailable."""
+    return continuous_batching(hf_model, [j.prompt for j in jobs], [j.output_len for j in jobs],
+                               num_blocks=args.kv_tokens // args.block_size, block_size=args.block_size,
+                               clock=clock, allow_block_sharing=False)
+
+
+def continuous_batching(hf_model, prompts: list[list[int]], output_lens: list[int], *, num_blocks: int,
+                        block_size: int, clock, max_batch_tokens: int = 2048, timeout_s: float | None = None,
+                        warmup: list[list[int]] = (), **config) -> dict:
+    """Generate ``output_lens[i]`` tokens (EOS off, greedy) for every prompt through transformers'
+    ``ContinuousBatchingManager``, all requests queued at once; raises if the API is missing or fails.
+
+    Args:
+        num_blocks, block_size: its paged KV cache (``ContinuousBatchingConfig``).
+        timeout_s: stop waiting after this long: the result then has ``"timed_out": True`` and
+            counts the tokens of the requests that finished.
+        warmup: prompts to run first, untimed, 8 new tokens each, after the manager's own warm-up
+            (its CUDA graphs); other than the workload's, so that no prefix of it is cached.
+        **config: more ``ContinuousBatchingConfig`` fields.
+
+    Returns:
+        ``{"seconds", "output_tokens", "finished", "timed_out"}``.
+    """
     from transformers import GenerationConfig
     from transformers.generation import ContinuousBatchingConfig
 
-    cfg = ContinuousBatchingConfig(num_blocks=args.kv_tokens // args.block_size, block_size=args.block_size,
-                                   max_batch_tokens=2048, allow_block_sharing=False)
-    gen = GenerationConfig(do_sample=False, max_new_tokens=max(j.output_len for j in jobs), eos_token_id=None)
+    cfg = ContinuousBatchingConfig(num_blocks=num_blocks, block_size=block_size, max_batch_tokens=max_batch_tokens,
+                                   **config)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=max(output_lens), eos_token_id=None)
     manager = hf_model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
+    if warmup and hasattr(manager, "warmup"):
+        manager.warmup()  # CUDA graphs captured before the clock starts, as generate_batch does
     manager.start()
     try:
+        for i, prompt in enumerate(warmup):
+            manager.add_request(prompt, request_id=f"warmup-{i}", max_new_tokens=8)
+        _collect(manager, len(warmup), clock, None)
         start = clock()
-        for i, j in enumerate(jobs):
-            manager.add_request(j.prompt, request_id=str(i), max_new_tokens=j.output_len)
-        done, tokens = 0, 0
-        while done < len(jobs):
-            result = manager.get_result(timeout=60)
-            if result is None:
-                raise RuntimeError("no result within 60 s" if manager.is_running() else "its thread stopped")
-            if result.is_finished():
-                if result.error is not None:
-                    raise RuntimeError(f"request {result.request_id} failed: {result.error}")
-                done += 1
-                tokens += len(result.generated_tokens)
+        for i, (prompt, n) in enumerate(zip(prompts, output_lens)):
+            manager.add_request(prompt, request_id=str(i), max_new_tokens=n)
+        done, tokens = _collect(manager, len(prompts), clock, None if timeout_s is None else start + timeout_s)
         seconds = clock() - start
-    finally:
-        manager.stop(block=True)
-    return {"seconds": seconds, "output_tokens": tokens}
+    finally:  # hard: a run stopped at its time limit fails what is still queued instead of finishing it
+        manager.stop(block=True, timeout=60, hard_stop=True)
+    return {"seconds": seconds, "output_tokens": tokens, "finished": done, "timed_out": done < len(prompts)}
+
+
+def _collect(manager, count: int, clock, deadline: float | None) -> tuple[int, int]:
+    """Wait for ``count`` finished requests (or the deadline): (finished, generated tokens)."""
+    done, tokens = 0, 0
+    while done < count:
+        wait = 60.0 if deadline is None else min(60.0, deadline - clock())
+        if wait <= 0:
+            break
+        result = manager.get_result(timeout=wait)
+        if result is None:
+            if deadline is not None and clock() >= deadline:
+                break
+            raise RuntimeError("no result within 60 s" if manager.is_running() else "its thread stopped")
+        if result.is_finished():
+            if result.error is not None:
+                raise RuntimeError(f"request {result.request_id} failed: {result.error}")
+            done += 1
+            tokens += len(result.generated_tokens)
+    return done, tokens
 
 
 def run(args: argparse.Namespace) -> int:

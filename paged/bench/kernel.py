@@ -15,9 +15,8 @@ Physical blocks are a random permutation, so no sequence's blocks are in order.
 Each time is the median of ``--repeats`` runs after warm-up, the systems taking
 turns within every round so background load hits all of them alike. A
 block-size sweep times the kernel at every ``--sweep-block-sizes`` for the
-largest batch. With ``--device cuda`` the systems are SDPA and
-``paged.kernels.cuda.paged_attention_v1 / v2``, with the bandwidth achieved
-(bytes of K/V read / time) as a fraction of ``--peak-gbps``.
+largest batch. On a GPU, ``python -m paged.bench kernel_gpu`` times the CUDA
+kernels instead (CUDA events, flash SDPA, FlexAttention, the copy bandwidth).
 
     python -m paged.bench kernel --plot docs/figures/step03_kernel.png
 """
@@ -49,8 +48,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
     parser.add_argument("--blockwise-max-tokens", type=int, default=2048,
                         help="time the block-wise path only when batch * context is at most this")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--peak-gbps", type=float, default=4800.0, help="memory bandwidth (cuda; H200: 4800)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu only: the GPU benchmark is python -m paged.bench kernel_gpu")
     parser.add_argument("--threads", type=int, help="torch threads for every system (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", metavar="PATH", help="write the figure (PNG)")
@@ -58,12 +57,17 @@ def add_arguments(parser) -> None:
 
 
 def make_case(batch, context, heads, kv_heads, head_dim, block_size, dtype, device, gen):
-    """Contiguous K/V and the same K/V scattered over shuffled physical blocks."""
-    q = torch.randn(batch, heads, head_dim, generator=gen).to(device, dtype)  # [S, H, D]
-    k = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(device, dtype)  # [S, H_kv, C, D]
-    v = torch.randn(batch, kv_heads, context, head_dim, generator=gen).to(device, dtype)
+    """Contiguous K/V and the same K/V scattered over shuffled physical blocks.
+
+    The numbers are drawn where ``gen`` lives (a GPU's generator draws gigabytes in milliseconds)."""
+    def draw(*shape):
+        return torch.randn(*shape, generator=gen, device=gen.device).to(device, dtype)
+
+    q = draw(batch, heads, head_dim)  # [S, H, D]
+    k = draw(batch, kv_heads, context, head_dim)  # [S, H_kv, C, D]
+    v = draw(batch, kv_heads, context, head_dim)
     per_seq = -(-context // block_size)
-    tables = torch.randperm(batch * per_seq, generator=gen).view(batch, per_seq)  # [S, M]
+    tables = torch.randperm(batch * per_seq, generator=gen, device=gen.device).view(batch, per_seq)  # [S, M]
     key_cache = torch.zeros(batch * per_seq, block_size, kv_heads, head_dim, dtype=dtype, device=device)
     value_cache = torch.zeros_like(key_cache)
     pad = per_seq * block_size - context
@@ -108,32 +112,24 @@ def systems_for(args, q, k, v, key_cache, value_cache, tables, lens, scale):
         "contiguous": lambda: F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=gqa),
         "reference": lambda: reference_attention(q, key_cache, value_cache, tables, lens, None, scale),
     }
-    if args.device == "cpu":
-        if q.shape[0] * k.shape[2] <= args.blockwise_max_tokens:
-            systems["blockwise"] = lambda: blockwise_attention(q, key_cache, value_cache, tables, lens, None, scale)
-        from paged.kernels import cpu
+    if q.shape[0] * k.shape[2] <= args.blockwise_max_tokens:
+        systems["blockwise"] = lambda: blockwise_attention(q, key_cache, value_cache, tables, lens, None, scale)
+    from paged.kernels import cpu
 
-        module = cpu.load(strict=True)
-        out = torch.empty_like(q)
-        systems["cpu_kernel"] = lambda: module.decode(q, key_cache, value_cache, tables, lens, scale, out)
-    else:
-        from paged.kernels import cuda
-
-        systems["cuda_v1"] = lambda: cuda.paged_attention_v1(q, key_cache, value_cache, tables, lens, scale)
-        systems["cuda_v2"] = lambda: cuda.paged_attention_v2(q, key_cache, value_cache, tables, lens, scale)
+    module = cpu.load(strict=True)
+    out = torch.empty_like(q)
+    systems["cpu_kernel"] = lambda: module.decode(q, key_cache, value_cache, tables, lens, scale, out)
     return systems
 
 
 def run_case(args, batch, context, dtype_name, block_size, gen, only=None):
-    device = torch.device(args.device)
     tensors = make_case(batch, context, args.heads, args.kv_heads, args.head_dim, block_size,
-                        DTYPES[dtype_name], device, gen)
+                        DTYPES[dtype_name], torch.device("cpu"), gen)
     scale = args.head_dim**-0.5
     systems = systems_for(args, *tensors, scale)
     if only is not None:
         systems = {name: systems[name] for name in only}
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    ms = median_ms(systems, args.repeats, args.warmup, sync)
+    ms = median_ms(systems, args.repeats, args.warmup, lambda: None)
     row = {"batch": batch, "context": context, "dtype": dtype_name, "block_size": block_size}
     row.update({f"{name}_ms": ms[name] for name in systems})
     if only is None:
@@ -143,10 +139,6 @@ def run_case(args, batch, context, dtype_name, block_size, gen, only=None):
         row["max_abs_diff"] = max((systems[n]().float() - want).abs().max().item() for n in kernels)
     kv_bytes = 2 * batch * context * args.kv_heads * args.head_dim * tensors[1].element_size()
     row["kv_mb"] = kv_bytes / 1e6
-    if device.type == "cuda":
-        for name in systems:
-            gbps = kv_bytes / (ms[name] * 1e-3) / 1e9
-            row[f"{name}_peak_fraction"] = gbps / args.peak_gbps
     return row
 
 
@@ -160,8 +152,7 @@ def plot(result: dict, path: str, kernel: str) -> None:
     batches = sorted({c["batch"] for c in result["cases"]})
     cols = len(batches) + (1 if result["block_size_sweep"] else 0)
     fig, axes = plt.subplots(len(dtypes), cols, figsize=(4.2 * cols, 3.3 * len(dtypes)), squeeze=False)
-    styles = {"contiguous": "k-o", "reference": "C1--s", "blockwise": "C2:^", kernel: "C0-D",
-              "cuda_v2": "C3-v"}
+    styles = {"contiguous": "k-o", "reference": "C1--s", "blockwise": "C2:^", kernel: "C0-D"}
     for i, dt in enumerate(dtypes):
         for j, b in enumerate(batches):
             ax = axes[i][j]
@@ -194,12 +185,13 @@ def plot(result: dict, path: str, kernel: str) -> None:
 
 
 def run(args) -> int:
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda needs a CUDA GPU; none is visible to torch here")
+    if args.device == "cuda":
+        raise SystemExit("python -m paged.bench kernel times the CPU paths; on a GPU run python -m paged.bench "
+                         "kernel_gpu (Figure 18a with CUDA events, flash SDPA, FlexAttention, the copy bandwidth)")
     if args.threads:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(args.seed)
-    kernel = "cpu_kernel" if args.device == "cpu" else "cuda_v1"
+    kernel = "cpu_kernel"
     cases = []
     header = f"{'dtype':9s} {'batch':>5s} {'ctx':>5s} {'contig ms':>10s} {'ref ms':>9s} {'blockw ms':>9s} {kernel + ' ms':>14s} {'k/contig':>8s}"
     print(header)
@@ -227,8 +219,6 @@ def run(args) -> int:
         f"geomean_{kernel}_over_contiguous": geomean(r[f"{kernel}_ms"] / r["contiguous_ms"] for r in cases),
         "geomean_reference_over_contiguous": geomean(r["reference_ms"] / r["contiguous_ms"] for r in cases),
     }
-    if args.device == "cuda":
-        result["geomean_cuda_v2_over_contiguous"] = geomean(r["cuda_v2_ms"] / r["contiguous_ms"] for r in cases)
     print(f"\ngeomean {kernel} / contiguous = {result[f'geomean_{kernel}_over_contiguous']:.3f}, "
           f"reference / contiguous = {result['geomean_reference_over_contiguous']:.3f} "
           f"({_threads(result['threads'])})")

@@ -4,7 +4,7 @@
 sequences of ``seq_len`` tokens once; then, ``repeats`` times after one
 warm-up (medians reported), it times through step05's own code:
 
-- *swap* = ``SwapSpace.swap_out`` + the runner's ``execute_memory_ops`` on a
+- *swap* = ``SwappingKVManager.swap_out`` + the runner's ``execute_memory_ops`` on a
   plan with those ``blocks_to_swap_out`` (``copy_between`` device → host),
   then ``swap_in`` + ``execute_memory_ops`` back (host → device): the block
   moves the engine makes. ``swap_ms`` is the two copies; the allocator
@@ -28,7 +28,6 @@ import torch
 
 from paged.bench.traces import random_prompts
 from paged.step03_attention import StepPlan
-from paged.step05_preemption.plan import PreemptingStepPlan
 from paged.step05_preemption import PreemptingEngine, SamplingParams
 
 
@@ -50,19 +49,21 @@ def micro(model, block_size: int, num_seqs: int, seq_len: int, repeats: int, see
         engine.add_request(f"seq{i}", prompt, greedy)
     prefill = _first_plan(engine)  # computes the prompts; keeps their plan
     runner, kv, device = engine.runner, engine.kv_cache, engine.kv_cache.device
-    tables = [r.seqs[0].block_table for r in engine.running]
+    seqs = [r.seqs[0] for r in engine.scheduler.running]
+    tables = [s.block_table for s in seqs]
+    kv_manager = engine.scheduler.kv
     times = {"swap_out": [], "swap_in": [], "bookkeeping": [], "recompute": []}
     for rep in range(repeats + 1):  # the first round is the warm-up (and the check)
         before = kv.data[:, :, [b for t in tables for b in t.blocks]].clone() if rep == 0 else None
         t0 = clock()
-        out = engine.swap.swap_out(tables, engine.allocator)
+        out = kv_manager.swap_out(seqs)
         t1 = clock()
-        runner.execute_memory_ops(PreemptingStepPlan(blocks_to_swap_out=out))
+        runner.execute_memory_ops(StepPlan(blocks_to_swap_out=out))
         _sync(device)
         t2 = clock()
-        back = engine.swap.swap_in(tables, engine.allocator)
+        back = kv_manager.swap_in(seqs)
         t3 = clock()
-        runner.execute_memory_ops(PreemptingStepPlan(blocks_to_swap_in=back))
+        runner.execute_memory_ops(StepPlan(blocks_to_swap_in=back))
         _sync(device)
         t4 = clock()
         runner.execute(prefill)

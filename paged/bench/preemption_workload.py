@@ -72,7 +72,8 @@ def run_workload(engine: PreemptingEngine, trace: list[TraceRequest], seed: int,
     finally:
         engine.remove_observer(count)
     elapsed = clock() - start
-    assert engine.allocator.num_used == 0 and engine.swap.allocator.num_used == 0, "blocks leaked"
+    kv = engine.scheduler.kv
+    assert kv.allocator.num_used == 0 and kv.host.num_used == 0, "blocks leaked"
     tokens = sum(len(t) for t in outputs.values())
     digest = hashlib.sha256(json.dumps([outputs[f"req{i}"] for i in range(len(trace))]).encode()).hexdigest()
     return {
@@ -81,7 +82,7 @@ def run_workload(engine: PreemptingEngine, trace: list[TraceRequest], seed: int,
         "output_tokens": tokens,
         "time_s": elapsed,
         "iterations": steps,
-        "preemptions": dict(engine.preemptions),
+        "preemptions": dict(engine.scheduler.preemptions),
         "tokens_computed": work["tokens"],
         "blocks_moved": work["blocks"],
         "outputs_sha256": digest[:16],

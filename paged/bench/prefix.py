@@ -12,7 +12,7 @@ ahead of time: each engine first serves the bare prefix once (untimed, not
 counted), which fills the cache of the caching engine and changes nothing for
 the other.
 
-Reported per prefix length: prompt tokens computed (``engine.prompt_tokens_total``),
+Reported per prefix length: prompt tokens computed (``engine.scheduler.prompt_tokens_total``),
 blocks in use (mean and peak over iterations), wall time and throughput
 (median over rounds), and whether the greedy outputs of the two engines are
 identical token for token.
@@ -71,7 +71,7 @@ def serve(model, prefix: list[int], prompts: list[list[int]], caching: bool, arg
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     engine.add_request("prefix", prefix, SamplingParams(temperature=0.0, max_tokens=1))
     measure_engine(engine)  # the provider registers the prefix: untimed, not counted
-    computed_before = engine.prompt_tokens_total
+    computed_before = engine.scheduler.prompt_tokens_total
     outputs: dict[str, list[int]] = {}
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{i}", prompt, greedy)
@@ -89,7 +89,7 @@ def serve(model, prefix: list[int], prompts: list[list[int]], caching: bool, arg
     seconds = time.perf_counter() - t0
     engine.remove_observer(observe)
     return {
-        "prefill_tokens": engine.prompt_tokens_total - computed_before,
+        "prefill_tokens": engine.scheduler.prompt_tokens_total - computed_before,
         "blocks_mean": sum(usage) / len(usage),
         "blocks_peak": max(usage),
         "seconds": seconds,

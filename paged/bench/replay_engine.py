@@ -51,10 +51,10 @@ def stand_in_model(max_len: int = 2048, eos: int = 2) -> LoadedModel:
 class ReplayRunner(StandInRunner):
     """A ``ModelRunner`` stand-in: results from a hash, time from a cost model (module docstring)."""
 
-    swap_cache = None  # the host KVCache the engine hands every runner; the replay moves no data
+    swap_cache = None  # a runner's host pool: the replay moves no data
     cost = None  # a replay_cost.CostModel, set by ReplayEngine; None: the clock stands still
 
-    def __init__(self, model, kv_cache, backend, batch_invariant: bool = False) -> None:
+    def __init__(self, model, kv_cache, backend, batch_invariant: bool = False, host_blocks: int = 0) -> None:
         super().__init__()
         self.kv_cache, self.backend = kv_cache, backend
         self.elapsed = 0.0  # seconds of the modelled hardware, all iterations so far

@@ -22,7 +22,7 @@ chunks) so that external fragmentation is real. A waiting request is admitted
 only when all its chunks can be placed; the chunks are freed when it ends.
 The K/V itself is written into the request's blocks by the same paged runner.
 
-The rule is the scheduler's admission seam (``Reservation``): the scheduler
+The rule is the scheduler's admission component (``Reservation``): the scheduler
 asks ``OrcaReservation.reserve(request)`` when a waiting request's first
 blocks are free — yes only when all its chunks can be placed, and then they
 are — and calls ``release(request)`` when it retires. The chunks live in
@@ -45,7 +45,7 @@ from __future__ import annotations
 from paged.step01_allocator.orca import POLICIES, ContiguousReservations
 from paged.step01_allocator.waste import TraceRequest
 from paged.errors import RequestError
-from paged.step03_attention.scheduler import Reservation
+from paged.step03_attention.policies import Reservation
 from paged.step05_preemption import PreemptingEngine
 
 MEMORY_MODES = ("paged", "orca-max", "orca-pow2", "orca-oracle")
@@ -102,11 +102,12 @@ class ReservingEngine(PreemptingEngine):
         self.memory = memory
         super().__init__(model, **kwargs)
 
-    def _scheduler_options(self) -> dict:
-        if not self.reserving:
-            return super()._scheduler_options()
-        orca = OrcaReservation(self.memory, self.kv_cache.num_blocks, self.block_size, self.max_model_len)
-        return {**super()._scheduler_options(), "reservation": orca}
+    def _make_scheduler(self, num_blocks: int, free_order):
+        """Step05's scheduler, its admission component swapped for Orca's reservation in the Orca modes."""
+        scheduler = super()._make_scheduler(num_blocks, free_order)
+        if self.reserving:
+            scheduler.admission = OrcaReservation(self.memory, num_blocks, self.block_size, self.max_model_len)
+        return scheduler
 
     @property
     def reserving(self) -> bool:
@@ -115,25 +116,25 @@ class ReservingEngine(PreemptingEngine):
     @property
     def arena(self):
         """The Orca modes' buddy arena over the block indices (None when paged)."""
-        return self.scheduler.reservation.ledger.arena if self.reserving else None
+        return self.scheduler.admission.ledger.arena if self.reserving else None
 
     @property
     def reservations(self) -> dict[str, list[int]]:
         """Request id -> offsets of its chunks (empty when paged)."""
-        return self.scheduler.reservation.ledger.held if self.reserving else {}
+        return self.scheduler.admission.ledger.held if self.reserving else {}
 
     def reservation(self, prompt_len: int, params) -> tuple[int, int]:
         """``(chunks, blocks per chunk)`` this mode reserves for a request; ``(0, 0)`` if paged."""
-        return self.scheduler.reservation.chunks(prompt_len, params) if self.reserving else (0, 0)
+        return self.scheduler.admission.chunks(prompt_len, params) if self.reserving else (0, 0)
 
     def reserved_blocks(self, request_id: str) -> int:
         """Blocks held in the arena for ``request_id`` (0 if none)."""
-        return self.scheduler.reservation.ledger.reserved(request_id) if self.reserving else 0
+        return self.scheduler.admission.ledger.reserved(request_id) if self.reserving else 0
 
     def check_request(self, prompt_token_ids, params) -> None:
         super().check_request(prompt_token_ids, params)
         chunks, size = self.reservation(len(prompt_token_ids), params)
-        ledger = self.scheduler.reservation.ledger if chunks else None
+        ledger = self.scheduler.admission.ledger if chunks else None
         if chunks and not ledger.could_ever_hold(chunks, size):
             raise RequestError(
                 f"{self.memory} reserves {chunks} contiguous chunk(s) of {size} blocks for this request; "

@@ -8,7 +8,7 @@ requests (without preemption one request's blocks do not depend on the
 others), so the figure does not depend on how requests overlap in time.
 
 * **Parallel sampling** (``n`` = 2, 4, 6) is replayed with the real step04
-  ``BlockManager``: the prompt is allocated once, ``n - 1`` children fork
+  ``SharingKVManager``: the prompt is allocated once, ``n - 1`` children fork
   from it, then every sample appends its own tokens one iteration at a time
   (copy-on-write on the first write into the shared last prompt block), for
   the trace's output length. All samples of a request run to the trace's
@@ -47,7 +47,7 @@ from paged.bench._threads import torch_threads
 from paged.bench.traces import SYNTHETIC, random_prompts, synthetic_trace
 from paged.models.random_llama import load_random_llama
 from paged.step01_allocator.waste import TraceRequest
-from paged.step04_sharing import BlockManager, SamplingParams, SharingEngine
+from paged.step04_sharing import SamplingParams, SharingEngine, SharingKVManager
 
 WIDTHS = (2, 4, 6)
 PAPER = {  # Figure 15 of the paper, % saved, over widths 2..6
@@ -78,14 +78,14 @@ class Usage:
 
 # --8<-- [start:replay]
 def replay_parallel(trace: list[TraceRequest], n: int, block_size: int) -> Usage:
-    """Parallel sampling's block accounting with the real ``BlockManager``, one request at a time.
+    """Parallel sampling's block accounting with the real ``SharingKVManager``, one request at a time.
 
     Iteration 0 computes the prompt and forks it; each later iteration gives
     every sample one more token slot (as the engine does for the token it
     sampled last), ``output_len - 1`` times.
     """
     most = max(n * -(-r.total_len // block_size) for r in trace)
-    bm = BlockManager(most, block_size, enable_prefix_caching=False)
+    bm = SharingKVManager(most, block_size, enable_prefix_caching=False)
     usage = Usage()
 
     def measure(samples):
@@ -94,7 +94,7 @@ def replay_parallel(trace: list[TraceRequest], n: int, block_size: int) -> Usage
     for r in trace:
         first = bm.new_table()
         bm.allocate_prompt(first, [0] * r.prompt_len)
-        samples = [first] + [bm.fork(first) for _ in range(n - 1)]
+        samples = [first] + [first.fork() for _ in range(n - 1)]
         measure(samples)
         for _ in range(r.output_len - 1):
             for table in samples:
@@ -102,7 +102,7 @@ def replay_parallel(trace: list[TraceRequest], n: int, block_size: int) -> Usage
                 table.take_copies()
             measure(samples)
         for table in samples:
-            bm.free(table)
+            table.free()
     assert bm.allocator.num_used == 0, "the replay leaked blocks"
     return usage
 # --8<-- [end:replay]
@@ -151,7 +151,7 @@ def run_beam(model, trace: list[TraceRequest], k: int, block_size: int, seed: in
         engine.add_request(f"beam-{i}", prompt, SamplingParams(
             use_beam_search=True, n=k, temperature=0.0, max_tokens=r.output_len, ignore_eos=True))
     usage = measure_engine(engine)
-    assert engine.allocator.num_used == 0, "the engine leaked blocks"
+    assert engine.scheduler.kv.allocator.num_used == 0, "the engine leaked blocks"
     return usage
 
 

@@ -120,7 +120,7 @@ def replay(engine, jobs: list[e2e.Job], arrivals: list[float], params: list[Samp
         now += dt
         done = [o for o in outs if o.finished]
         busy += dt
-        batched += dt * (len(engine.running) + len(done))  # the finished ones were in this batch
+        batched += dt * (len(engine.scheduler.running) + len(done))  # the finished ones were in this batch
         for o in done:
             finish[int(o.request_id)] = now
     latency = np.array([finish[i] - arrivals[i] for i in range(n)])
@@ -132,7 +132,7 @@ def replay(engine, jobs: list[e2e.Job], arrivals: list[float], params: list[Samp
         "p99_latency": float(np.percentile(latency, 99)),
         "tokens_per_s": engine.generation_tokens_total / makespan,
         "mean_batched_requests": batched / busy,
-        "preemptions": sum(engine.preemptions.values()),
+        "preemptions": sum(engine.scheduler.preemptions.values()),
         "makespan": makespan,
     }
 # --8<-- [end:replay]

@@ -19,8 +19,11 @@ contiguous, which is what their coalesced loads need.
 The extension (``csrc/cuda/*.cu`` plus ``binding.cpp``) is compiled on first use
 with ``torch.utils.cpp_extension.load`` into ``$PAGED_EXTENSIONS_DIR`` (default
 ``~/.cache/paged/torch_extensions``), in a folder named after the torch and CUDA
-versions and the GPU's compute capability. It needs a GPU: without one ``load``
-raises ``RuntimeError`` and ``available()`` is False. Compiled for block sizes
+versions and the GPU's compute capability, for the architectures torch's
+builder picks (``TORCH_CUDA_ARCH_LIST``, else the visible GPU's). It needs a GPU:
+without one ``load`` raises ``RuntimeError`` and ``available()`` is False.
+``load(verbose=True)`` prints the compiler commands and ptxas's register and
+shared-memory report of every kernel. Compiled for block sizes
 8, 16, 32 and head dims 32, 64, 80, 96, 128; float32, float16, bfloat16.
 
 Caller's contract (not checked, it would cost a device synchronisation):
@@ -95,7 +98,9 @@ def load(verbose: bool = False):
                     name="paged_cuda",
                     sources=[str(src / name) for name in (*_KERNELS, _BINDING)],
                     extra_cflags=["-O3"],
-                    extra_cuda_cflags=["-O3", f"-DPAGED_HEADERS={digest}"],
+                    # -Xptxas=-v: ptxas reports each kernel's registers, shared memory and spills;
+                    # the report shows in the build log only with verbose=True (tools/gpu_check.py keeps it)
+                    extra_cuda_cflags=["-O3", "-Xptxas=-v", f"-DPAGED_HEADERS={digest}"],
                     build_directory=str(_build_dir()),
                     verbose=verbose,
                 )

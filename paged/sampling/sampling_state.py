@@ -2,13 +2,14 @@
 
 The runner samples from plain data, so everything a penalty, a ban or a
 grammar needs is gathered here, on the scheduler's side, once per iteration:
-``attach_contexts`` puts one ``SamplingContext`` into the plan for every live
-sequence of every running request whose ``SamplingParams.processes_logits``.
-Requests without such options cost one attribute read each; a plan without
-contexts is the plain path.
+``SamplingStates.attach`` (called by the scheduler as it finishes a plan)
+puts one ``SamplingContext`` into the plan for every live sequence of every
+running request whose ``SamplingParams.processes_logits``. Requests without
+such options cost one attribute read each; a plan without contexts is the
+plain path.
 
 Prompt log-probabilities come back with the first token a request draws
-(``SampleResult.prompt_logprobs``); ``collect_prompt_logprobs`` keeps them
+(``SampleResult.prompt_logprobs``); ``SamplingStates.collect`` keeps them
 on the request, which asks for them only until it has them, so a request
 recomputed after preemption does not compute them twice.
 """
@@ -103,36 +104,68 @@ class SamplingState:
     # --8<-- [end:context]
 
 
-def attach_contexts(plan, requests, state_of) -> dict[str, Exception]:
-    """Put a ``SamplingContext`` for every live sequence of ``requests`` that process logits into ``plan``.
+class SamplingStates:
+    """Every request's ``SamplingState``, made when first needed, and the grammar compiler they share.
 
-    ``state_of(request)`` returns the request's ``SamplingState``. A request's
-    first sequence computes its prompt; parallel samples forked from it get
-    their own contexts (and grammar matchers) from their first draw on.
-    Returns ``{request id: exception}`` for the requests whose state failed (a
-    grammar that met a limit): they get no context, and the engine ends them.
+    The engine builds one per model and hands it to its scheduler, which calls
+    ``attach`` on every plan it decides and ``collect`` on every update.
+
+    Args:
+        eos_token_ids: the model's end-of-sequence ids.
+        tokenizer: the model's tokenizer, or None.
+        vocab_size: the model's vocabulary size.
     """
-    failed = {}
-    for req in requests:
-        if not req.params.processes_logits:
-            continue
-        try:
-            state = state_of(req)
-            contexts = {seq.seq_id: state.context(seq, computes_prompt=i == 0)
-                        for i, seq in enumerate(req.seqs) if not seq.is_finished}
-        except Exception as e:  # this request's own failure: it ends, the plan goes on without it
-            failed[req.request_id] = e
-            continue
-        plan.contexts.update(contexts)
-    return failed
 
+    def __init__(self, eos_token_ids: Iterable[int], tokenizer: Tokenizer | None, vocab_size: int) -> None:
+        self.eos_token_ids, self.tokenizer, self.vocab_size = list(eos_token_ids), tokenizer, vocab_size
+        self._compiler: GrammarCompiler | None = None  # built with the first structured request
 
-def collect_prompt_logprobs(requests, results: dict, state_of) -> None:
-    """Keep the prompt logprobs that came back with a request's first draw."""
-    for req in requests:
-        if req.params.prompt_logprobs is None:
-            continue
-        state = state_of(req)
-        res = results.get(req.seqs[0].seq_id) if req.seqs else None
-        if state.prompt_logprobs is None and res is not None and res.prompt_logprobs is not None:
-            state.prompt_logprobs = res.prompt_logprobs
+    def grammars(self) -> GrammarCompiler:
+        """The grammar compiler for this model's tokenizer, built with the first structured request."""
+        if self._compiler is None:
+            self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._compiler
+
+    def check(self, params: SamplingParams) -> None:
+        """``check_against_model`` for this model: raises ``RequestError`` before anything runs."""
+        check_against_model(params, self.vocab_size, self.tokenizer, self.grammars)
+
+    def state(self, req) -> SamplingState:
+        """``req``'s penalties, bans and grammars state, made when first needed."""
+        if req.sampling_state is None:
+            compiler = self.grammars() if req.params.guided_decoding is not None else None
+            req.sampling_state = SamplingState(req.params, self.eos_token_ids, self.tokenizer, compiler)
+        return req.sampling_state
+
+    def attach(self, plan, requests) -> dict[str, Exception]:
+        """Put a ``SamplingContext`` for every live sequence of ``requests`` that process logits into ``plan``.
+
+        A request's first sequence computes its prompt; parallel samples forked
+        from it get their own contexts (and grammar matchers) from their first
+        draw on. Returns ``{request id: exception}`` for the requests whose
+        state failed (a grammar that met a limit): they get no context, and the
+        scheduler ends them.
+        """
+        failed = {}
+        for req in requests:
+            if not req.params.processes_logits:
+                continue
+            try:
+                state = self.state(req)
+                contexts = {seq.seq_id: state.context(seq, computes_prompt=i == 0)
+                            for i, seq in enumerate(req.seqs) if not seq.is_finished}
+            except Exception as e:  # this request's own failure: it ends, the plan goes on without it
+                failed[req.request_id] = e
+                continue
+            plan.contexts.update(contexts)
+        return failed
+
+    def collect(self, requests, results: dict) -> None:
+        """Keep the prompt logprobs that came back with a request's first draw."""
+        for req in requests:
+            if req.params.prompt_logprobs is None:
+                continue
+            state = self.state(req)
+            res = results.get(req.seqs[0].seq_id) if req.seqs else None
+            if state.prompt_logprobs is None and res is not None and res.prompt_logprobs is not None:
+                state.prompt_logprobs = res.prompt_logprobs

@@ -95,6 +95,12 @@ class Sequence:
         return len(self.prompt_token_ids)
 
     @property
+    def num_pending(self) -> int:
+        """Tokens without K/V yet (``num_tokens - block_table.num_tokens``): the whole prompt of a new
+        sequence, the newest token of a decoding one, what is left of a prompt computed in chunks."""
+        return self.num_tokens - self.block_table.num_tokens
+
+    @property
     def last_token_id(self) -> int:
         """The newest token id (the input of the next decode step)."""
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]

@@ -2,8 +2,11 @@
 
 Adds: the attention paths (reference gather + SDPA, block-wise online softmax,
 the native kernels behind one dispatch), ``StepPlan`` and ``ModelRunner``
-(the scheduler/worker split: docs/architecture.md), the ``Scheduler`` (it owns the queues,
-the block pool and the budgets; FCFS, no preemption) and the first ``Engine``
+(the scheduler/worker split: docs/architecture.md), the ``Scheduler`` (one loop, written
+once: it owns the queues and the budgets, and holds one component per idea — the
+``KVManager``, the one owner of blocks and tables, and the ``policies``: ``WholePrompt``
+chunking, ``EndRequest`` eviction, ``Reservation`` admission, ``OneSequence`` decoding;
+FCFS, no preemption) and the first ``Engine``
 (the scheduler, a runner and the outputs; ``EngineEvent`` records its decisions) and the
 vLLM-shaped ``LLM`` / ``SamplingParams`` API (sampling itself lies below the ladder, in ``paged.sampling``).
 """
@@ -17,17 +20,21 @@ _OWN = {
     "CompletionOutput": "outputs",
     "EVENT_KINDS": "events",
     "Engine": "engine",
+    "EndRequest": "policies",
     "EngineEvent": "events",
+    "KVManager": "kv_manager",
     "LLM": "llm",
     "ModelRunner": "runner",
+    "OneSequence": "policies",
     "PagedAttention": "attention",
     "RequestError": "paged.errors",
     "RequestOutput": "outputs",
-    "Reservation": "scheduler",
+    "Reservation": "policies",
     "SampleResult": "paged.sampling.result",
     "SamplingParams": "paged.sampling.sampling_params",
     "Scheduler": "scheduler",
     "StepPlan": "plan",
+    "WholePrompt": "policies",
     "blockwise_attention": "blockwise",
     "causal_sdpa": "reference",
     "gather_blocks": "reference",

@@ -14,15 +14,18 @@ Every iteration (``step``):
    frees its blocks at once.
 
 The engine is the three pieces composed: ``self.scheduler`` (a ``Scheduler``:
-queues, block pool, budgets, every decision), ``self.runner`` (the only place
-tensors live) and the outputs it hands back. A later step swaps in its own
-scheduler class (``scheduler_class``) and runner class (``runner_class``).
+queues, the KV manager, budgets, every decision, the plan), ``self.runner``
+(the only place tensors live) and the outputs it hands back. A later step
+builds its own scheduler — step03's loop with that step's components
+(``_make_scheduler``) — and its own runner (``runner_class``).
 
 Observing it: ``engine.add_observer(fn)`` calls ``fn(engine, plan, results)``
 after every iteration, and ``engine.events`` then holds the iteration's
 scheduling decisions as ``EngineEvent(kind, request_id, seq_id, detail)``
 records (kinds: admitted, allocated, cow, preempted, swapped_out, swapped_in,
-finished, aborted; ``events.py`` gives each kind's ``detail``).
+finished, aborted; ``events.py`` gives each kind's ``detail``). The scheduler's
+state is read where it lives: ``engine.scheduler.running``,
+``engine.scheduler.kv.allocator``, ...
 """
 
 from __future__ import annotations
@@ -39,14 +42,8 @@ from paged.step03_attention.outputs import RequestOutput
 from paged.step03_attention.request import Request, StopChecker
 from paged.step03_attention.runner import ModelRunner
 from paged.sampling.sampling_params import SamplingParams
-from paged.sampling.sampling_state import (
-    SamplingState,
-    attach_contexts,
-    check_against_model,
-    collect_prompt_logprobs,
-)
-from paged.step03_attention.scheduler import Scheduler
-from paged.sampling.structured import GrammarCompiler
+from paged.sampling.sampling_state import SamplingStates
+from paged.step03_attention.scheduler import Scheduler, build_scheduler
 
 logger = logging.getLogger("paged")
 
@@ -74,7 +71,6 @@ class Engine:
     """
 
     runner_class = ModelRunner
-    scheduler_class = Scheduler
 
     def __init__(
         self,
@@ -112,8 +108,9 @@ class Engine:
             how = f"from a budget of {budget / 2**20:.1f} MiB"
         else:
             how = "as given"
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.stops = StopChecker(model.eos_token_ids, self.max_model_len, model.tokenizer)
+        self.sampling = SamplingStates(model.eos_token_ids, model.tokenizer, cfg.vocab_size)
+        self.scheduler = self._make_scheduler(num_blocks, free_order)  # refuses a pool of no block
         self.kv_cache = KVCache(
             cfg.num_layers, num_blocks, block_size, h_kv, cfg.head_dim, dtype, device
         )
@@ -121,13 +118,7 @@ class Engine:
         if batch_invariant is None and os.environ.get(BATCH_INVARIANT_ENV, "") in ("0", "1"):
             batch_invariant = os.environ[BATCH_INVARIANT_ENV] == "1"
         self.batch_invariant = self._batch_invariant(batch_invariant)
-        self.runner = self.runner_class(model.model, self.kv_cache, self.backend, self.batch_invariant)
-        self.stops = StopChecker(model.eos_token_ids, self.max_model_len, model.tokenizer)
-        self.scheduler = self.scheduler_class(
-            num_blocks, block_size, max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens, stops=self.stops, free_order=free_order,
-            **self._scheduler_options(),
-        )
+        self.runner = self._make_runner()
         logger.info(
             "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s%s",
             num_blocks, block_size, num_blocks * block_size,
@@ -139,28 +130,18 @@ class Engine:
         self.generation_tokens_total = 0  # for /metrics (prompt tokens: the scheduler counts them)
         self.observers: list = []  # called as fn(engine, plan, results) after each iteration
         self.events: list[EngineEvent] = []  # the last iteration's decisions (events.py)
-        self._grammar_compiler: GrammarCompiler | None = None  # built with the first grammar request
 
-    def _scheduler_options(self) -> dict:
-        """Keyword arguments of ``scheduler_class`` beyond the pool and the budgets (a later step adds its own)."""
-        return {}
+    def _scheduler_args(self) -> dict:
+        """What every step's scheduler takes: the budgets, the stopping rules, the sampling states."""
+        return {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "stops": self.stops, "sampling": self.sampling}
 
-    # the scheduler's state, read through the engine (observers, snapshots, benchmarks, tests)
-    @property
-    def waiting(self):
-        return self.scheduler.waiting
+    def _make_scheduler(self, num_blocks: int, free_order) -> Scheduler:
+        """Step03's scheduler (``scheduler.build_scheduler``); a later step builds its own."""
+        return build_scheduler(num_blocks, self.block_size, free_order=free_order, **self._scheduler_args())
 
-    @property
-    def running(self) -> list[Request]:
-        return self.scheduler.running
-
-    @property
-    def allocator(self):
-        return self.scheduler.allocator
-
-    @property
-    def prompt_tokens_total(self) -> int:
-        return self.scheduler.prompt_tokens_total
+    def _make_runner(self) -> ModelRunner:
+        return self.runner_class(self.model.model, self.kv_cache, self.backend, self.batch_invariant)
 
     def add_observer(self, fn) -> None:
         """Call ``fn(engine, plan, results)`` after every iteration, between iterations.
@@ -186,7 +167,7 @@ class Engine:
         if not prompt_token_ids:
             raise RequestError("the prompt is empty: give at least one token", param="prompt", bound=1)
         vocab = self.model.config.vocab_size
-        check_against_model(params, vocab, self.model.tokenizer, self._grammars)
+        self.sampling.check(params)
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt",
@@ -198,18 +179,18 @@ class Engine:
                 f"(max_model_len {self.max_model_len} minus one generated token)",
                 param="prompt", bound=self.max_model_len - 1,
             )
-        if n > self.max_num_batched_tokens and not self.scheduler.chunked_prefill:
+        if n > self.max_num_batched_tokens and not self.scheduler.chunking.splits_prompts:
             raise RequestError(
                 f"the prompt has {n} tokens, more than max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}) of one iteration",
                 param="prompt", bound=self.max_num_batched_tokens,
             )
-        need = -(-n // self.block_size)
-        if need > self.allocator.num_blocks:
+        need, have = -(-n // self.block_size), self.scheduler.kv.num_blocks
+        if need > have:
             raise RequestError(
-                f"the prompt needs {need} KV blocks but the cache has only "
-                f"{self.allocator.num_blocks}; raise kv_cache_memory or num_blocks",
-                param="prompt", bound=self.allocator.num_blocks * self.block_size,
+                f"the prompt needs {need} KV blocks but the cache has only {have}; "
+                "raise kv_cache_memory or num_blocks",
+                param="prompt", bound=have * self.block_size,
             )
         self._check_group(params)
 
@@ -250,32 +231,9 @@ class Engine:
 
     # -- what the server's /metrics shows ------------------------------------
     def stats(self) -> dict:
-        """Queue lengths, block usage and the live Figure 2 breakdown of the KV pool.
-
-        ``token_slots_filled`` counts each physical slot holding a token once
-        (shared blocks are counted once); ``internal_fragmentation_slots`` are
-        the empty slots of used blocks; ``free_slots`` those of free blocks.
-        """
-        a, b = self.scheduler.allocator, self.block_size
-        filled: dict[int, int] = {}
-        for req in self.running:
-            for seq in req.seqs:
-                t = seq.block_table
-                for i, block in enumerate(t.blocks):
-                    filled[block] = max(filled.get(block, 0), min(b, t.num_tokens - i * b))
-        tokens = sum(filled.values())
-        return {
-            "running": len(self.running),
-            "waiting": len(self.waiting),
-            "blocks_total": a.num_blocks,
-            "blocks_used": a.num_used,
-            "blocks_free": a.num_free,
-            "token_slots_filled": tokens,
-            "internal_fragmentation_slots": a.num_used * b - tokens,
-            "free_slots": a.num_free * b,
-            "prompt_tokens_total": self.prompt_tokens_total,
-            "generation_tokens_total": self.generation_tokens_total,
-        }
+        """The scheduler's queues and counters, the KV pool's blocks and the live Figure 2 breakdown
+        of its slots (``Scheduler.stats``), and the tokens generated."""
+        return {**self.scheduler.stats(), "generation_tokens_total": self.generation_tokens_total}
 
     # -- one iteration --------------------------------------------------------
     # --8<-- [start:step]
@@ -288,11 +246,9 @@ class Engine:
         freed, and the others go on. Only the forward pass itself may raise here.
         """
         plan = self.scheduler.schedule()
-        failed = attach_contexts(plan, self.running, self._sampling_state)  # request id -> its exception
         results = self.runner.execute(plan)
-        collect_prompt_logprobs(self.running, results, self._sampling_state)
         self.generation_tokens_total += len(results)
-        touched = self.scheduler.update(plan, results, failed)
+        touched = self.scheduler.update(plan, results)
         for req in touched:
             if req.finished:
                 self.requests.pop(req.request_id, None)
@@ -301,17 +257,3 @@ class Engine:
             observe(self, plan, results)
         return [r.to_output() for r in touched]
     # --8<-- [end:step]
-
-    def _grammars(self) -> GrammarCompiler:
-        """The grammar compiler for this model's tokenizer, built with the first structured request."""
-        if self._grammar_compiler is None:
-            self._grammar_compiler = GrammarCompiler(self.model.tokenizer, self.model.config.vocab_size,
-                                                     self.model.eos_token_ids)
-        return self._grammar_compiler
-
-    def _sampling_state(self, req: Request) -> SamplingState:
-        """``req``'s penalties, bans and grammars state, made when first needed."""
-        if req.sampling_state is None:
-            compiler = self._grammars() if req.params.guided_decoding is not None else None
-            req.sampling_state = SamplingState(req.params, self.model.eos_token_ids, self.model.tokenizer, compiler)
-        return req.sampling_state

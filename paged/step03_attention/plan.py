@@ -37,9 +37,14 @@ class StepPlan:
     sequences whose requests use penalties, biases, bans, grammars or prompt
     logprobs (``sampling_state.py``); it is empty for a plain batch.
 
-    Step 03 moves no block. The steps that do extend the plan by their own
-    fields: step 04's ``SharingStepPlan`` (copies, forks), step 05's
-    ``PreemptingStepPlan`` (swaps).
+    The memory operations run before the forward pass, swap-outs first (a device
+    block a swap-out frees may receive a swap-in of the same iteration), then
+    swap-ins, then copies. Step 03 moves no block: its plans leave them empty.
+    ``blocks_to_copy`` are step 04's copy-on-writes ``(src, dst)``; ``fanout``
+    its ``(seq that computed the row, child seq, child seed)``: a prompt computed
+    once whose first token row is sampled by every sequence of its group.
+    ``blocks_to_swap_out`` ``(device, host)`` and ``blocks_to_swap_in``
+    ``(host, device)`` are step 05's.
     """
 
     seq_ids: list[int] = field(default_factory=list)
@@ -54,6 +59,10 @@ class StepPlan:
     seeds: list[int] = field(default_factory=list)  # [S]
     finished_seq_ids: list[int] = field(default_factory=list)
     contexts: dict[int, SamplingContext] = field(default_factory=dict)  # seq id -> its SamplingContext
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host), step05
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device), step05
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst), step04
+    fanout: list[tuple[int, int, int]] = field(default_factory=list)  # (parent, child, child seed), step04
 # --8<-- [end:stepplan]
 
     @property
@@ -66,9 +75,8 @@ class StepPlan:
 
     @property
     def has_memory_ops(self) -> bool:
-        """Block copies or moves to run before the forward pass: none here. Step 04's plan adds
-        ``blocks_to_copy`` (copy-on-write), step 05's the swap lists."""
-        return False
+        """Block moves or copies to run before the forward pass."""
+        return bool(self.blocks_to_swap_out or self.blocks_to_swap_in or self.blocks_to_copy)
 
     def add(self, seq_id, token_ids, start_pos, slots, context_len, block_table, sample, params, seed):
         """Append one sequence's new tokens (``token_ids`` at positions from ``start_pos``)."""

@@ -15,10 +15,17 @@ from paged.step03_attention.outputs import CompletionOutput, RequestOutput
 from paged.sampling.result import SampleResult
 from paged.sampling.sampling_params import SamplingParams
 
+REPLACEMENT = "\ufffd"  # what decoding yields for the bytes of a character not yet complete
 
-@dataclass
+
+@dataclass(eq=False)  # a request is itself: queue membership tests identity, not every field
 class Request:
-    """One ``add_request`` call."""
+    """One ``add_request`` call.
+
+    ``queue`` names the scheduler's queue that holds it (``"waiting"``, ``"running"``,
+    ``"swapped"``), None once it has left them all: so leaving a queue costs one
+    lookup, however long the others are.
+    """
 
     request_id: str
     prompt: str | None
@@ -30,6 +37,9 @@ class Request:
     outputs: dict[int, CompletionOutput] = field(default_factory=dict)  # seq_id -> output
     sampling_state: object = None  # a SamplingState when its params process logits (made by the engine)
     error: BaseException | None = None  # what ended it, when its own processing failed (Scheduler.fail)
+    queue: str | None = None  # the scheduler's queue that holds it
+    num_cached_tokens: int = 0  # prompt tokens its first computation found in the prefix cache (step04)
+    prompt_mapped: bool = False  # that first computation has begun (a recomputation keeps the count)
 
     @property
     def prompt_logprobs(self) -> list | None:
@@ -39,11 +49,16 @@ class Request:
     def finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
 
+    @property
+    def live_seqs(self) -> list[Sequence]:
+        """Its sequences still generating."""
+        return [s for s in self.seqs if not s.is_finished]
+
     def to_output(self) -> RequestOutput:
         completions = [self.outputs[s.seq_id] for s in self.seqs]
         return RequestOutput(
             self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished,
-            prompt_logprobs=self.prompt_logprobs, error=self.error,
+            self.num_cached_tokens, prompt_logprobs=self.prompt_logprobs, error=self.error,
         )
 
 
@@ -90,8 +105,11 @@ class StopChecker:
             window = 4 * max(len(s) for s in params.stop) + 4
             tail = self.decode(seq.output_token_ids[-window:])
             if any(s in tail for s in params.stop):
+                # a character whose bytes are not all generated yet decodes as U+FFFD: the text is
+                # matched only as far as it is decoded for good (its trailing U+FFFD held back)
                 text = self.decode(seq.output_token_ids)
-                hits = [(text.find(s), s) for s in params.stop if s in text]
+                decoded = text.rstrip(REPLACEMENT)
+                hits = [(decoded.find(s), s) for s in params.stop if s in decoded]
                 if hits:  # (a tail cut inside a character can show a match the text does not have)
                     at, hit = min(hits)
                     reason, stop_reason, out.text = "stop", hit, text[:at]

@@ -65,10 +65,9 @@ class StandInRunner:
         self.iterations += 1
         rows = [(s, plan.seeds[i], plan.context_lens[i], plan.sampling_params[i])
                 for i, s in enumerate(plan.seq_ids) if plan.sample[i]]
-        fanout = getattr(plan, "fanout", [])
-        if fanout:
+        if plan.fanout:
             by_seq = {r[0]: r for r in rows}
-            rows += [(child, seed, by_seq[parent][2], by_seq[parent][3]) for parent, child, seed in fanout]
+            rows += [(child, seed, by_seq[parent][2], by_seq[parent][3]) for parent, child, seed in plan.fanout]
         return {seq_id: self.draw(seq_id, seed, position, params) for seq_id, seed, position, params in rows}
 
     def draw(self, seq_id: int, seed: int, position: int, params) -> SampleResult:

@@ -35,7 +35,8 @@ class Hypothesis:
     token_ids: list[int]
     cumulative_logprob: float
     ended_by: int | None  # the EOS / stop token id, or None when cut by length
-    text: str = ""  # detokenized by the engine
+    text: str = ""  # detokenized by the decoding component
+    stop_reason: int | None = None  # the stop token id that ended it (an EOS is no stop reason)
     parent: int | None = None  # the live beam it extends (its index in ``select``'s ``beams``)
     logprobs: list[dict[int, float]] | None = None  # per token, when the request asked for them
 

@@ -4,7 +4,7 @@
   (``B = 4``); both map physical blocks 7 and 1, reference count 2. Sample A1
   writes *fathers* into the shared, partly filled block 1: copy-on-write gives
   it block 3 (a ``(1, 3)`` copy); A2 then writes *mothers* into block 1 in
-  place, its count being 1 again. Run through a ``BlockManager`` whose free
+  place, its count being 1 again. Run through a ``SharingKVManager``'s tables whose free
   list hands out 7, 1, 3 as in the paper.
 * **Figure 9** (beam search): a real ``SharingEngine`` runs beam search
   (``k = 4``, ``B = 4``) on a tiny random model; an engine observer reads
@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paged.step04_sharing.block_manager import BlockManager
+from paged.step04_sharing.kv_manager import SharingKVManager
 from paged.step04_sharing.cow_table import CowBlockTable
 
 
@@ -105,10 +105,10 @@ FIG8_PROMPT = "Four score and seven years ago our".split()
 
 def figure8() -> list[Snapshot]:
     """Parallel sampling: fork after the prompt, then copy-on-write of the shared last block."""
-    bm = BlockManager(8, 4, enable_prefix_caching=False, free_order=[7, 1, 3, 0, 2, 4, 5, 6])
+    bm = SharingKVManager(8, 4, enable_prefix_caching=False, free_order=[7, 1, 3, 0, 2, 4, 5, 6])
     a1 = bm.new_table()
     bm.allocate_prompt(a1, list(range(len(FIG8_PROMPT))))  # the prompt's K/V, computed once
-    a2 = bm.fork(a1)  # sample A2: a copy of the table, every block's count + 1
+    a2 = a1.fork()  # sample A2: a copy of the table, every block's count + 1
     words = list(FIG8_PROMPT)
     before = snapshot("Figure 8 · after the prompt: A2 = fork(A1)", [("Sample A1", a1, words),
                                                                     ("Sample A2", a2, words)], bm.allocator, 4)
@@ -131,7 +131,7 @@ def figure10() -> list[Snapshot]:
     """Two requests with one few-shot prefix: the second maps the cached prefix blocks."""
     prompts = {name: FIG10_PREFIX + task for name, task in FIG10_TASKS.items()}
     ids, _ = _vocab([w for p in prompts.values() for w in p])
-    bm = BlockManager(12, 4, enable_prefix_caching=True, free_order=[3, 8, 5, 1, 10, 0, 6, 2, 4, 7, 9, 11])
+    bm = SharingKVManager(12, 4, enable_prefix_caching=True, free_order=[3, 8, 5, 1, 10, 0, 6, 2, 4, 7, 9, 11])
     tables, notes, start = {}, [], 0
     for name, words in prompts.items():
         prompt = ids[start:start + len(words)]
@@ -145,7 +145,7 @@ def figure10() -> list[Snapshot]:
     both = snapshot("Figure 10 · two requests sharing a cached prefix", named, bm.allocator, 4,
                     note="\n".join(notes))
     for t in tables.values():
-        bm.free(t)
+        t.free()
     done = snapshot("Figure 10 · both requests finished", [], bm.allocator, 4,
                     note="the prefix blocks wait on the free list, findable, until the pool needs them")
     return [both, done]
@@ -169,12 +169,12 @@ def figure9(model, k: int = 4, prompt_len: int = 6, max_tokens: int = 16) -> lis
     seen = []
 
     def observe(engine, plan, results):  # after the iteration's beam update
-        if not engine.running:
+        if not engine.scheduler.running:
             return
-        live = [s for s in engine.running[0].seqs if not s.is_finished]
+        live = [s for s in engine.scheduler.running[0].seqs if not s.is_finished]
         named = [(f"candidate {s.seq_id}", s.block_table, [f"t{t}" for t in s.token_ids]) for s in live]
         seen.append((set(s.seq_id for s in live), snapshot(
-            f"Figure 9 · beam search (k = {k}), after iteration {len(seen) + 1}", named, engine.allocator, 4,
+            f"Figure 9 · beam search (k = {k}), after iteration {len(seen) + 1}", named, engine.scheduler.kv.allocator, 4,
             plan.blocks_to_copy)))
 
     engine.add_observer(observe)

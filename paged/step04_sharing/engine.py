@@ -15,10 +15,9 @@ One request may now own several sequences:
 Copy-on-write pairs gathered from every table while planning go into the
 plan's ``blocks_to_copy``. Greedy, sampled and beam requests share one batch.
 
-Extends: ``paged.step03_attention.Engine`` with this step's scheduler,
-``SharingScheduler`` (``scheduler.py``: the loop is step03's, its hooks for
-prefix lookups, forks, copy-on-write and beams are this step's), and requests
-that may hold several sequences and rank them (``GroupRequest``).
+Extends: ``paged.step03_attention.Engine`` with this step's scheduler (step03's
+loop over a ``SharingKVManager`` with ``SequenceGroups`` decoding:
+``scheduler.py``) and runner (``SharingModelRunner``: block copies, fan-out).
 """
 
 from __future__ import annotations
@@ -26,17 +25,15 @@ from __future__ import annotations
 from paged.step03_attention import Engine
 from paged.errors import RequestError
 from paged.step04_sharing import snapshot
-from paged.step04_sharing.block_manager import BlockManager
 from paged.step04_sharing.runner import SharingModelRunner
-from paged.step04_sharing.scheduler import SharingScheduler
+from paged.step04_sharing.scheduler import build_scheduler
 from paged.step04_sharing.snapshot_html import snapshot_html
 
 MAX_BEST_OF = 64  # most sequences in one group (n, best_of, beam width)
 
 
-
 class SharingEngine(Engine):
-    """``Engine`` with a ``BlockManager``: forks, copy-on-write, beam search, prefix caching.
+    """``Engine`` over a ``SharingKVManager``: forks, copy-on-write, beam search, prefix caching.
 
     Args:
         enable_prefix_caching: reuse cached full prompt blocks (default on).
@@ -44,29 +41,20 @@ class SharingEngine(Engine):
     """
 
     runner_class = SharingModelRunner
-    scheduler_class = SharingScheduler
 
     def __init__(self, model, *, enable_prefix_caching: bool = True, **kwargs) -> None:
         self.enable_prefix_caching = enable_prefix_caching
         super().__init__(model, **kwargs)
 
-    def _scheduler_options(self) -> dict:
-        return {**super()._scheduler_options(), "enable_prefix_caching": self.enable_prefix_caching}
-
-    @property
-    def block_manager(self) -> BlockManager:
-        return self.scheduler.block_manager
+    def _make_scheduler(self, num_blocks: int, free_order):
+        return build_scheduler(num_blocks, self.block_size, enable_prefix_caching=self.enable_prefix_caching,
+                               free_order=free_order, **self._scheduler_args())
 
     def _batch_invariant(self, requested: bool | None) -> bool:
         """With the prefix cache on, per-token attention unless asked otherwise: a prompt
         served from the cache computes only its tail, and must get the bits a whole
         prefill gets (docs/step04_sharing.md, what "transparent" means in bfloat16)."""
         return self.enable_prefix_caching if requested is None else requested
-
-    def stats(self) -> dict:
-        out = super().stats()
-        out["prefix_cache_hit_rate"] = self.block_manager.hit_rate()
-        return out
 
     def kv_snapshot(self, max_cells: int = snapshot.DEFAULT_MAX_CELLS) -> dict:
         """The KV cache as plain data: pools, owners, queues, tables (``snapshot.take_snapshot``)."""

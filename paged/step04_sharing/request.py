@@ -3,25 +3,28 @@
 Parallel samples (``n``, ``best_of > n``: the ``n`` with the highest cumulative
 log-probability are returned) and beams (``beam.py``) are sequences of one
 request; the request is finished when all its samples are, or when its beam
-search is done.
+search is done. The beam search's own state — the finished hypotheses and
+whether it is over — is declared here and kept by the decoding component
+(``decoding.SequenceGroups``).
 
 Extends: ``paged.step03_attention.request.Request``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from paged.step03_attention.outputs import CompletionOutput, RequestOutput
 from paged.step03_attention.request import Request
 from paged.step04_sharing import beam
 
 
+@dataclass(eq=False)
 class GroupRequest(Request):
     """A request whose sequences may fork, finish at different times, or be ranked."""
 
-    finished_beams: list[beam.Hypothesis]
-    beam_done: bool = False
-    num_cached_tokens: int = 0  # prompt tokens its first computation found in the prefix cache
-    prompt_mapped: bool = False  # that first computation has begun (a recomputation keeps the count)
+    finished_beams: list[beam.Hypothesis] = field(default_factory=list)  # beam search: ended hypotheses
+    beam_done: bool = False  # beam search: no further step can change the answers
 
     @property
     def finished(self) -> bool:
@@ -45,6 +48,5 @@ class GroupRequest(Request):
     def _beam_outputs(self) -> list[CompletionOutput]:
         chosen = beam.best(self.finished_beams, self.params.n, self.params.length_penalty)
         return [CompletionOutput(i, h.text, h.token_ids, h.cumulative_logprob, h.logprobs,
-                                 "stop" if h.ended_by is not None else "length",
-                                 h.ended_by if h.ended_by is not None and h.ended_by not in self._eos else None)
+                                 "stop" if h.ended_by is not None else "length", h.stop_reason)
                 for i, h in enumerate(chosen)]

@@ -19,7 +19,6 @@ import torch
 from paged.step02_block_table import KVCache
 from paged.step03_attention import ModelRunner, StepPlan
 from paged.step03_attention.backends import native_copy
-from paged.step04_sharing.plan import SharingStepPlan
 
 
 # --8<-- [start:copy]
@@ -36,14 +35,15 @@ def copy_blocks(kv_cache: KVCache, pairs: list[tuple[int, int]], native=None) ->
 
 
 class SharingModelRunner(ModelRunner):
-    def execute_memory_ops(self, plan: SharingStepPlan) -> None:
+    def execute_memory_ops(self, plan: StepPlan) -> None:
+        if plan.blocks_to_swap_out or plan.blocks_to_swap_in:
+            raise NotImplementedError("swaps arrive with step05's runner (its host pool)")
         if plan.blocks_to_copy:
             copy_blocks(self.kv_cache, plan.blocks_to_copy, native_copy(self.backend))
 
     def _sample_rows(self, plan: StepPlan):
         rows = super()._sample_rows(plan)
-        fanout = getattr(plan, "fanout", [])
-        if fanout:
+        if plan.fanout:
             row_of = {r[0]: r for r in rows}
-            rows += [(child, row_of[parent][1], row_of[parent][2], seed) for parent, child, seed in fanout]
+            rows += [(child, row_of[parent][1], row_of[parent][2], seed) for parent, child, seed in plan.fanout]
         return rows

@@ -26,8 +26,11 @@ the columns equal the allocator's reference counts and free / parked lists;
 cell is the sum of the blocks it holds.
 
 Extends: nothing; it reads ``BlockAllocator.ref_counts``,
-``CachingBlockAllocator.parked_blocks``, the engine's queues and each
-sequence's ``block_table`` (step05 adds the host pool and the swapped queue).
+``CachingBlockAllocator.parked_blocks``, the scheduler's queues and each
+sequence's ``block_table``. With a host pool (step05's KV manager) it draws that
+pool too, and the swapped queue: a request's table points into whichever pool
+holds it (``"pool": "host"`` while swapped), and a group swapped out keeps its
+sharing there, so the host pool is drawn exactly like the device pool.
 """
 
 from __future__ import annotations
@@ -96,22 +99,25 @@ def pool_view(allocator, owned_tables, block_size: int, max_cells: int = DEFAULT
             "owner": [min(v, key=lambda o: (-v[o], o)) if v else -1 for v in votes]}
 
 
-def take_snapshot(engine, max_cells: int = DEFAULT_MAX_CELLS, *, queues=None, pools=None) -> dict:
+def take_snapshot(engine, max_cells: int = DEFAULT_MAX_CELLS) -> dict:
     """Read ``engine`` (a ``SharingEngine`` or later) between iterations into a JSON-ready dict.
 
     Args:
         engine: the engine; only read.
         max_cells: most cells per pool.
-        queues (list[tuple[str, Iterable[Request]]] | None): ``(name, queue)`` in display order;
-            default ``waiting`` and ``running``.
-        pools (list[tuple[str, BlockAllocator]] | None): ``(name, allocator)``; default the device pool.
 
     Returns:
         ``{"block_size", "pools": {name: pool_view}, "queues": {name: [request index]},
-        "queue_lengths": {name: n}, "requests": [request view], "stats": engine.stats()}``.
+        "queue_lengths": {name: n}, "requests": [request view], "stats": engine.stats()}``;
+        the pools are ``device`` (and ``host``), the queues ``waiting``, ``running`` (and ``swapped``).
     """
-    queues = queues if queues is not None else [("waiting", engine.waiting), ("running", engine.running)]
-    pools = pools if pools is not None else [("device", engine.allocator)]
+    s = engine.scheduler
+    queues = [("waiting", s.waiting), ("running", s.running)]
+    pools = [("device", s.kv.allocator)]
+    host = getattr(s.kv, "host", None)  # step05's KV manager
+    if host is not None:
+        queues.append(("swapped", s.swapped))
+        pools.append(("host", host))
     names = {id(alloc): name for name, alloc in pools}
     pool_of = lambda table: names.get(id(table.allocator), "?")  # noqa: E731
     requests, listed, lengths = [], {}, {}

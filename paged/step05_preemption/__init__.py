@@ -1,11 +1,12 @@
 """Step 05 — scheduling under memory pressure: gang preemption, swap and recompute (paper §4.5).
 
-Adds: ``SwapSpace`` (the host block pool and the block moves), the swap-or-
-recompute ``policy``, ``PreemptingModelRunner`` (swaps before copies before the
-forward pass) ``ChunkedPrefillScheduler`` (a long prompt over several iterations),
-``PreemptingScheduler`` and ``PreemptingEngine`` (FCFS over waiting / running / swapped,
-all-or-nothing preemption of the newest group, chunked prefill), with the
-step's ``LLM``. (The paper's Orca baselines run in this same engine, with an
+Adds three components for step03's scheduler loop: ``Preemption`` (eviction by swap
+or recompute, the swap-or-recompute ``policy``), ``SwappingKVManager`` (the host block
+pool and the block moves) and ``ChunkedPrefill`` (a long prompt over several
+iterations); ``PreemptingModelRunner`` (the host memory; swaps before copies before
+the forward pass) and ``PreemptingEngine`` (FCFS over waiting / running / swapped,
+all-or-nothing preemption of the newest group, chunked prefill), with the step's
+``LLM``. (The paper's Orca baselines run in this same engine, with an
 admission rule of their own: ``paged.bench.reservation``.)
 """
 
@@ -13,14 +14,13 @@ from paged._lazy import lazy_package
 
 # each name -> the module that defines it ("module:attribute" where the name differs)
 _OWN = {
-    "ChunkedPrefillScheduler": "chunked",
+    "ChunkedPrefill": "chunked",
     "PREEMPTION_MODES": "policy:MODES",
     "PreemptingEngine": "engine",
     "PreemptingModelRunner": "runner",
-    "PreemptingScheduler": "scheduler",
-    "PreemptingStepPlan": "plan",
-    "SwapSpace": "swap",
-    "copy_between": "swap",
+    "Preemption": "policy",
+    "SwappingKVManager": "kv_manager",
+    "copy_between": "runner",
     "LLM": "llm",
 }
 __all__, __getattr__, __dir__ = lazy_package(__name__, _OWN, below="paged.step04_sharing")

@@ -3,36 +3,54 @@
 One rule drives prefill, chunked prefill, decode and recompute alike: a
 sequence has ``num_tokens - block_table.num_tokens`` pending tokens (those
 without K/V yet); this iteration computes up to the token budget of them, and
-the sequence samples only when none remain — so running sequences keep
-decoding in the iterations that prefill a long prompt. A group of several
-sequences is computed whole in one iteration, so beams stay in lockstep.
+the sequence samples only when none remain. The scheduler's loop serves the
+decodes before the prompt chunks, so running sequences keep decoding in the
+iterations that prefill a long prompt. A group of several sequences is
+computed whole in one iteration, so beams stay in lockstep.
 
-Extends: ``paged.step04_sharing.SharingScheduler`` (its ``_fit_to_budget`` hook).
+``ChunkedPrefill`` is the chunking component of step05's scheduler (step03's
+is ``policies.WholePrompt``).
 """
 
 from __future__ import annotations
 
-from paged.step04_sharing.scheduler import SharingScheduler
+from paged.step03_attention.policies import Budget
 
 
-class ChunkedPrefillScheduler(SharingScheduler):
-    """``SharingScheduler`` that splits a lone sequence's pending tokens to fit the token budget."""
+# --8<-- [start:fit]
+class ChunkedPrefill:
+    """Chunking, step05: a lone sequence takes what the token budget leaves, a long prompt at most
+    ``long_prefill_token_threshold`` tokens an iteration; a group runs whole.
 
-    chunked_prefill = True  # any prompt fits: it is prefilled in chunks of the token budget
+    Args:
+        long_prefill_token_threshold: the most prompt tokens (a chunk of a prompt or of a
+            recomputation) one sequence computes in an iteration, so that an iteration stays short
+            and a request arriving during a long prefill starts within one; 0: no cap but the budget.
+    """
 
-    # --8<-- [start:fit_to_budget]
-    def _fit_to_budget(self, req, budget, plan):
+    splits_prompts = True  # any prompt fits: it is prefilled in chunks of the token budget
+
+    def __init__(self, long_prefill_token_threshold: int = 0) -> None:
+        if isinstance(long_prefill_token_threshold, bool) or not isinstance(long_prefill_token_threshold, int) \
+                or long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be an int >= 0 (0: no cap), "
+                             f"got {long_prefill_token_threshold!r}")
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+
+    def fit(self, req, budget: Budget, plan) -> list | None:
         """A lone sequence takes what the token budget leaves (a long prompt is prefilled in chunks,
         while the others keep decoding); a group of several runs whole, so beams stay in lockstep
         — over the budget only when it would otherwise never run (the plan is still empty)."""
-        live = [s for s in req.seqs if not s.is_finished]
+        live = req.live_seqs
         if not live or len(live) > budget.seqs:
             return None
-        pending = [s.num_tokens - s.block_table.num_tokens for s in live]
+        counts = [s.num_pending for s in live]
         if len(live) == 1:
-            n = min(pending[0], budget.tokens)
+            n = min(counts[0], budget.tokens)
+            if counts[0] > 1 and self.long_prefill_token_threshold:
+                n = min(n, self.long_prefill_token_threshold)
             return [(live[0], n)] if n > 0 else None
-        if sum(pending) > budget.tokens and plan.seq_ids:
+        if sum(counts) > budget.tokens and plan.seq_ids:
             return None
-        return list(zip(live, pending))
-    # --8<-- [end:fit_to_budget]
+        return list(zip(live, counts))
+# --8<-- [end:fit]

@@ -1,17 +1,17 @@
 """The engine of step05: FCFS scheduling with gang preemption, swap and recompute (paper §4.5).
 
-The scheduling is ``PreemptingScheduler``'s (``scheduler.py``: three queues,
-gang preemption, swap or recompute) over ``ChunkedPrefillScheduler``
-(``chunked.py``: a prompt longer than the token budget is prefilled over
-several iterations). This engine builds it with a host pool (``SwapSpace``:
-``swap_space`` bytes) and hands the pool's cache to its runner, which moves
-the blocks (swap-out before swap-in, both before the forward pass).
+The scheduling is step03's loop with step05's components (``scheduler.py``:
+``Preemption`` eviction, ``SwappingKVManager`` with its host pool,
+``ChunkedPrefill`` chunking). This engine sizes the host pool from
+``swap_space`` bytes: the scheduler's KV manager gets that many host block
+ids, the runner that many blocks of host memory, which it moves the data in
+and out of (swap-out before swap-in, both before the forward pass).
 
 Budgets: ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens
 (2048 by default) per iteration.
 
-Extends: ``paged.step04_sharing.SharingEngine`` (``scheduler_class``,
-``runner_class``, the swap pool).
+Extends: ``paged.step04_sharing.SharingEngine`` (the scheduler it builds,
+``runner_class``, the host pool's size).
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ import logging
 
 from paged.step02_block_table import KVCache
 from paged.step04_sharing import SharingEngine
-from paged.step04_sharing.snapshot import DEFAULT_MAX_CELLS
-from paged.step05_preemption import policy, snapshot
+from paged.step05_preemption.policy import Cost
 from paged.step05_preemption.runner import PreemptingModelRunner
-from paged.step05_preemption.scheduler import PreemptingScheduler
-from paged.step05_preemption.swap import SwapSpace
+from paged.step05_preemption.scheduler import build_scheduler
 
 logger = logging.getLogger("paged")
 
@@ -43,50 +41,28 @@ class PreemptingEngine(SharingEngine):
     """
 
     runner_class = PreemptingModelRunner
-    scheduler_class = PreemptingScheduler
 
     def __init__(self, model, *, preemption_mode: str = "auto", swap_space: int = DEFAULT_SWAP_SPACE,
                  **kwargs) -> None:
-        if preemption_mode not in policy.MODES:
-            raise ValueError(f"preemption_mode must be one of {policy.MODES}, got {preemption_mode!r}")
         if not isinstance(swap_space, (int, float)) or swap_space < 0:
             raise ValueError(f"swap_space must be a number of bytes >= 0, got {swap_space!r}")
         kwargs.setdefault("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
-        self.preemption_mode, self._swap_space = preemption_mode, swap_space
+        self.preemption_mode, self.swap_space = preemption_mode, swap_space
         super().__init__(model, **kwargs)
-        self.runner.swap_cache = self.swap.cache
-        logger.info("swap space: %d host blocks; preemption mode: %s", self.swap.allocator.num_blocks,
+        logger.info("swap space: %d host blocks; preemption mode: %s", self.scheduler.kv.host.num_blocks,
                     preemption_mode)
 
-    def _scheduler_options(self) -> dict:
-        """The host pool (its blocks from ``swap_space`` bytes) and what the swap-or-recompute rule weighs."""
-        kv = self.kv_cache
-        per_block = KVCache.bytes_per_block(kv.num_layers, kv.block_size, kv.num_kv_heads, kv.head_dim, kv.dtype)
-        return {**super()._scheduler_options(), "swap": SwapSpace(int(self._swap_space) // per_block, kv),
-                "preemption_mode": self.preemption_mode, "bytes_per_block": per_block,
-                "num_params": sum(p.numel() for p in self.model.model.parameters()), "device_type": kv.device.type}
+    def _make_scheduler(self, num_blocks: int, free_order):
+        """Step05's scheduler; its host pool holds ``swap_space`` bytes of blocks, and the swap-or-recompute
+        rule weighs the model's size against a block's bytes."""
+        cfg, params = self.model.config, list(self.model.model.parameters())
+        per_block = KVCache.bytes_per_block(cfg.num_layers, self.block_size, self._num_kv_heads(cfg), cfg.head_dim,
+                                            params[0].dtype)
+        cost = Cost(sum(p.numel() for p in params), per_block, params[0].device.type)
+        return build_scheduler(num_blocks, self.block_size, host_blocks=int(self.swap_space) // per_block,
+                               preemption_mode=self.preemption_mode, cost=cost, free_order=free_order,
+                               enable_prefix_caching=self.enable_prefix_caching, **self._scheduler_args())
 
-    # the scheduler's host pool and its counters, read through the engine
-    @property
-    def swap(self) -> SwapSpace:
-        return self.scheduler.swap
-
-    @property
-    def swapped(self):
-        return self.scheduler.swapped
-
-    @property
-    def preemptions(self) -> dict:
-        return self.scheduler.preemptions
-
-    def kv_snapshot(self, max_cells: int = DEFAULT_MAX_CELLS) -> dict:
-        """Step04's snapshot with the host swap pool and the swapped queue."""
-        return snapshot.take_snapshot(self, max_cells)
-
-    def stats(self) -> dict:
-        out = super().stats()
-        out["swapped"] = len(self.swapped)  # (steps 03-04 have no swapped queue)
-        out["preemptions"] = dict(self.preemptions)
-        out["swap_blocks_used"] = self.swap.allocator.num_used
-        out["swap_blocks_total"] = self.swap.allocator.num_blocks
-        return out
+    def _make_runner(self) -> PreemptingModelRunner:
+        return self.runner_class(self.model.model, self.kv_cache, self.backend, self.batch_invariant,
+                                 host_blocks=self.scheduler.kv.host.num_blocks)

@@ -47,7 +47,7 @@ def read_layout(folder: str | Path) -> Layout:
         engine = llm.engine
         engine.add_request("seq", PROMPT, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
         engine.step()  # the prefill: every rank writes the prompt's K/V for its own heads
-        blocks = list(engine.running[0].seqs[0].block_table.blocks)[: -(-len(PROMPT) // BLOCK_SIZE)]
+        blocks = list(engine.scheduler.running[0].seqs[0].block_table.blocks)[: -(-len(PROMPT) // BLOCK_SIZE)]
         filled = [min(BLOCK_SIZE, len(PROMPT) - i * BLOCK_SIZE) for i in range(len(blocks))]
         caches = [kv for kv, _ in engine.fetch_kv()]
     finally:

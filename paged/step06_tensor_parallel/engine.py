@@ -49,8 +49,9 @@ class TensorParallelEngine(PreemptingEngine):
             super().__init__(model, **kwargs)
             if workers is not None:
                 # --8<-- [start:init]
-                workers.send(("init", self.allocator.num_blocks, self.block_size,
-                              self.swap.allocator.num_blocks, self.backend, self.batch_invariant))
+                kv = self.scheduler.kv
+                workers.send(("init", kv.num_blocks, self.block_size, kv.host.num_blocks, self.backend,
+                              self.batch_invariant))
                 workers.barrier()  # every rank has allocated the same blocks for its heads
                 self.runner = DriverRunner(self.runner, workers)
                 # --8<-- [end:init]
@@ -76,7 +77,7 @@ class TensorParallelEngine(PreemptingEngine):
 
     def fetch_kv(self) -> list[tuple]:
         """Debug: every rank's ``(KV cache data, swap pool data or None)``, rank 0 first (spawned workers)."""
-        swap = self.swap.cache.data if self.swap.cache is not None else None
+        swap = self.runner.swap_cache.data if self.runner.swap_cache is not None else None
         mine = [(self.kv_cache.data, swap)]
         if self.workers is None:
             return mine

@@ -29,7 +29,7 @@ import pickle
 import time
 
 from paged.step03_attention import SamplingParams
-from paged.step05_preemption.plan import PreemptingStepPlan
+from paged.step03_attention.plan import StepPlan
 
 
 def plan_bytes(plan) -> int:
@@ -37,9 +37,9 @@ def plan_bytes(plan) -> int:
     return len(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def decode_plan(num_seqs: int, context: int, block_size: int = 16) -> PreemptingStepPlan:
+def decode_plan(num_seqs: int, context: int, block_size: int = 16) -> StepPlan:
     """A decode iteration: ``num_seqs`` sequences at ``context`` tokens, one new token each."""
-    plan, blocks = PreemptingStepPlan(), -(-context // block_size)
+    plan, blocks = StepPlan(), -(-context // block_size)
     for s in range(num_seqs):
         table = list(range(s * blocks, (s + 1) * blocks))
         slot = table[-1] * block_size + (context - 1) % block_size
@@ -48,9 +48,9 @@ def decode_plan(num_seqs: int, context: int, block_size: int = 16) -> Preempting
     return plan
 
 
-def prefill_plan(num_seqs: int, prompt_len: int, block_size: int = 16) -> PreemptingStepPlan:
+def prefill_plan(num_seqs: int, prompt_len: int, block_size: int = 16) -> StepPlan:
     """A prefill iteration: ``num_seqs`` prompts of ``prompt_len`` tokens."""
-    plan, blocks = PreemptingStepPlan(), -(-prompt_len // block_size)
+    plan, blocks = StepPlan(), -(-prompt_len // block_size)
     for s in range(num_seqs):
         table = list(range(s * blocks, (s + 1) * blocks))
         slots = [table[i // block_size] * block_size + i % block_size for i in range(prompt_len)]

@@ -40,7 +40,6 @@ import torch.distributed as dist
 from paged.step02_block_table import KVCache
 from paged.step03_attention import StepPlan
 from paged.step03_attention.backends import native_decode
-from paged.step05_preemption import SwapSpace
 from paged.step06_tensor_parallel.group import IDLE_TIMEOUT, TPGroup, connect, is_communication_error
 from paged.step06_tensor_parallel.runner import ShardRunner
 from paged.step06_tensor_parallel.sharding import load_shard
@@ -61,8 +60,7 @@ def make_runner(loaded, group: TPGroup, num_blocks: int, block_size: int, swap_b
     weight = next(loaded.model.parameters())
     kv = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads // group.world_size,
                  cfg.head_dim, weight.dtype, weight.device)
-    runner = ShardRunner(loaded.model, kv, backend, batch_invariant)
-    runner.swap_cache = SwapSpace(swap_blocks, kv).cache
+    runner = ShardRunner(loaded.model, kv, backend, batch_invariant, host_blocks=swap_blocks)
     if backend in ("cpu", "cuda"):
         native_decode(backend)  # load (or build) the kernel now, not while the others wait in a collective
     return runner

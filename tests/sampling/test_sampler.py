@@ -280,7 +280,7 @@ def test_engine_stop_string_spanning_tokens_ends_generation_and_is_not_returned(
     assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.token_ids == ids[: end + 1]
     assert out.text == text[: text.index(stop)] and stop not in out.text
-    assert llm.engine.allocator.num_free == 32
+    assert llm.engine.scheduler.kv.allocator.num_free == 32
 
 
 @pytest.mark.parametrize("field, kwargs", [

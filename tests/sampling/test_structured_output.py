@@ -101,7 +101,7 @@ def test_grammar_state_survives_preemption(model, requests, roomy, mode):
     some = requests[:4]  # the nested and enum schemas, greedy and sampled
     tight = _engine(model, num_blocks=8, preemption_mode=mode)
     squeezed = drain(tight, some)
-    assert tight.preemptions[mode] > 0, "the pool was not small enough to preempt"
+    assert tight.scheduler.preemptions[mode] > 0, "the pool was not small enough to preempt"
     for rid, _, _ in some:
         assert [c.token_ids for c in squeezed[rid].outputs] == [c.token_ids for c in roomy[rid].outputs], rid
 

@@ -33,8 +33,13 @@ def test_bench_kernel_json_last_line(capsys, tmp_path):
     assert (tmp_path / "k.png").stat().st_size > 0
 
 
-def test_bench_kernel_cuda_without_gpu_says_so(monkeypatch):
+def test_bench_kernel_cuda_points_to_the_gpu_benchmark():
+    """``kernel --device cuda`` names the GPU benchmark instead of timing anything."""
+    with pytest.raises(SystemExit, match="paged.bench kernel_gpu"):
+        main(["kernel", "--device", "cuda"])
 
+
+def test_bench_kernel_gpu_without_gpu_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        main(["kernel", "--device", "cuda"])
+        main(["kernel_gpu", "--device", "cuda"])

@@ -47,7 +47,7 @@ def test_engine_greedy_token_identical_to_transformers_float64(checkpoint, backe
     for prompt, out in zip(PROMPTS, outs):
         assert out.outputs[0].token_ids == _hf_greedy(hf, prompt), (kind, prompt)
         assert out.outputs[0].finish_reason == "length"
-    assert llm.engine.allocator.num_free == 64
+    assert llm.engine.scheduler.kv.allocator.num_free == 64
 
 
 def _engine(path, **kw):
@@ -79,7 +79,7 @@ def test_engine_kv_exhaustion_ends_newest_request_and_frees_every_block(checkpoi
     assert reasons["second"] == "kv_cache_exhausted"
     assert reasons["first"] == "kv_cache_exhausted"  # alone, it still outgrows 24 slots
     assert len(done["third"].outputs[0].token_ids) < len(done["first"].outputs[0].token_ids)
-    assert engine.allocator.num_free == 6 and not engine.running and not engine.waiting
+    assert engine.scheduler.kv.allocator.num_free == 6 and not engine.scheduler.running and not engine.scheduler.waiting
 
 
 def test_engine_abort_frees_blocks_and_stops_output(checkpoint):
@@ -87,9 +87,9 @@ def test_engine_abort_frees_blocks_and_stops_output(checkpoint):
     engine = _engine(path)
     engine.add_request("x", PROMPTS[2], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
     engine.step()
-    assert engine.allocator.num_free < 64
+    assert engine.scheduler.kv.allocator.num_free < 64
     assert engine.abort("x") and not engine.abort("x")
-    assert engine.allocator.num_free == 64 and not engine.has_unfinished()
+    assert engine.scheduler.kv.allocator.num_free == 64 and not engine.has_unfinished()
 
 
 @pytest.mark.parametrize("prompt, params, match, param", [
@@ -105,7 +105,7 @@ def test_engine_rejects_bad_requests_and_changes_nothing(checkpoint, prompt, par
     with pytest.raises(RequestError, match=match) as info:
         engine.add_request("bad", prompt, params)
     assert info.value.param == param
-    assert not engine.has_unfinished() and engine.allocator.num_free == 64 and not engine.requests
+    assert not engine.has_unfinished() and engine.scheduler.kv.allocator.num_free == 64 and not engine.requests
 
 
 def test_llm_generate_bad_prompt_raises_request_error_naming_the_prompt(checkpoint):
@@ -117,7 +117,7 @@ def test_llm_generate_bad_prompt_raises_request_error_naming_the_prompt(checkpoi
         llm.generate([[1, 2, 3], []], SamplingParams(max_tokens=2), use_tqdm=False)
     assert info.value.param == "prompt"
     assert not llm.engine.has_unfinished() and not llm.engine.requests
-    assert llm.engine.allocator.num_free == 64
+    assert llm.engine.scheduler.kv.allocator.num_free == 64
 
 
 def test_engine_prompt_larger_than_cache_is_rejected(checkpoint):

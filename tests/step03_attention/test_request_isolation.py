@@ -67,11 +67,11 @@ def make_engine(request):
 def test_raising_logits_processor_ends_only_its_request_token_identical(make_engine, sampled):
     engine = make_engine
     baseline = run(engine, None)
-    assert engine.allocator.num_used == 0
+    assert engine.scheduler.kv.allocator.num_used == 0
     bad = SamplingParams(temperature=1.0 if sampled else 0.0, seed=5, max_tokens=8, ignore_eos=True,
                          logits_processors=[raise_at(3)])
     final = run(engine, bad)
-    assert engine.allocator.num_used == 0
+    assert engine.scheduler.kv.allocator.num_used == 0
     assert not engine.requests
     failed = final.pop("bad")
     assert isinstance(failed.error, Boom)
@@ -84,7 +84,7 @@ def test_logits_processor_returning_a_wrong_shape_is_that_requests_error(make_en
     engine = make_engine
     final = run(engine, SamplingParams(max_tokens=4, logits_processors=[lambda ids, row: row[:3]]))
     assert isinstance(final["bad"].error, TypeError) and "shape" in str(final["bad"].error)
-    assert engine.allocator.num_used == 0
+    assert engine.scheduler.kv.allocator.num_used == 0
 
 
 def test_grammar_that_fails_at_its_first_step_is_refused_at_admission(make_engine):
@@ -94,4 +94,4 @@ def test_grammar_that_fails_at_its_first_step_is_refused_at_admission(make_engin
     with pytest.raises(RequestError) as e:
         engine.add_request("self-ref", [1, 2, 3], SamplingParams(guided_decoding=spec))
     assert e.value.param == "guided_decoding.json"
-    assert not engine.requests and engine.allocator.num_used == 0
+    assert not engine.requests and engine.scheduler.kv.allocator.num_used == 0

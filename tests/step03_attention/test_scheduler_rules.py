@@ -1,8 +1,8 @@
 """Step03's scheduling rules, one deterministic test each, on the scheduler alone (no model, no tensor).
 
 Each test builds a tiny pool (block size 4) and a few requests whose block
-needs are counted by hand in its docstring, steps a ``Scheduler`` with the
-stand-in runner (``tests/scheduler_harness.py``) and checks the one decision
+needs are counted by hand in its docstring, steps step03's scheduler (the loop with
+step03's components) with the stand-in runner (``tests/scheduler_harness.py``) and checks the one decision
 the rule makes. The equalities are exact: queues, events, plans are integers
 and ids.
 """
@@ -12,8 +12,8 @@ import logging
 import pytest
 
 from paged.errors import RequestError
-from paged.step03_attention.scheduler import Reservation, Scheduler
-from tests.scheduler_harness import Harness
+from paged.step03_attention.policies import Reservation
+from tests.scheduler_harness import ByteTokenizer, Harness, step03
 
 pytestmark = pytest.mark.step03
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.step03
 def test_rule_fcfs_admission_without_overtaking():
     """4 blocks: A takes 3 (12 tokens), B needs 2 — so B waits, and C (1 block, which is free)
     waits behind it; when A ends, B then C start, in arrival order."""
-    h = Harness(Scheduler, num_blocks=4)
+    h = Harness(step03, num_blocks=4)
     h.add(12, max_tokens=2, rid="A")
     h.add(8, max_tokens=1, rid="B")
     h.add(2, max_tokens=1, rid="C")
@@ -37,7 +37,7 @@ def test_rule_fcfs_admission_without_overtaking():
 def _pressure():
     """4 blocks: A (3 tokens, 1 block), B (1 token, 1 block), X (5 tokens, 2 blocks) all start in
     iteration 1. In iteration 3 A's fifth token needs a new block and none is free."""
-    h = Harness(Scheduler, num_blocks=4)
+    h = Harness(step03, num_blocks=4)
     h.add(3, max_tokens=10, rid="A")
     h.add(1, max_tokens=10, rid="B")
     h.add(5, max_tokens=10, rid="X")
@@ -77,7 +77,7 @@ def test_rule_a_request_larger_than_the_pool_is_ended_and_the_next_one_starts(ca
     """A prompt needing 3 blocks of a 2-block pool can never run: it ends at once (``length``),
     freeing nothing and holding nobody up — the request behind it starts in the same iteration.
     The operator's log names it and the pool's size."""
-    h = Harness(Scheduler, num_blocks=2)
+    h = Harness(step03, num_blocks=2)
     h.add(9, rid="big")
     h.add(2, max_tokens=1, rid="small")
     with caplog.at_level(logging.WARNING, logger="paged"):
@@ -91,7 +91,7 @@ def test_rule_a_request_larger_than_the_pool_is_ended_and_the_next_one_starts(ca
 def test_rule_a_request_that_outgrows_the_pool_alone_is_ended():
     """One request whose generation needs a third block of a 2-block pool: with nobody to evict it
     evicts itself (``kv_cache_exhausted``) instead of waiting forever, and every block is free."""
-    h = Harness(Scheduler, num_blocks=2)
+    h = Harness(step03, num_blocks=2)
     h.add(7, max_tokens=10, rid="A")
     h.run(max_iterations=10)
     assert h.finish_reasons("A") == ["kv_cache_exhausted"] and h.allocator.num_free == 2
@@ -100,7 +100,7 @@ def test_rule_a_request_that_outgrows_the_pool_alone_is_ended():
 def test_rule_the_token_budget_holds_a_prompt_back_whole():
     """Step03 computes a prompt in one iteration: with a budget of 8 tokens, A's 6 start, and B's 4
     (6 + 4 > 8) wait for the next iteration, FCFS."""
-    h = Harness(Scheduler, num_blocks=16, max_num_batched_tokens=8)
+    h = Harness(step03, num_blocks=16, max_num_batched_tokens=8)
     h.add(6, max_tokens=1, rid="A")
     h.add(4, max_tokens=1, rid="B")
     it = h.tick()
@@ -109,7 +109,7 @@ def test_rule_the_token_budget_holds_a_prompt_back_whole():
 
 
 def test_rule_the_reservation_is_asked_at_admission_and_told_at_retirement():
-    """The admission seam: a policy that says no keeps the head of the queue (and everyone behind it)
+    """The admission component: a policy that says no keeps the head of the queue (and everyone behind it)
     waiting although its blocks are free; ``release`` comes once per request, when it retires."""
 
     class Log(Reservation):
@@ -124,7 +124,7 @@ def test_rule_the_reservation_is_asked_at_admission_and_told_at_retirement():
             self.released.append(req.request_id)
 
     log = Log()
-    h = Harness(Scheduler, num_blocks=8, reservation=log)
+    h = Harness(step03, num_blocks=8, admission=log)
     h.add(2, max_tokens=1, rid="A")
     h.add(2, max_tokens=1, rid="B")
     assert h.tick().kinds("admitted") == [] and log.asked == ["A"]
@@ -136,7 +136,7 @@ def test_rule_the_reservation_is_asked_at_admission_and_told_at_retirement():
 def test_rule_the_sequence_budget_caps_the_batch_fcfs():
     """``max_num_seqs=2``: of three one-block requests with room for all, exactly the first two run
     in an iteration; the third starts when one of them ends."""
-    h = Harness(Scheduler, num_blocks=16, max_num_seqs=2)
+    h = Harness(step03, num_blocks=16, max_num_seqs=2)
     h.add(2, max_tokens=1, rid="A")
     h.add(2, max_tokens=3, rid="B")
     h.add(2, max_tokens=1, rid="C")
@@ -148,7 +148,7 @@ def test_rule_a_request_needing_exactly_the_pool_runs():
     """The bound of "larger than the pool" is strict: an 8-token prompt fills a 2-block pool exactly,
     and it runs (its first sampled token then needs a third block: it is ended for the cache, not for
     its length, in the next iteration)."""
-    h = Harness(Scheduler, num_blocks=2)
+    h = Harness(step03, num_blocks=2)
     h.add(8, max_tokens=4, rid="A")
     assert h.tick().kinds("admitted") == ["A"] and h.allocator.num_free == 0
     h.run(max_iterations=3)
@@ -158,7 +158,7 @@ def test_rule_a_request_needing_exactly_the_pool_runs():
 def test_rule_the_budgets_admit_a_request_that_fits_them_exactly():
     """Budgets are inclusive: with 8 tokens and 2 sequences an iteration, a 6-token and a 2-token prompt
     start together, and a third one-token request waits for the next iteration."""
-    h = Harness(Scheduler, num_blocks=16, max_num_batched_tokens=8, max_num_seqs=2)
+    h = Harness(step03, num_blocks=16, max_num_batched_tokens=8, max_num_seqs=2)
     h.add(6, max_tokens=1, rid="A")
     h.add(2, max_tokens=1, rid="B")
     h.add(1, max_tokens=1, rid="C")
@@ -169,18 +169,18 @@ def test_rule_the_budgets_admit_a_request_that_fits_them_exactly():
 
 def test_rule_a_pool_holds_at_least_one_block():
     """A pool of one block serves a request that fits it; a pool of none is refused at construction."""
-    h = Harness(Scheduler, num_blocks=1)
+    h = Harness(step03, num_blocks=1)
     h.add(2, max_tokens=2, rid="A")
     h.run(max_iterations=3)
     assert h.outputs["A"].outputs[0].finish_reason == "length" and h.allocator.num_free == 1
     with pytest.raises(ValueError, match="num_blocks must be >= 1"):
-        Harness(Scheduler, num_blocks=0)
+        Harness(step03, num_blocks=0)
 
 
 def test_rule_prompt_tokens_total_counts_each_computed_prompt_token_once():
     """``prompt_tokens_total`` (for /metrics) grows by the prompt tokens an iteration computes: 6 + 4
     when two prompts start, nothing for a decode."""
-    h = Harness(Scheduler, num_blocks=16)
+    h = Harness(step03, num_blocks=16)
     h.add(6, max_tokens=3, rid="A")
     h.add(4, max_tokens=3, rid="B")
     h.tick()
@@ -196,18 +196,34 @@ def test_rule_prompt_tokens_total_counts_each_computed_prompt_token_once():
 def test_rule_allocated_records_name_each_new_block(block_size, expected):
     """The ``allocated`` record lists the blocks a table gained, in table order and free-list order, none
     of them cached (step03 has no prefix cache); an iteration that takes no block records nothing."""
-    h = Harness(Scheduler, num_blocks=8, block_size=block_size, free_order=[5, 2, 7, 0, 1, 3, 4, 6])
+    h = Harness(step03, num_blocks=8, block_size=block_size, free_order=[5, 2, 7, 0, 1, 3, 4, 6])
     req = h.add(5, max_tokens=5, rid="A")
     records = [[(ev.seq_id, ev.detail) for ev in h.tick().events if ev.kind == "allocated"] for _ in range(5)]
     seq = req.seqs[0].seq_id
     assert records == [[(seq, {"blocks": b, "cached": []})] if b else [] for b in expected]
 
 
+class _FailingSampling:
+    """A stand-in for the engine's ``SamplingStates``: the state of request ``failed`` fails with ``error``
+    when the plan's contexts are attached; no other request processes logits."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def attach(self, plan, requests):
+        return {r.request_id: self.error for r in requests if r.request_id == "failed"}
+
+    def collect(self, requests, results):
+        pass
+
+
 def test_rule_a_failed_request_ends_alone(caplog):
     """A request whose own processing failed ends with ``finish_reason="error"`` and its error, its
-    blocks free at once; the others go on. Three ways: the workers report it (``failed``), its row
-    carries an error, or recording its token raises (here: a token id that is no token)."""
-    h = Harness(Scheduler, num_blocks=16)
+    blocks free at once; the others go on. Three ways: its sampling state fails as the scheduler
+    attaches it to the plan, its row carries an error, or recording its token raises (here: a token
+    id that is no token)."""
+    bad = RequestError("a logits processor refused", param="logits_processors")
+    h = Harness(step03, num_blocks=16, sampling=_FailingSampling(bad))
     for rid in ("ok", "failed", "row", "record"):
         h.add(3, max_tokens=4, rid=rid)
     s = h.scheduler
@@ -216,9 +232,8 @@ def test_rule_a_failed_request_ends_alone(caplog):
     seq = {r.request_id: r.seqs[0].seq_id for r in s.running}
     results[seq["row"]].error = RuntimeError("a grammar broke")
     results[seq["record"]].token_id = -1
-    bad = RequestError("a logits processor refused", param="logits_processors")
     with caplog.at_level(logging.WARNING, logger="paged"):
-        touched = s.update(plan, results, failed={"failed": bad})
+        touched = s.update(plan, results)
     assert sorted(r.request_id for r in touched) == ["failed", "ok", "record", "row"]
     assert h.ids(s.running) == ["ok"] and h.allocator.num_used == 1
     ended = {r.request_id: r for r in touched if r.finished}
@@ -236,7 +251,7 @@ def test_rule_a_failed_request_ends_alone(caplog):
 def test_rule_abort_frees_a_request_wherever_it_is():
     """``abort`` ends a running or a waiting request at once (``finish_reason="abort"``), frees its blocks,
     and records ``aborted`` then ``finished``; the others are untouched."""
-    h = Harness(Scheduler, num_blocks=2)
+    h = Harness(step03, num_blocks=2)
     running = h.add(5, max_tokens=4, rid="running")
     waiting = h.add(5, max_tokens=4, rid="waiting")
     h.tick()
@@ -252,7 +267,7 @@ def test_rule_abort_frees_a_request_wherever_it_is():
 def test_rule_update_reports_only_the_requests_that_advanced():
     """A running request the budgets hold back this iteration draws nothing, so ``update`` does not
     report it; the output of one that advanced carries its prompt, completion index 0, and no text yet."""
-    h = Harness(Scheduler, num_blocks=16)
+    h = Harness(step03, num_blocks=16)
     h.add(3, max_tokens=4, rid="A")
     h.add(3, max_tokens=4, rid="B")
     h.tick()
@@ -262,3 +277,73 @@ def test_rule_update_reports_only_the_requests_that_advanced():
     req = h.scheduler.add("C", [5, 6, 7], h.running[0].params, seed=1, prompt="five six seven")
     out = req.to_output()
     assert out.prompt == "five six seven" and [(o.index, o.text, o.token_ids) for o in out.outputs] == [(0, "", [])]
+
+
+def test_rule_retiring_a_request_costs_the_same_whatever_waits_behind_it(monkeypatch):
+    """A request leaves the queue that holds it (``Request.queue``), found by identity: retiring the
+    running one compares it with no request of the waiting queue, so 20 or 2 000 requests waiting
+    behind cost the same number of request comparisons (none here). (A scan of the waiting queue by
+    dataclass equality made each retirement cost a comparison per waiting request.)"""
+    from paged.step03_attention.request import Request
+
+    compared = []
+
+    def counting_eq(self, other):
+        compared.append(1)
+        return self is other
+
+    monkeypatch.setattr(Request, "__eq__", counting_eq)
+
+    def comparisons(waiting: int) -> int:
+        h = Harness(step03, num_blocks=8, max_num_seqs=1)
+        for i in range(waiting + 1):
+            h.add(2, max_tokens=1, rid=f"r{i}")
+        h.tick()  # r0 starts, draws its one token and retires
+        compared.clear()
+        h.tick()  # r1 does the same
+        assert h.outputs["r1"].finished and len(h.waiting) == waiting - 1
+        return len(compared)
+
+    assert comparisons(20) == comparisons(2000) == 0
+
+
+class _Scripted:
+    """A stand-in runner whose every sequence draws the tokens of ``script``, in order."""
+
+    def __init__(self, script):
+        self.script = script
+
+        self.drawn: dict[int, int] = {}  # seq id -> tokens drawn so far
+
+    def execute(self, plan):
+        from paged.sampling.result import SampleResult
+
+        out = {}
+        for i, seq_id in enumerate(plan.seq_ids):
+            if plan.sample[i]:
+                n = self.drawn.get(seq_id, 0)
+                self.drawn[seq_id] = n + 1
+                out[seq_id] = SampleResult(self.script[n])
+        return out
+
+
+def test_rule_a_stop_string_matches_only_text_decoded_for_good():
+    """A stop string of U+FFFD, the character a half-generated multi-byte character decodes to: an answer
+    whose characters take several tokens each (``漢字``, byte-level) is not cut while a character is half
+    done — it runs to ``max_tokens`` and its text holds no U+FFFD; the same stop string still ends an
+    answer at a real U+FFFD (a whole character), and an ordinary stop string still ends one at once."""
+    tok = ByteTokenizer()
+    text = " 漢字漢字 🙂 ok"
+
+    def answer(script, stop):
+        h = Harness(step03, num_blocks=32, tokenizer=tok, runner=lambda s: _Scripted(script))
+        h.add(3, max_tokens=len(script), rid="A", stop=[stop])
+        h.run(max_iterations=50)
+        return h.outputs["A"].outputs[0]
+
+    out = answer(tok.encode(text), "\ufffd")
+    assert (out.finish_reason, out.text) == ("length", text)
+    out = answer(tok.encode(" ok \ufffd more"), "\ufffd")
+    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", "\ufffd", " ok ")
+    out = answer(tok.encode(text), "字")
+    assert (out.finish_reason, out.text) == ("stop", " 漢")

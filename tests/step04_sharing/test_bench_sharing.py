@@ -44,7 +44,7 @@ def test_replay_parallel_equals_the_engine_blocks_used_and_needed(model, n):
         engine.add_request(f"r{i}", [5 + i] * r.prompt_len, SamplingParams(
             n=n, temperature=1.0, seed=i, max_tokens=r.output_len, ignore_eos=True))
     real = measure_engine(engine)
-    assert engine.allocator.num_used == 0
+    assert engine.scheduler.kv.allocator.num_used == 0
     assert (replay.used, replay.needed) == (real.used, real.needed)
     assert real.used < real.needed  # the 7-, 16- and 33-token prompts share full blocks
 

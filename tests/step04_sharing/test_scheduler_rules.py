@@ -1,7 +1,7 @@
 """Step04's scheduling rules on the scheduler alone (no model): prefix lookups and groups.
 
-``SharingScheduler`` with the stand-in runner (``tests/scheduler_harness.py``);
-every equality is exact (token counts, positions, block ids).
+Step04's scheduler (the loop over a ``SharingKVManager`` with ``SequenceGroups`` decoding) with the
+stand-in runner (``tests/scheduler_harness.py``); every equality is exact (token counts, positions, block ids).
 """
 
 import pytest
@@ -10,9 +10,9 @@ from paged.errors import RequestError
 from paged.step01_allocator import OutOfBlocksError
 from paged.sampling.result import num_top_logprobs
 from paged.step03_attention.stand_in import token_for
-from paged.step04_sharing import BlockManager, SharingScheduler, sample_seed
+from paged.step04_sharing import SharingKVManager, sample_seed
 from tests.beam_oracle import HistoryStandIn, beam_search, proposals_of
-from tests.scheduler_harness import EOS, Harness, NumberTokenizer
+from tests.scheduler_harness import EOS, Harness, NumberTokenizer, step04
 
 pytestmark = pytest.mark.step04
 
@@ -24,7 +24,7 @@ def test_rule_a_cached_prefix_never_covers_a_prompts_last_token(length, cached):
     """A prompt whose first blocks are cached maps them, except the block holding its last token,
     which is always computed (its logits are needed, and generated tokens must not write into a
     block another request may read): an 8-token prompt over two cached full blocks computes 4."""
-    h = Harness(SharingScheduler, num_blocks=16)
+    h = Harness(step04, num_blocks=16)
     h.add(PROMPT, max_tokens=1, rid="first")
     h.run()
     h.add(PROMPT[:length], max_tokens=1, rid="again")
@@ -36,7 +36,7 @@ def test_rule_a_cached_prefix_never_covers_a_prompts_last_token(length, cached):
 def test_rule_a_group_computes_its_prompt_once_and_forks():
     """``n=3``: one sequence computes the 6-token prompt; its two siblings are forked in the same
     iteration and map the same 2 blocks (reference count 3), no block copied yet."""
-    h = Harness(SharingScheduler, num_blocks=16)
+    h = Harness(step04, num_blocks=16)
     req = h.add(6, max_tokens=2, n=3, temperature=1.0, seed=1)
     it = h.tick()
     assert it.plan.query_lens == [6] and len(req.seqs) == 3
@@ -71,7 +71,7 @@ def test_rule_beam_search_returns_the_best_candidates(k, n, length_penalty, earl
     its live beams as they stand; every beam nobody chose is reported ``dropped`` and every sequence is
     released to the workers once; every block is free at the end."""
     tokenizer = NumberTokenizer()
-    h = Harness(SharingScheduler, num_blocks=64, max_model_len=max_model_len, tokenizer=tokenizer,
+    h = Harness(step04, num_blocks=64, max_model_len=max_model_len, tokenizer=tokenizer,
                 runner=lambda s: HistoryStandIn(s, EOS, vocab))
     params = dict(n=n, best_of=k, use_beam_search=True, length_penalty=length_penalty,
                   early_stopping=early_stopping, **more)
@@ -110,7 +110,7 @@ def test_rule_a_beam_search_ended_early_answers_with_its_live_beams():
     """Step04 cannot preempt: a beam search that runs out of blocks ends (``kv_cache_exhausted``), and its
     live beams, as they stand after ``j`` tokens, join its finished hypotheses — so it answers what the
     oracle answers for ``max_tokens = j``, bit for bit; every block is free."""
-    h = Harness(SharingScheduler, num_blocks=6, runner=lambda s: HistoryStandIn(s, EOS))
+    h = Harness(step04, num_blocks=6, runner=lambda s: HistoryStandIn(s, EOS))
     req = h.add(PROMPT, max_tokens=8, rid="beam", n=2, best_of=3, use_beam_search=True)
     h.run()
     j = len(h.history) - 1  # one token per beam in each iteration but the last, which ended it
@@ -129,7 +129,7 @@ def test_rule_a_write_into_a_shared_block_copies_it_first():
     position 6, into the shared, partly filled second block: the first sample takes a new block and
     the plan copies the old one into it (``blocks_to_copy``, one ``cow`` record); the second is then
     the block's only owner and writes in place. The full first block stays shared."""
-    h = Harness(SharingScheduler, num_blocks=16)
+    h = Harness(step04, num_blocks=16)
     req = h.add(6, max_tokens=3, n=2, temperature=1.0, seed=1)
     h.tick()
     first, second = (list(s.block_table.blocks) for s in req.seqs)
@@ -146,7 +146,7 @@ def test_rule_blocks_filled_by_generation_are_cached_too():
     """A 6-token prompt that generates 7 tokens has K/V for 12 positions: three full blocks, the third
     holding generated tokens. A later prompt made of those 12 tokens and one more maps all three from
     the cache (12 cached tokens) and computes only its last token."""
-    h = Harness(SharingScheduler, num_blocks=16)
+    h = Harness(step04, num_blocks=16)
     first = h.add(6, max_tokens=7, rid="first")
     h.run()
     tokens = first.seqs[0].token_ids
@@ -159,7 +159,7 @@ def test_rule_blocks_filled_by_generation_are_cached_too():
 def test_rule_a_request_for_prompt_logprobs_maps_no_cached_block():
     """Prompt log-probabilities need every prompt row computed, so a request that asks for them maps
     none of its cached blocks: the same 9-token prompt whose first 8 tokens are cached computes all 9."""
-    h = Harness(SharingScheduler, num_blocks=16)
+    h = Harness(step04, num_blocks=16)
     h.add(PROMPT, max_tokens=1, rid="first")
     h.run()
     h.add(PROMPT, max_tokens=1, rid="logprobs", prompt_logprobs=0)
@@ -174,7 +174,7 @@ def test_rule_parallel_sample_i_starts_from_the_seed_sample_seed():
     from the seed ``sample_seed(5, i)`` (sample 0 keeps the request's own): as a lone ``n=1`` request with
     that seed does. (The stand-in keys later draws by the request's seed; that each sample then follows
     its own generator is the engine's part, checked with a model in ``test_sharing_engine.py``.)"""
-    h = Harness(SharingScheduler, num_blocks=16)
+    h = Harness(step04, num_blocks=16)
     h.add(6, max_tokens=2, rid="group", n=3, temperature=1.0, seed=5)
     for i in range(3):
         h.add(6, max_tokens=1, rid=f"lone{i}", temperature=1.0, seed=sample_seed(5, i))
@@ -189,7 +189,7 @@ def test_rule_parallel_sample_i_starts_from_the_seed_sample_seed():
 def test_rule_a_finished_sample_gives_its_blocks_back_before_its_siblings_end():
     """``n=2``: sample 1 draws a stop token as its first token, sample 0 goes on. From that iteration on,
     sample 1's table is empty and the prompt blocks it shared hold sample 0's reference only."""
-    h = Harness(SharingScheduler, num_blocks=16)
+    h = Harness(step04, num_blocks=16)
     stop = token_for(sample_seed(7, 1), 6)  # the stand-in draws from (seed, position)
     req = h.add(6, max_tokens=8, n=2, temperature=1.0, seed=7, stop_token_ids=[stop])
     h.tick()
@@ -205,7 +205,7 @@ def test_rule_a_prompt_whose_cached_blocks_are_in_use_needs_blocks_only_for_the_
     """A (the 9-token prompt) runs and holds 3 of 4 blocks, its two full ones named in the cache. B, the
     same prompt, maps those two (in use: they take no free block) and needs one block for its last
     token: the one free block admits it at once."""
-    h = Harness(SharingScheduler, num_blocks=4)
+    h = Harness(step04, num_blocks=4)
     h.add(PROMPT, max_tokens=3, rid="A")
     h.tick()
     h.add(PROMPT, max_tokens=1, rid="B")
@@ -218,7 +218,7 @@ def test_rule_a_hit_on_a_parked_block_takes_a_free_block():
     """A cached block nobody maps is parked on the free list: a hit on it takes it off. A (the 9-token
     prompt) ended, its two full blocks parked; C holds 2 of the 4 blocks, so 2 are free — both parked.
     B, the same prompt, needs them and one more for its last token: it waits until C is done."""
-    h = Harness(SharingScheduler, num_blocks=4)
+    h = Harness(step04, num_blocks=4)
     h.add(PROMPT, max_tokens=1, rid="A")
     h.run()
     h.add(list(range(40, 45)), max_tokens=2, rid="C")
@@ -234,12 +234,12 @@ def test_rule_the_hit_rate_is_found_blocks_over_looked_up_blocks():
     finds both cacheable blocks (2 lookups, 2 hits): 2 of 3. With prefix caching off nothing is looked
     up or found, and the second prompt computes all 9 tokens."""
     for caching, rate, computed in ((True, 2 / 3, 1), (False, 0.0, 9)):
-        h = Harness(SharingScheduler, num_blocks=16, enable_prefix_caching=caching)
+        h = Harness(step04, num_blocks=16, enable_prefix_caching=caching)
         h.add(PROMPT, max_tokens=1, rid="first")
         h.run()
         h.add(PROMPT, max_tokens=1, rid="again")
         assert h.tick().plan.query_lens == [computed]
-        assert h.scheduler.block_manager.hit_rate() == rate
+        assert h.scheduler.kv.hit_rate() == rate
         assert [h.outputs[r].error for r in ("first", "again")] == [None, None]
 
 
@@ -249,7 +249,7 @@ def test_rule_a_group_held_back_does_not_hold_back_the_groups_behind_it(group):
     """Running groups are given their tokens oldest first, each on its own: a group of 3 sequences that
     the sequence budget (2) holds back is skipped (and, having drawn nothing, not reported), and the
     single request behind it still runs."""
-    h = Harness(SharingScheduler, num_blocks=16, runner=lambda s: HistoryStandIn(s, EOS, vocab=64))
+    h = Harness(step04, num_blocks=16, runner=lambda s: HistoryStandIn(s, EOS, vocab=64))
     g = h.add(3, max_tokens=4, rid="G", **group)
     h.add(3, max_tokens=4, rid="S")
     h.tick()
@@ -262,11 +262,12 @@ def test_rule_a_group_held_back_does_not_hold_back_the_groups_behind_it(group):
 def test_rule_a_beam_search_failed_before_its_first_token_answers_empty():
     """A beam search that fails in its prompt's iteration still answers (with its error): its one live
     beam, no token, a cumulative log-probability of 0 — not of anything made up."""
-    h = Harness(SharingScheduler, num_blocks=16)
+    h = Harness(step04, num_blocks=16)
     req = h.add(PROMPT, max_tokens=4, rid="beam", n=1, best_of=2, use_beam_search=True)
     plan = h.scheduler.schedule()
     bad = RequestError("a logits processor refused")
-    h.scheduler.update(plan, {}, failed={"beam": bad})
+    h.scheduler.fail(req, bad)
+    h.scheduler.update(plan, {})
     out = req.to_output()
     assert out.finished and out.error is bad
     assert [(o.token_ids, o.cumulative_logprob) for o in out.outputs] == [([], 0.0)]
@@ -275,7 +276,7 @@ def test_rule_a_beam_search_failed_before_its_first_token_answers_empty():
 def test_rule_samples_are_numbered_and_blocks_come_in_free_list_order():
     """``n=3``: completions 0, 1, 2; the prompt's blocks are the free list's first, whatever its order; an
     ``allocated`` record names a prefix hit as ``cached``, before the block taken for the rest."""
-    h = Harness(SharingScheduler, num_blocks=8, free_order=[6, 3, 0, 7, 1, 2, 4, 5])
+    h = Harness(step04, num_blocks=8, free_order=[6, 3, 0, 7, 1, 2, 4, 5])
     req = h.add(PROMPT, max_tokens=1, rid="first", n=3, temperature=1.0, seed=2)
     it = h.tick()
     assert [o.index for o in h.outputs["first"].outputs] == [0, 1, 2]
@@ -287,10 +288,10 @@ def test_rule_samples_are_numbered_and_blocks_come_in_free_list_order():
         (again.seqs[0].seq_id, {"blocks": [7], "cached": [6, 3]})]  # 7: next on the free list
 
 
-def test_rule_a_block_manager_caches_prefixes_unless_told_not_to():
-    """The ``BlockManager`` defaults: prefix caching on, tables that reuse cached blocks, and block counts
+def test_rule_a_kv_manager_caches_prefixes_unless_told_not_to():
+    """The ``SharingKVManager`` defaults: prefix caching on, tables that reuse cached blocks, and block counts
     that count the hits."""
-    bm = BlockManager(8, 4)
+    bm = SharingKVManager(8, 4)
     table = bm.new_table()
     assert bm.caching and table.reuse_cached
     bm.allocate_prompt(table, PROMPT)
@@ -301,7 +302,7 @@ def test_rule_a_block_manager_caches_prefixes_unless_told_not_to():
 def test_rule_a_prefix_cached_in_pieces_is_found_whole():
     """B's 13-token prompt starts with the 8 tokens of A's two cached blocks and computes its third block
     itself, naming it after them; C, B's prompt again, then finds all three (12 cached tokens)."""
-    h = Harness(SharingScheduler, num_blocks=16)
+    h = Harness(step04, num_blocks=16)
     h.add(PROMPT, max_tokens=1, rid="A")
     h.run()
     b = PROMPT[:8] + [30, 31, 32, 33, 34]
@@ -315,10 +316,10 @@ def test_rule_a_prefix_cached_in_pieces_is_found_whole():
 def test_rule_a_copy_on_write_with_no_block_free_fails_whole():
     """A table's copy-on-write needs a block for the copy: with none free, ``append`` raises, saying so,
     and changes nothing (the scheduler counts that block first, so it never gets here)."""
-    bm = BlockManager(3, 4, enable_prefix_caching=False)
+    bm = SharingKVManager(3, 4, enable_prefix_caching=False)
     table = bm.new_table()
     bm.allocate_prompt(table, [5, 6, 7, 8, 9])  # 2 blocks, the second partly filled
-    child = bm.fork(table)
+    child = table.fork()
     other = bm.new_table()
     bm.allocate_prompt(other, [5])  # the last free block
     with pytest.raises(OutOfBlocksError) as caught:
@@ -330,7 +331,7 @@ def test_rule_a_copy_on_write_with_no_block_free_fails_whole():
 def test_rule_a_request_for_prompt_logprobs_counts_its_cached_prefix_as_new_blocks():
     """R holds the 9-token prompt's 3 blocks (two cached) of a 4-block pool: one is free. The same prompt
     asking for prompt logprobs maps no cached block, so it needs 3 free blocks, not 1: it waits for R."""
-    h = Harness(SharingScheduler, num_blocks=4)
+    h = Harness(step04, num_blocks=4)
     h.add(PROMPT, max_tokens=3, rid="R")
     h.tick()
     h.add(PROMPT, max_tokens=1, rid="L", prompt_logprobs=0)

@@ -60,7 +60,7 @@ def test_parallel_samples_share_prompt_blocks_then_copy_on_write(model):
     engine = _engine(model, enable_prefix_caching=False)
     engine.add_request("g", PROMPT, SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4, ignore_eos=True))
     engine.step()  # the prompt: 7 tokens in 2 blocks, mapped by all 3 samples
-    assert engine.allocator.num_used == 2
+    assert engine.scheduler.kv.allocator.num_used == 2
     plan_copies = []
 
     def observe(engine, plan, results):
@@ -70,10 +70,10 @@ def test_parallel_samples_share_prompt_blocks_then_copy_on_write(model):
     engine.step()  # each sample writes its first token into the shared, partly filled block
     engine.remove_observer(observe)
     assert len(plan_copies) == 2  # two copy-on-writes; the last sample writes in place
-    assert engine.allocator.num_used == 4
+    assert engine.scheduler.kv.allocator.num_used == 4
     while engine.has_unfinished():
         engine.step()
-    assert engine.allocator.num_used == 0
+    assert engine.scheduler.kv.allocator.num_used == 0
 
 
 def test_best_of_keeps_the_n_most_likely(model):
@@ -137,7 +137,7 @@ def test_prefix_caching_on_equals_off(model):
         a = drain(off, [(f"r{i}", p, greedy)])[f"r{i}"]
         b = drain(on, [(f"r{i}", p, greedy)])[f"r{i}"]
         assert _tokens(a) == _tokens(b), i
-    assert on.block_manager.hit_rate() > 0
+    assert on.scheduler.kv.hit_rate() > 0
 
 
 def test_prefix_cache_evicted_then_recomputed_gives_same_output(model):
@@ -173,7 +173,7 @@ def test_sharing_engine_rejects_bad_groups(model, params, match):
     engine = _engine(model)
     with pytest.raises(ValueError, match=match):
         engine.add_request("bad", PROMPT, SamplingParams(**params))
-    assert not engine.has_unfinished() and engine.allocator.num_used == 0
+    assert not engine.has_unfinished() and engine.scheduler.kv.allocator.num_used == 0
 
 
 @pytest.mark.parametrize("num_logprobs", [1, 9])  # 9 > 2k: more entries than the beams choose from

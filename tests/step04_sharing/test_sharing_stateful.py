@@ -1,6 +1,6 @@
 """Fork / append / free / copy-on-write / prefix caching against a shadow contiguous model.
 
-A ``RuleBasedStateMachine`` drives a ``BlockManager`` and a paged ``KVCache``
+A ``RuleBasedStateMachine`` drives a ``SharingKVManager``'s tables and a paged ``KVCache``
 the way the engine does — allocate a prompt (mapping cached blocks), append
 tokens, fork, free — while a shadow keeps each live sequence's K/V as a plain
 contiguous tensor. The K/V of a token is a pure function of the token ids up to
@@ -24,7 +24,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initial
 
 from paged.step02_block_table import KVCache
 from paged.step03_attention import reference_attention
-from paged.step04_sharing import BlockManager, copy_blocks
+from paged.step04_sharing import SharingKVManager, copy_blocks
 from tests.invariants import check_allocator
 from tests.oracle import contiguous_attention
 
@@ -47,7 +47,7 @@ class SharingMachine(RuleBasedStateMachine):
                 caching=st.booleans(), data=st.data())
     def setup(self, block_size, num_blocks, caching, data):
         order = data.draw(st.permutations(list(range(num_blocks))))
-        self.bm = BlockManager(num_blocks, block_size, caching, free_order=order)
+        self.bm = SharingKVManager(num_blocks, block_size, caching, free_order=order)
         self.cache = KVCache(1, num_blocks, block_size, H_KV, D, torch.float64)
         self.live = {}  # name -> (table, tokens)
         self.next = 0
@@ -100,14 +100,14 @@ class SharingMachine(RuleBasedStateMachine):
             return None
         table, tokens = self.live[seq]
         name = self.next = self.next + 1
-        self.live[name] = (self.bm.fork(table), list(tokens))
+        self.live[name] = (table.fork(), list(tokens))
         return name
 
     @rule(seq=consumes(seqs))
     def free(self, seq):
         if seq in self.live:
             table, _ = self.live.pop(seq)
-            self.bm.free(table)
+            table.free()
 
     @invariant()
     def reference_counts_match_table_entries(self):
@@ -131,7 +131,7 @@ class SharingMachine(RuleBasedStateMachine):
     def teardown(self):
         if hasattr(self, "bm"):
             for table, _ in self.live.values():
-                self.bm.free(table)
+                table.free()
             assert self.bm.num_free == self.bm.allocator.num_blocks
 
 

@@ -64,8 +64,8 @@ def assert_tables_match(snap: dict, queues: dict) -> None:
 
 
 def check_device(engine, snap) -> None:
-    tables = {r.request_id: [s.block_table for s in r.seqs] for r in engine.running}
-    assert_pool_matches(snap["pools"]["device"], engine.allocator, snap, tables)
+    tables = {r.request_id: [s.block_table for s in r.seqs] for r in engine.scheduler.running}
+    assert_pool_matches(snap["pools"]["device"], engine.scheduler.kv.allocator, snap, tables)
     assert sum(snap["pools"]["device"]["filled"]) == snap["stats"]["token_slots_filled"]
 
 
@@ -77,7 +77,7 @@ def test_snapshot_equals_block_state_through_fork_cow_and_prefix_cache(model):
     def observe(eng, plan, results):
         snap = eng.kv_snapshot()
         check_device(eng, snap)
-        assert_tables_match(snap, {"waiting": eng.waiting, "running": eng.running})
+        assert_tables_match(snap, {"waiting": eng.scheduler.waiting, "running": eng.scheduler.running})
         seen["shared"] += sum(snap["pools"]["device"]["shared"])
         seen["parked"] += sum(snap["pools"]["device"]["parked"])
 
@@ -91,7 +91,7 @@ def test_snapshot_equals_block_state_through_fork_cow_and_prefix_cache(model):
     while engine.has_unfinished():
         engine.step()
     assert seen["shared"] > 0 and seen["parked"] > 0, seen  # the run really shared and parked blocks
-    assert engine.block_manager.hit_rate() > 0
+    assert engine.scheduler.kv.hit_rate() > 0
 
 
 @pytest.mark.parametrize("num_blocks, max_cells, per", [(24, 24, 1), (24, 100, 1), (24, 12, 2), (24, 5, 5),
@@ -109,9 +109,9 @@ def test_aggregation_rule_sums_consecutive_blocks(model, num_blocks, max_cells, 
     engine.add_request("one", PREFIX, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     engine.step()
     engine.step()
-    owned = [(i, s.block_table) for i, r in enumerate(engine.running) for s in r.seqs]
-    fine = pool_view(engine.allocator, owned, B, num_blocks)
-    coarse = pool_view(engine.allocator, owned, B, max_cells)
+    owned = [(i, s.block_table) for i, r in enumerate(engine.scheduler.running) for s in r.seqs]
+    fine = pool_view(engine.scheduler.kv.allocator, owned, B, num_blocks)
+    coarse = pool_view(engine.scheduler.kv.allocator, owned, B, max_cells)
     assert coarse["blocks_per_cell"] == per and len(coarse["used"]) == -(-num_blocks // per)
     for column in ("used", "shared", "parked", "filled"):
         assert coarse[column] == [sum(fine[column][c:c + per]) for c in range(0, num_blocks, per)], column

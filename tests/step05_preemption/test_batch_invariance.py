@@ -59,7 +59,7 @@ def run(model, target, others=(), position=0, warm=None, **engine_kw):
         drain(engine, [("warm", warm, GREEDY)])
     batch = list(others[:position]) + [("target", target, GREEDY)] + list(others[position:])
     done = drain(engine, batch)
-    if engine.swap.allocator.num_used:
+    if engine.scheduler.kv.host.num_used:
         raise AssertionError("host blocks leaked")
     return answer(done["target"]), engine
 
@@ -106,9 +106,9 @@ def test_greedy_answer_bitwise_equal_to_solo_at_the_defaults(demo, target, solo,
     the same operations on the same values in both runs."""
     got, engine = axis_run(demo, axis, target, random.Random(axis))
     if axis in ("swap", "recompute"):
-        assert engine.preemptions[axis] >= 1, engine.preemptions  # it really was preempted
+        assert engine.scheduler.preemptions[axis] >= 1, engine.scheduler.preemptions  # it really was preempted
     if axis == "cache-hit":
-        assert engine.block_manager.hit_rate() > 0
+        assert engine.scheduler.kv.hit_rate() > 0
     assert got == solo
 
 
@@ -192,7 +192,7 @@ def test_smollm2_answer_bitwise_equal_across_axes():
     rng = random.Random(4)
     got, engine = run(model, target, companions(rng, model.config.vocab_size, 7), position=2,
                       num_blocks=10, preemption_mode="recompute", max_num_batched_tokens=24)
-    assert engine.preemptions["recompute"] >= 1
+    assert engine.scheduler.preemptions["recompute"] >= 1
     assert got == alone
     # beside 7 others, no preemption, whole prompts: the decode steps of a lone request ran one-row
     # GEMMs whose down projection rounded otherwise, from the 5th token (before the two-copy rule)

@@ -102,7 +102,7 @@ def run(model, workload, **engine_kwargs):
                               **engine_kwargs)  # a host pool as large as the device pool, not 256 MiB
     finished = drain(engine, [(rid, prompt, SamplingParams(**params)) for rid, prompt, params in workload],
                      max_steps=3000)  # fails on a hang or a leaked device block
-    assert engine.swap.allocator.num_used == 0, "host blocks leaked"
+    assert engine.scheduler.kv.host.num_used == 0, "host blocks leaked"
     assert sorted(finished) == sorted(rid for rid, _, _ in workload), "a request never finished"
     done = {rid: [(o.token_ids, o.logprobs) for o in out.outputs] for rid, out in finished.items()}
     return done, engine

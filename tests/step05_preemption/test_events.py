@@ -39,7 +39,7 @@ def _check_iteration(engine, plan, seen, finished):
     ended = {e.seq_id for e in of("finished")}
     fresh = [b for e in of("allocated") for b in e.detail["blocks"]]
     assert len(fresh) == len(set(fresh)), "a block was handed out twice in one iteration"
-    tables = {s.seq_id: s.block_table.blocks for r in engine.running for s in r.seqs}
+    tables = {s.seq_id: s.block_table.blocks for r in engine.scheduler.running for s in r.seqs}
     for e in of("allocated"):
         if e.seq_id not in ended:
             assert set(e.detail["blocks"] + e.detail["cached"]) <= set(tables[e.seq_id]), e
@@ -65,7 +65,7 @@ def test_events_agree_with_plans_and_tables_under_swap(model):
             assert engine.events[0].kind == "aborted" and engine.events[0].request_id == "doomed"
             continue
         engine.step()
-    assert not engine.has_unfinished() and engine.allocator.num_used == 0
+    assert not engine.has_unfinished() and engine.scheduler.kv.allocator.num_used == 0
     assert seen >= {"admitted", "allocated", "cow", "preempted", "swapped_out", "swapped_in", "finished",
                     "aborted"}, seen
     assert set(finished) >= seq_ids and set(finished.values()) == {1}

@@ -11,17 +11,31 @@ device and host block is free.
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import invariant, rule
 
-from paged.step05_preemption import SwapSpace, copy_between
+from paged.step02_block_table import KVCache, Sequence
+from paged.step05_preemption import SwappingKVManager, copy_between
 from tests.invariants import check_allocator
 from tests.step04_sharing.test_sharing_stateful import SharingMachine
 
 
+def _seq(table, tokens) -> Sequence:
+    """The sequence the scheduler would hand the KV manager: ``table`` holding ``tokens``."""
+    return Sequence(0, tokens, table)
+
+
 class PreemptionMachine(SharingMachine):
-    def _swap(self):
-        if not hasattr(self, "swap"):
-            self.swap = SwapSpace(12, self.cache)
+    HOST_BLOCKS = 12
+
+    def _swap(self) -> KVCache:
+        """The host pool: its block ids in a ``SwappingKVManager`` over the machine's device allocator, its
+        memory a second ``KVCache`` shaped like the device's (the runner's half)."""
+        if not hasattr(self, "host_cache"):
+            kv, c = SwappingKVManager(1, self.bm.block_size, self.HOST_BLOCKS), self.cache
+            kv.allocator = self.bm.allocator
+            self.kv = kv
+            self.host_cache = KVCache(c.num_layers, self.HOST_BLOCKS, c.block_size, c.num_kv_heads, c.head_dim,
+                                      c.dtype, "cpu")
             self.out = {}  # name -> (table, tokens) living in host memory
-        return self.swap
+        return self.host_cache
 
     @rule(data=st.data())
     def swap_out(self, data):
@@ -29,10 +43,11 @@ class PreemptionMachine(SharingMachine):
             return
         name = data.draw(st.sampled_from(sorted(self.live)))
         table, tokens = self.live[name]
-        swap = self._swap()
-        if SwapSpace.distinct_blocks([table]) > swap.allocator.num_free:
+        host = self._swap()
+        seq = _seq(table, tokens)
+        if self.kv.distinct_blocks([seq]) > self.kv.host.num_free:
             return
-        copy_between(self.cache, swap.cache, swap.swap_out([table], self.bm.allocator))
+        copy_between(self.cache, host, self.kv.swap_out([seq]))
         self.out[name] = self.live.pop(name)
 
     @rule(data=st.data())
@@ -41,9 +56,10 @@ class PreemptionMachine(SharingMachine):
             return
         name = data.draw(st.sampled_from(sorted(self.out)))
         table, tokens = self.out[name]
-        if SwapSpace.distinct_blocks([table]) > self.bm.num_free:
+        seq = _seq(table, tokens)
+        if self.kv.distinct_blocks([seq]) > self.bm.num_free:
             return
-        copy_between(self.swap.cache, self.cache, self.swap.swap_in([table], self.bm.allocator))
+        copy_between(self.host_cache, self.cache, self.kv.swap_in([seq]))
         self.live[name] = self.out.pop(name)
 
     @rule(data=st.data())
@@ -52,7 +68,7 @@ class PreemptionMachine(SharingMachine):
             return
         name = data.draw(st.sampled_from(sorted(self.live)))
         table, tokens = self.live[name]
-        self.bm.free(table)
+        table.free()
         if self.bm.blocks_needed_for_prompt(tokens) > self.bm.num_free:
             del self.live[name]  # cannot come back now: it stays dropped (nothing held)
             return
@@ -61,15 +77,15 @@ class PreemptionMachine(SharingMachine):
 
     @invariant()
     def host_reference_counts_match(self):
-        if not hasattr(self, "swap"):
+        if not hasattr(self, "kv"):
             return
-        check_allocator(self.swap.allocator, [table for table, _ in self.out.values()])
+        check_allocator(self.kv.host, [table for table, _ in self.out.values()])
 
     def teardown(self):
-        if hasattr(self, "swap"):
+        if hasattr(self, "kv"):
             for table, _ in self.out.values():
                 table.free()
-            assert self.swap.allocator.num_used == 0
+            assert self.kv.host.num_used == 0
         super().teardown()
 
 

@@ -61,6 +61,6 @@ def test_preemption_keeps_prompt_logprobs(model, prompt, mode):
             for i in range(4)]
     engine = PreemptingEngine(model, block_size=8, num_blocks=14, preemption_mode=mode)
     outs = drain(engine, reqs)
-    assert engine.preemptions[mode] > 0, "the pool was not small enough to preempt"
+    assert engine.scheduler.preemptions[mode] > 0, "the pool was not small enough to preempt"
     for rid, ids, _ in reqs:
         assert_prompt_logprobs_match(model, ids, outs[rid].prompt_logprobs, K)

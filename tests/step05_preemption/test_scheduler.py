@@ -28,18 +28,18 @@ def test_preempted_request_resumes_before_later_arrivals(model):
     preempted = None
     for _ in range(200):
         engine.step()
-        if engine.waiting and not preempted:
-            preempted = engine.waiting[0].request_id
+        if engine.scheduler.waiting and not preempted:
+            preempted = engine.scheduler.waiting[0].request_id
             engine.add_request("late", [9, 9], SamplingParams(max_tokens=3, **GREEDY))
-        if preempted and preempted not in {r.request_id for r in engine.waiting}:
+        if preempted and preempted not in {r.request_id for r in engine.scheduler.waiting}:
             break
     assert preempted is not None, "the pool was not small enough to preempt"
-    running = {r.request_id for r in engine.running}
-    waiting = [r.request_id for r in engine.waiting]
+    running = {r.request_id for r in engine.scheduler.running}
+    waiting = [r.request_id for r in engine.scheduler.waiting]
     assert preempted in running and "late" in waiting  # resumed first; the later arrival still waits
     while engine.has_unfinished():
         engine.step()
-    assert engine.allocator.num_used == 0
+    assert engine.scheduler.kv.allocator.num_used == 0
 
 
 def test_no_request_starves_under_a_stream_of_arrivals(model):
@@ -58,7 +58,7 @@ def test_no_request_starves_under_a_stream_of_arrivals(model):
     assert finished_at is not None and finished_at < 150, finished_at
     for rid in list(engine.requests):
         engine.abort(rid)
-    assert not engine.has_unfinished() and engine.allocator.num_used == 0
+    assert not engine.has_unfinished() and engine.scheduler.kv.allocator.num_used == 0
 
 
 def test_prompt_larger_than_the_pool_is_refused_at_admission(model):
@@ -79,7 +79,7 @@ def test_sequence_outgrowing_the_whole_pool_ends_instead_of_hanging(model):
     assert not engine.has_unfinished()
     final = [o for o in outs if o.finished][0].outputs[0]
     assert final.finish_reason == "length" and len(final.token_ids) == 12 - 3 + 1
-    assert engine.allocator.num_used == 0
+    assert engine.scheduler.kv.allocator.num_used == 0
 
 
 def test_swapped_group_wider_than_the_token_budget_comes_back_when_the_device_is_empty(model):
@@ -96,11 +96,11 @@ def test_swapped_group_wider_than_the_token_budget_comes_back_when_the_device_is
     swapped_out, steps = False, 0
     while engine.has_unfinished():
         engine.step()
-        swapped_out |= bool(engine.swapped)
+        swapped_out |= bool(engine.scheduler.swapped)
         steps += 1
         assert steps <= 100, "the swapped group never came back"
     assert swapped_out, "the case no longer swaps: it tests nothing"
-    assert engine.allocator.num_used == 0 and engine.swap.allocator.num_used == 0
+    assert engine.scheduler.kv.allocator.num_used == 0 and engine.scheduler.kv.host.num_used == 0
 
 
 def test_group_wider_than_an_iteration_is_refused(model):
@@ -116,16 +116,16 @@ def test_abort_of_swapped_request_frees_host_blocks(model):
         engine.add_request(f"r{i}", [1 + i, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30, **GREEDY))
     for _ in range(100):
         engine.step()
-        if engine.swapped:
+        if engine.scheduler.swapped:
             break
-    assert engine.swapped, "nothing was swapped out"
-    victim = engine.swapped[0].request_id
-    assert engine.swap.allocator.num_used > 0
+    assert engine.scheduler.swapped, "nothing was swapped out"
+    victim = engine.scheduler.swapped[0].request_id
+    assert engine.scheduler.kv.host.num_used > 0
     engine.abort(victim)
-    assert not engine.swapped or victim not in {r.request_id for r in engine.swapped}
+    assert not engine.scheduler.swapped or victim not in {r.request_id for r in engine.scheduler.swapped}
     for rid in list(engine.requests):
         engine.abort(rid)
-    assert engine.swap.allocator.num_used == 0 and engine.allocator.num_used == 0
+    assert engine.scheduler.kv.host.num_used == 0 and engine.scheduler.kv.allocator.num_used == 0
 
 
 @pytest.mark.parametrize("kw, match", [

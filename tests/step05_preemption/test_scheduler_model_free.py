@@ -36,9 +36,8 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from paged.sampling.sampling_params import SamplingParams
-from paged.step05_preemption.scheduler import PreemptingScheduler
 from tests.invariants import check_allocator
-from tests.scheduler_harness import Harness
+from tests.scheduler_harness import Harness, step05
 
 VOCAB = 64
 MAX_REQUESTS = 8
@@ -47,7 +46,7 @@ FINISH_WITHIN = 3000  # iterations after the last arrival
 
 
 class ModelFreeSchedulerMachine(RuleBasedStateMachine):
-    """The same machine, rules and invariants over the scheduler alone: a ``PreemptingScheduler``
+    """The same machine, rules and invariants over the scheduler alone: step05's scheduler
     stepped with the stand-in runner (``tests/scheduler_harness.py``), no model and no tensor.
     Thousands of iterations take seconds, so it runs five times the profile's examples."""
 
@@ -55,7 +54,7 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
                 mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
                 budget=st.sampled_from([None, 4, 9]))
     def start(self, block_size, num_blocks, mode, host_blocks, budget):
-        self.engine = Harness(PreemptingScheduler, num_blocks, block_size, preemption_mode=mode,
+        self.engine = Harness(step05, num_blocks, block_size, preemption_mode=mode,
                               swap_blocks=host_blocks, max_num_batched_tokens=budget or 2048,
                               max_model_len=MAX_LEN)
         self.params: dict[str, SamplingParams] = {}
@@ -137,9 +136,9 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         ids = {kind: [ev.request_id for ev in e.events if ev.kind == kind] for kind in ("admitted", "swapped_in")}
         if ids["admitted"]:
             assert not any(ev.kind == "preempted" for ev in e.events), "admitted in an iteration that preempted"
-            assert not e.swapped, "admitted while a group is swapped out"
+            assert not e.scheduler.swapped, "admitted while a group is swapped out"
         arrival = {r.request_id: r.arrival for r in e.requests.values()}  # the live ones
-        for kind, queue in (("admitted", e.waiting), ("swapped_in", e.swapped)):
+        for kind, queue in (("admitted", e.scheduler.waiting), ("swapped_in", e.scheduler.swapped)):
             for rid in ids[kind]:
                 if rid in arrival:
                     assert all(arrival[rid] < r.arrival for r in queue), f"{rid} ({kind}) overtook an older one"
@@ -154,23 +153,23 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "engine"):
             return
         e = self.engine
-        check_allocator(e.allocator, self._live_tables(e.allocator))
-        check_allocator(e.swap.allocator, self._live_tables(e.swap.allocator))
+        check_allocator(e.scheduler.kv.allocator, self._live_tables(e.scheduler.kv.allocator))
+        check_allocator(e.scheduler.kv.host, self._live_tables(e.scheduler.kv.host))
 
     @invariant()
     def tables_cover_exactly_the_computed_tokens(self):
         if not hasattr(self, "engine"):
             return
         e = self.engine
-        for queue in (e.running, e.swapped):
+        for queue in (e.scheduler.running, e.scheduler.swapped):
             for req in queue:
                 for seq in req.seqs:
                     if seq.is_finished:
                         continue
                     t = seq.block_table
                     assert t.num_tokens <= seq.num_tokens
-                    assert len(t.blocks) == math.ceil(t.num_tokens / e.block_size), seq.seq_id
-        for req in e.waiting:
+                    assert len(t.blocks) == math.ceil(t.num_tokens / e.scheduler.block_size), seq.seq_id
+        for req in e.scheduler.waiting:
             assert all(not s.block_table.blocks and s.block_table.num_tokens == 0 for s in req.seqs)
 
     @invariant()
@@ -183,10 +182,10 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "engine"):
             return
         e = self.engine
-        for queue in (e.waiting, e.running, e.swapped):
+        for queue in (e.scheduler.waiting, e.scheduler.running, e.scheduler.swapped):
             arrivals = [r.arrival for r in queue]
             assert arrivals == sorted(arrivals)
-        queued = [r.request_id for q in (e.waiting, e.running, e.swapped) for r in q]
+        queued = [r.request_id for q in (e.scheduler.waiting, e.scheduler.running, e.scheduler.swapped) for r in q]
         assert len(queued) == len(set(queued)) == len(e.requests), "a request is lost or in two queues"
 
     def teardown(self):
@@ -207,7 +206,7 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
             outs = self.finished[rid].outputs
             assert len(outs) == params.n
             assert all(len(o.token_ids) <= params.max_tokens for o in outs)
-        assert e.allocator.num_used == 0 and e.swap.allocator.num_used == 0, "blocks leaked"
+        assert e.scheduler.kv.allocator.num_used == 0 and e.scheduler.kv.host.num_used == 0, "blocks leaked"
         if self._records:  # the records of aborts after the last iteration wait for the next one: take them
             self.seqs_finished |= {ev.seq_id for ev in e.scheduler.take_events() if ev.kind == "finished"}
             assert self.seqs_seen <= self.seqs_finished, "a sequence left without a finished record"

@@ -1,6 +1,7 @@
 """Step05's scheduling rules on the scheduler alone (no model): preemption, swapping, chunked prefill.
 
-``PreemptingScheduler`` with the stand-in runner (``tests/scheduler_harness.py``);
+Step05's scheduler (the loop with ``Preemption``, ``SwappingKVManager``, ``ChunkedPrefill``) with
+the stand-in runner (``tests/scheduler_harness.py``);
 every equality is exact (queues, events, token counts).
 """
 
@@ -8,8 +9,9 @@ import logging
 
 import pytest
 
-from paged.step05_preemption import ChunkedPrefillScheduler, PreemptingScheduler
-from tests.scheduler_harness import Harness
+from paged.step05_preemption.chunked import ChunkedPrefill
+from paged.step05_preemption.policy import Cost
+from tests.scheduler_harness import Harness, step05
 
 pytestmark = pytest.mark.step05
 
@@ -17,7 +19,7 @@ pytestmark = pytest.mark.step05
 def _pressure(mode, swap_blocks=16):
     """6 blocks of 4: A (3 tokens, 1 block) starts, then G (``n=2``: 5-token prompt, 2 blocks,
     forked), then S (1 token, 1 block); they decode until the pool runs out."""
-    h = Harness(PreemptingScheduler, num_blocks=6, swap_blocks=swap_blocks, preemption_mode=mode)
+    h = Harness(step05, num_blocks=6, swap_blocks=swap_blocks, preemption_mode=mode)
     h.add(3, max_tokens=12, rid="A")
     h.add(5, max_tokens=12, rid="G", n=2, temperature=1.0, seed=3)
     h.add(1, max_tokens=12, rid="S")
@@ -52,7 +54,7 @@ def test_rule_a_group_is_evicted_whole(mode):
     """Evicting G (``n=2``, sharing its prompt blocks) takes both its sequences, all or nothing: by
     swap every block of both tables moves to the host pool (shared ones once), by recompute both
     tables are emptied; none of G's sequences stays on the device."""
-    h = Harness(PreemptingScheduler, num_blocks=5, swap_blocks=16, preemption_mode=mode)
+    h = Harness(step05, num_blocks=5, swap_blocks=16, preemption_mode=mode)
     h.add(3, max_tokens=12, rid="A")
     h.add(5, max_tokens=12, rid="G", n=2, temperature=1.0, seed=3)
     it = _until_preempted(h)
@@ -61,8 +63,8 @@ def test_rule_a_group_is_evicted_whole(mode):
     live = [s for s in g.seqs if not s.is_finished]
     assert len(live) == 2
     if mode == "swap":
-        assert all(s.block_table.allocator is h.swap.allocator and s.block_table.blocks for s in live)
-        assert h.swap.allocator.num_used == len({b for s in live for b in s.block_table.blocks})
+        assert all(s.block_table.allocator is h.host and s.block_table.blocks for s in live)
+        assert h.host.num_used == len({b for s in live for b in s.block_table.blocks})
     else:
         assert all(not s.block_table.blocks and s.block_table.num_tokens == 0 for s in live)
     device = {b for r in h.running for s in r.seqs for b in s.block_table.blocks}
@@ -73,7 +75,7 @@ def test_rule_swapped_groups_return_before_new_requests_oldest_first():
     """Under swap pressure with arrivals behind: in every iteration, the groups swapped in are the
     oldest of the swapped queue, in order; nobody new is admitted while a group stays swapped out,
     nor in an iteration that preempted."""
-    h = Harness(PreemptingScheduler, num_blocks=8, swap_blocks=32, preemption_mode="swap")
+    h = Harness(step05, num_blocks=8, swap_blocks=32, preemption_mode="swap")
     for i in range(6):
         h.add(3 + i % 3, max_tokens=10, n=2, temperature=1.0, seed=i)
     h.add(2, max_tokens=3, rid="late")
@@ -86,14 +88,14 @@ def test_rule_swapped_groups_return_before_new_requests_oldest_first():
             assert set(it.swapped_before) <= set(back), "admitted while a group was still swapped out"
         seen_waiting_behind_swapped += bool(it.swapped_before and it.waiting_before)
     assert seen_waiting_behind_swapped and sum(len(it.kinds("swapped_in")) for it in h.history) >= 2
-    assert h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+    assert h.allocator.num_used == 0 and h.host.num_used == 0
 
 
 def test_rule_a_swapped_group_returns_only_with_room_for_its_next_tokens():
     """A group swapped back in beside running ones gets its blocks *and* one block per sequence for
     its next token, so it runs in the very iteration it returns; while the free blocks cover its
     blocks but not that room, it stays swapped out."""
-    h = Harness(PreemptingScheduler, num_blocks=8, swap_blocks=32, preemption_mode="swap")
+    h = Harness(step05, num_blocks=8, swap_blocks=32, preemption_mode="swap")
     for i in range(6):
         h.add(3 + i % 3, max_tokens=10, n=2, temperature=1.0, seed=i)
     returns = 0
@@ -109,7 +111,7 @@ def test_rule_a_swapped_group_waits_while_the_free_blocks_lack_room_for_its_next
     """G (2 sequences over 3 distinct blocks) is swapped out beside A. The 4 free blocks would hold
     its 3 blocks, but not one more per sequence for its next tokens (3 + 2), so it stays out while
     A runs; it returns when A is done (alone, its blocks are enough)."""
-    h = Harness(PreemptingScheduler, num_blocks=6, swap_blocks=16, preemption_mode="swap")
+    h = Harness(step05, num_blocks=6, swap_blocks=16, preemption_mode="swap")
     h.add(2, max_tokens=12, rid="A")
     g = h.add(5, max_tokens=12, rid="G", n=2, temperature=1.0, seed=3)
     assert _until_preempted(h).kinds("preempted") == ["G"]
@@ -124,13 +126,13 @@ def test_rule_a_swapped_group_waits_while_the_free_blocks_lack_room_for_its_next
 def test_rule_a_prompt_is_chunked_to_the_token_budget():
     """Budget 5 tokens: a lone 12-token prompt runs as 5 + 5 + 2 and samples only after the last
     chunk; beside a decoding request D, the prompt takes what D's one token leaves (4)."""
-    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h = Harness(step05, num_blocks=16, max_num_batched_tokens=5)
     h.add(12, max_tokens=2, rid="P")
     plans = [h.tick().plan for _ in range(3)]
     assert [p.query_lens for p in plans] == [[5], [5], [2]]
     assert [p.sample for p in plans] == [[False], [False], [True]]
     assert [p.positions[0] for p in plans] == [0, 5, 10]
-    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h = Harness(step05, num_blocks=16, max_num_batched_tokens=5)
     h.add(2, max_tokens=8, rid="D")
     h.tick()
     h.add(9, max_tokens=1, rid="P")
@@ -140,7 +142,7 @@ def test_rule_a_prompt_is_chunked_to_the_token_budget():
 def test_rule_a_group_wider_than_the_budget_runs_whole_when_alone():
     """A group's sequences run together (beams in lockstep): 3 decoding sequences and a budget of 2
     tokens — it is not split, and runs over the budget because the plan is otherwise empty."""
-    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=4)
+    h = Harness(step05, num_blocks=16, max_num_batched_tokens=4)
     h.add(4, max_tokens=3, n=3, temperature=1.0, seed=1)
     h.tick()  # the prompt (4 tokens), then the forks
     h.scheduler.max_num_batched_tokens = 2
@@ -150,7 +152,7 @@ def test_rule_a_group_wider_than_the_budget_runs_whole_when_alone():
 def test_rule_a_request_that_outgrows_the_pool_alone_is_ended_not_preempted_forever(caplog):
     """Alone on the device and still short of blocks, a request can never continue: it is ended
     (``length``), not swapped out and in forever; a request waiting behind starts next iteration."""
-    h = Harness(PreemptingScheduler, num_blocks=2, swap_blocks=8, preemption_mode="swap")
+    h = Harness(step05, num_blocks=2, swap_blocks=8, preemption_mode="swap")
     h.add(7, max_tokens=20, rid="A")  # 2 blocks; its 9th token needs a third, in iteration 3
     for _ in range(2):
         h.tick()
@@ -162,12 +164,12 @@ def test_rule_a_request_that_outgrows_the_pool_alone_is_ended_not_preempted_fore
         ("WARNING", "request A needs more KV blocks than the cache has (2); ending it")]
     assert it.kinds("admitted") == [] and h.ids(h.waiting) == ["B"]
     h.run(max_iterations=5)
-    assert h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+    assert h.allocator.num_used == 0 and h.host.num_used == 0
 
 
 def test_rule_preemption_mode_is_one_of_the_three():
     with pytest.raises(ValueError, match="preemption_mode must be one of"):
-        Harness(PreemptingScheduler, num_blocks=4, swap_blocks=4, preemption_mode="sometimes")
+        Harness(step05, num_blocks=4, swap_blocks=4, preemption_mode="sometimes")
 
 
 def test_rule_a_swap_moves_each_distinct_block_once_and_back():
@@ -207,8 +209,7 @@ def test_rule_preemption_is_counted_and_recorded_by_mode(mode):
 def test_rule_auto_preemption_prices_a_lone_sequence(num_params, mode):
     """``auto`` swaps a group (its samples' K/V cannot be recomputed apart) but prices a lone sequence:
     recomputing its tokens against moving its blocks twice, by the model's size (``policy.choose``)."""
-    h = Harness(PreemptingScheduler, num_blocks=3, swap_blocks=8, preemption_mode="auto", num_params=num_params,
-                bytes_per_block=1024)
+    h = Harness(step05, num_blocks=3, swap_blocks=8, preemption_mode="auto", cost=Cost(num_params, 1024))
     h.add(4, max_tokens=6, rid="A")
     h.add(4, max_tokens=6, rid="B")
     it = _until_preempted(h)
@@ -232,7 +233,7 @@ def test_rule_preemption_does_not_change_what_a_request_draws(mode):
     recomputation (or a token sampled twice, or skipped) shows. A recomputed request still reports the
     cached tokens of its first computation (none), not the prefix hits its recomputation found."""
     def run(num_blocks):
-        h = Harness(PreemptingScheduler, num_blocks=num_blocks, swap_blocks=16, preemption_mode=mode,
+        h = Harness(step05, num_blocks=num_blocks, swap_blocks=16, preemption_mode=mode,
                     max_num_batched_tokens=6)
         for i in range(5):  # distinct prompts: no prefix hits but a recomputation's own
             h.add([3 + 50 * i + j for j in range(5 + 2 * i)], max_tokens=9, rid=f"r{i}", n=1 + i % 2,
@@ -249,20 +250,20 @@ def test_rule_a_group_back_alone_whose_next_tokens_cannot_fit_ends_at_once():
     """Pool 3: G (``n=2``, 2 shared blocks) must copy its shared last block for both samples while A runs:
     it is swapped out. When A is done G returns alone — its 2 blocks fit, but not the 2 copies its next
     tokens need on top: it can never continue, so it ends (``length``) in the iteration it returns."""
-    h = Harness(PreemptingScheduler, num_blocks=3, swap_blocks=8, preemption_mode="swap")
+    h = Harness(step05, num_blocks=3, swap_blocks=8, preemption_mode="swap")
     h.add(1, max_tokens=3, rid="A")
     h.add(5, max_tokens=8, rid="G", n=2, temperature=1.0, seed=3)
     assert _until_preempted(h).kinds("preempted") == ["G"]
     back = next(it for it in (h.tick() for _ in range(10)) if it.kinds("swapped_in"))
     assert back.running_before == [] and back.kinds("finished") == ["G"]
     assert h.finish_reasons("G") == ["length", "length"] and not h.scheduler.has_unfinished()
-    assert h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+    assert h.allocator.num_used == 0 and h.host.num_used == 0
 
 
 def test_rule_a_group_wider_than_the_budget_waits_behind_others():
     """The other side of running over the budget when alone: beside a decoding request D, a group of 3
     decoding sequences and a budget of 2 tokens does not run (it is not split); when D is done it does."""
-    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h = Harness(step05, num_blocks=16, max_num_batched_tokens=5)
     h.add(1, max_tokens=4, rid="D")
     group = h.add(4, max_tokens=3, rid="G", n=3, temperature=1.0, seed=1)
     h.tick()
@@ -276,7 +277,7 @@ def test_rule_a_group_wider_than_the_budget_waits_behind_others():
 def test_rule_a_chunked_prompt_forks_its_samples_after_its_last_chunk():
     """Budget 5: an ``n=2`` request's 12-token prompt runs as 5 + 5 + 2; its second sample is forked in the
     iteration of the last chunk (when the prompt's K/V is complete), not before."""
-    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h = Harness(step05, num_blocks=16, max_num_batched_tokens=5)
     req = h.add(12, max_tokens=2, n=2, temperature=1.0, seed=4)
     plans = [h.tick().plan for _ in range(3)]
     assert [len(p.fanout) for p in plans] == [0, 0, 1] and len(req.seqs) == 2
@@ -287,11 +288,11 @@ def test_rule_the_sequence_budget_caps_a_chunked_batch():
     """``max_num_seqs=2`` holds for chunked prefill too: of three one-block requests exactly the first two
     run; and a token budget spent to the last token leaves no room for an empty entry: a request waiting
     behind a prompt that takes the whole budget is not started with nothing to compute."""
-    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_seqs=2)
+    h = Harness(step05, num_blocks=16, max_num_seqs=2)
     for rid in "ABC":
         h.add(2, max_tokens=3, rid=rid)
     assert h.tick().kinds("admitted") == ["A", "B"] and h.ids(h.waiting) == ["C"]
-    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h = Harness(step05, num_blocks=16, max_num_batched_tokens=5)
     h.add(12, max_tokens=1, rid="P")
     h.add(2, max_tokens=1, rid="Q")
     it = h.tick()
@@ -301,7 +302,7 @@ def test_rule_the_sequence_budget_caps_a_chunked_batch():
 def test_rule_a_group_that_fits_the_budget_left_runs_beside_others():
     """Budget 4: a decoding request D (1 token) and a group of 3 decoding sequences (3 tokens) fit it
     exactly, and run together."""
-    h = Harness(ChunkedPrefillScheduler, num_blocks=16, max_num_batched_tokens=5)
+    h = Harness(step05, num_blocks=16, max_num_batched_tokens=5)
     h.add(1, max_tokens=4, rid="D")
     h.add(4, max_tokens=3, rid="G", n=3, temperature=1.0, seed=1)
     h.tick()
@@ -317,8 +318,8 @@ def test_rule_an_aborted_swapped_group_frees_its_host_blocks():
     s = next(r for r in h.swapped if r.request_id == "S")
     g_host = len({b for r in h.swapped if r.request_id == "G" for q in r.seqs for b in q.block_table.blocks})
     h.scheduler.abort(s)
-    assert h.ids(h.swapped) == ["G"] and h.swap.allocator.num_used == g_host
-    assert Harness(PreemptingScheduler, num_blocks=4, swap_blocks=4).scheduler.preemption_mode == "auto"
+    assert h.ids(h.swapped) == ["G"] and h.host.num_used == g_host
+    assert Harness(step05, num_blocks=4, swap_blocks=4).scheduler.eviction.mode == "auto"
 
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
@@ -327,7 +328,7 @@ def test_rule_the_records_agree_with_the_plans_under_preemption(mode):
     one request aborted on the way, so every kind of decision happens: after each iteration its records
     agree with its plan, its tables and its queues (``Harness.check_records``); every sequence is reported
     ``finished`` exactly once; an abort's records open the next iteration's."""
-    h = Harness(PreemptingScheduler, num_blocks=10, swap_blocks=16, preemption_mode=mode, max_num_batched_tokens=8)
+    h = Harness(step05, num_blocks=10, swap_blocks=16, preemption_mode=mode, max_num_batched_tokens=8)
     shared = [3 + j for j in range(8)]
     h.add(shared + [40, 41], max_tokens=8, rid="prefix-a")
     h.add(5, max_tokens=8, rid="parallel", n=3, temperature=1.0, seed=1)
@@ -353,13 +354,13 @@ def test_rule_the_records_agree_with_the_plans_under_preemption(mode):
     assert not h.scheduler.has_unfinished() and doomed.seqs[0].finish_reason == "abort"
     kinds = {"admitted", "allocated", "cow", "preempted", "finished", "aborted"}
     assert seen >= kinds | ({"swapped_out", "swapped_in"} if mode == "swap" else set()), seen
-    assert finished == seq_ids and h.allocator.num_used == 0 and h.swap.allocator.num_used == 0
+    assert finished == seq_ids and h.allocator.num_used == 0 and h.host.num_used == 0
 
 
 def test_rule_a_chunked_prompt_starts_with_the_blocks_of_its_first_chunk():
     """Budget 5, pool 4: R decodes in 2 blocks, so a 12-token prompt's first chunk is 4 tokens — one block
     — and the 2 free blocks admit it at once, though the whole prompt will need 3."""
-    h = Harness(ChunkedPrefillScheduler, num_blocks=4, max_num_batched_tokens=5)
+    h = Harness(step05, num_blocks=4, max_num_batched_tokens=5)
     h.add(5, max_tokens=6, rid="R")
     h.tick()
     h.add(list(range(100, 112)), max_tokens=1, rid="P")  # no prefix in common with R
@@ -372,7 +373,7 @@ def test_rule_a_chunk_over_a_cached_prefix_counts_the_blocks_past_it():
     starts with those 8 tokens: its first chunk maps them (in use: no free block) and computes its 3 more
     tokens, which need a third block — none is free, so P waits until R is done (then it maps them parked)."""
     prompt = list(range(10, 19))
-    h = Harness(ChunkedPrefillScheduler, num_blocks=3, max_num_batched_tokens=5)
+    h = Harness(step05, num_blocks=3, max_num_batched_tokens=5)
     h.add(prompt, max_tokens=3, rid="R")
     h.tick()
     h.add(prompt[:8] + [60, 61, 62], max_tokens=1, rid="P")
@@ -386,7 +387,7 @@ def test_rule_a_recomputed_group_comes_back_when_every_sequence_fits():
     """Pool 4, recompute: G (``n=2``, one prompt token) is preempted beside A, and its two sequences —
     each to recompute its own tokens — come back only when the blocks of both fit, not of one: every
     request then finishes its 8 tokens, none ended for want of a block."""
-    h = Harness(PreemptingScheduler, num_blocks=4, swap_blocks=0, preemption_mode="recompute")
+    h = Harness(step05, num_blocks=4, swap_blocks=0, preemption_mode="recompute")
     h.add([3], max_tokens=8, rid="A")
     h.add([100], max_tokens=8, rid="G", n=2, temperature=1.0, seed=3)
     history = h.run(max_iterations=200)
@@ -394,3 +395,44 @@ def test_rule_a_recomputed_group_comes_back_when_every_sequence_fits():
     assert any("G" in it.kinds("preempted") for it in history) and len(back) == 2
     assert {r: [len(o.token_ids) for o in out.outputs] for r, out in h.outputs.items()} == {"A": [8], "G": [8, 8]}
     assert all(out.error is None for out in h.outputs.values())
+
+
+def test_rule_a_decode_is_never_skipped_for_a_prompt_chunk():
+    """The loop serves the decodes first, then the prompt chunks: P (older, 12 tokens, chunks of at most
+    3) and D (newer, 2 tokens) start together; then with a budget of 3 tokens D still decodes its token,
+    first in the plan, and P's chunk takes the 2 that are left — not P's 3 and no token for D."""
+    h = Harness(step05, num_blocks=16, max_num_batched_tokens=6, chunking=ChunkedPrefill(3))
+    p = h.add(12, max_tokens=4, rid="P")
+    d = h.add(2, max_tokens=4, rid="D")
+    first = h.tick()
+    assert first.kinds("admitted") == ["P", "D"] and first.plan.query_lens == [3, 2]
+    h.scheduler.max_num_batched_tokens = 3
+    plan = h.tick().plan
+    assert plan.seq_ids == [d.seqs[0].seq_id, p.seqs[0].seq_id] and plan.query_lens == [1, 2]
+
+
+def test_rule_a_newcomer_starts_while_a_long_prompt_is_mid_prefill():
+    """With chunks of at most 4 tokens a 40-token prompt leaves room in a budget of 8: a request that
+    arrives after its first chunk is admitted in the very next iteration, beside the second chunk, and
+    draws its token there; without the cap the prompt takes the whole budget and the newcomer waits
+    until the prompt is done (5 iterations)."""
+    h = Harness(step05, num_blocks=32, max_num_batched_tokens=8, chunking=ChunkedPrefill(4))
+    h.add(40, max_tokens=2, rid="long")
+    h.tick()
+    h.add(2, max_tokens=1, rid="new")
+    it = h.tick()
+    assert it.kinds("admitted") == ["new"] and it.plan.query_lens == [4, 2] and h.outputs["new"].finished
+    uncapped = Harness(step05, num_blocks=32, max_num_batched_tokens=8)
+    uncapped.add(40, max_tokens=2, rid="long")
+    uncapped.tick()
+    uncapped.add(2, max_tokens=1, rid="new")
+    waits = 0
+    while not uncapped.tick().kinds("admitted"):
+        waits += 1
+    assert waits == 4 and uncapped.last.plan.query_lens[-1] == 2
+
+
+def test_rule_the_long_prefill_cap_is_an_int_of_zero_or_more():
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="long_prefill_token_threshold must be an int >= 0"):
+            ChunkedPrefill(bad)

@@ -34,9 +34,9 @@ def test_snapshot_equals_host_pool_and_swapped_tables_under_swap(model):
     def observe(eng, plan, results):
         snap = eng.kv_snapshot()
         check_device(eng, snap)
-        swapped = {r.request_id: [s.block_table for s in r.seqs] for r in eng.swapped}
-        assert_pool_matches(snap["pools"]["host"], eng.swap.allocator, snap, swapped)
-        assert_tables_match(snap, {"waiting": eng.waiting, "running": eng.running, "swapped": eng.swapped})
+        swapped = {r.request_id: [s.block_table for s in r.seqs] for r in eng.scheduler.swapped}
+        assert_pool_matches(snap["pools"]["host"], eng.scheduler.kv.host, snap, swapped)
+        assert_tables_match(snap, {"waiting": eng.scheduler.waiting, "running": eng.scheduler.running, "swapped": eng.scheduler.swapped})
         for i in snap["queues"]["swapped"]:
             assert {s["pool"] for s in snap["requests"][i]["seqs"] if s["table"]} == {"host"}
         assert sum(snap["pools"]["host"]["used"]) == snap["stats"]["swap_blocks_used"]
@@ -52,5 +52,5 @@ def test_snapshot_equals_host_pool_and_swapped_tables_under_swap(model):
             break
         engine.step()
     assert not engine.has_unfinished()
-    assert engine.preemptions["swap"] > 0 and seen["swapped_listed"] > 0, (engine.preemptions, seen)
+    assert engine.scheduler.preemptions["swap"] > 0 and seen["swapped_listed"] > 0, (engine.scheduler.preemptions, seen)
     assert seen["host_shared"] > 0  # the pair's shared prompt block stayed shared in host memory

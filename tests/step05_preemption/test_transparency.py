@@ -53,8 +53,8 @@ def run(model, **kw):
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = [o.token_ids for o in out.outputs]
-    assert engine.allocator.num_used == 0, "device blocks leaked"
-    assert engine.swap.allocator.num_used == 0, "host blocks leaked"
+    assert engine.scheduler.kv.allocator.num_used == 0, "device blocks leaked"
+    assert engine.scheduler.kv.host.num_used == 0, "host blocks leaked"
     return done, engine
 
 
@@ -122,8 +122,8 @@ def _run_observed(model, **kw):
             if out.finished:
                 done[out.request_id] = [o.token_ids for o in out.outputs]
         kinds.update(e.kind for e in engine.events)
-    assert engine.allocator.num_used == 0, "device blocks leaked"
-    assert engine.swap.allocator.num_used == 0, "host blocks leaked"
+    assert engine.scheduler.kv.allocator.num_used == 0, "device blocks leaked"
+    assert engine.scheduler.kv.host.num_used == 0, "host blocks leaked"
     return done, kinds
 
 

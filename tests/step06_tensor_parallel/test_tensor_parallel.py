@@ -86,7 +86,7 @@ def run(engine, tag, mode):
                     done[out.request_id.split("-", 1)[1]] = [o.token_ids for o in out.outputs]
     finally:
         engine.remove_observer(record)
-    assert engine.allocator.num_used == 0 and engine.swap.allocator.num_used == 0, "blocks leaked"
+    assert engine.scheduler.kv.allocator.num_used == 0 and engine.scheduler.kv.host.num_used == 0, "blocks leaked"
     assert sum(engine.stats()["preemptions"].values()) - before >= 3, "the pool did not force preemption"
     return done, [pickle.loads(p) for p in plans]
 
@@ -99,7 +99,7 @@ def assert_kv_is_head_slice(ref, tp):
     for r, (kv, swap) in enumerate(ranks):
         heads = slice(r * h, (r + 1) * h)
         torch.testing.assert_close(kv, ref.kv_cache.data[:, :, :, :, heads], **FLOAT64)
-        torch.testing.assert_close(swap, ref.swap.cache.data[:, :, :, :, heads], **FLOAT64)
+        torch.testing.assert_close(swap, ref.runner.swap_cache.data[:, :, :, :, heads], **FLOAT64)
     assert ranks[0][0].abs().sum() > 0  # the runs really wrote K/V
 
 

@@ -1,31 +1,35 @@
-"""The block manager: fork / append / free over shared blocks, with prefix caching (paper §4.4).
+"""The KV manager of step04: fork / append / free over shared blocks, with prefix caching (paper §4.4).
 
 The paper's three primitives, on top of step01's allocator and step02's tables:
 
-* ``fork(table)`` — a child mapping the same blocks (``CowBlockTable.fork``);
-* ``append`` — slots for new tokens, copy-on-write when the last block is
-  shared (``CowBlockTable.append``); the copies are collected for the plan;
-* ``free(table)`` — drop one reference per block.
+* ``fork(seq)`` — a child table mapping the same blocks (``CowBlockTable.fork``);
+* ``allocate`` — slots for new tokens, copy-on-write when the last block is
+  shared (``CowBlockTable.append``); the copies are collected for the plan
+  (``take_copies``);
+* ``free(seq)`` — drop one reference per block.
 
 Prefix caching (``prefix_cache.py``) plugs in at two points: ``allocate_prompt``
 maps the cached full blocks of a prompt before allocating the rest, and
-``register_full_blocks`` names a table's blocks once their K/V is written.
-The block holding the last prompt token is never taken from the cache: it is
-always computed, so the prompt's logits exist and generated tokens never write
-into a block another request may be reading.
+``register_full_blocks`` names a table's blocks once their K/V is written
+(``written``). The block holding the last prompt token is never taken from the
+cache: it is always computed, so the prompt's logits exist and generated
+tokens never write into a block another request may be reading.
 
-Extends: composes ``CowBlockTable`` and ``CachingBlockAllocator``.
+Extends: ``paged.step03_attention.kv_manager.KVManager`` (it stays the one owner
+of every table and block); composes ``CowBlockTable`` and ``CachingBlockAllocator``.
 """
 
 from __future__ import annotations
 
 from paged.step01_allocator import BlockAllocator, OutOfBlocksError
+from paged.step02_block_table import Sequence
+from paged.step03_attention.kv_manager import KVManager
 from paged.step04_sharing.cow_table import CowBlockTable
 from paged.step04_sharing.prefix_cache import CachingBlockAllocator
 
 
-class BlockManager:
-    """Owns the device block pool and every table's sharing and caching.
+class SharingKVManager(KVManager):
+    """``KVManager`` whose tables share blocks: forks, copy-on-write and the prefix cache.
 
     Args:
         num_blocks: physical blocks in the pool.
@@ -36,21 +40,58 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  free_order=None) -> None:
-        self.block_size = block_size
         self.caching = enable_prefix_caching
-        cls = CachingBlockAllocator if enable_prefix_caching else BlockAllocator
-        self.allocator: BlockAllocator = cls(num_blocks, free_order)
+        super().__init__(num_blocks, block_size, free_order)
 
-    @property
-    def num_free(self) -> int:
-        return self.allocator.num_free
+    def _pool(self, num_blocks: int, free_order) -> BlockAllocator:
+        return (CachingBlockAllocator if self.caching else BlockAllocator)(num_blocks, free_order)
 
-    def new_table(self, reuse_cached: bool = True) -> CowBlockTable:
-        """An empty table; with ``reuse_cached=False`` its prompt maps no cached block."""
+    def new_table(self, req=None, reuse_cached: bool | None = None) -> CowBlockTable:
+        """An empty table. Its prompt maps no cached block when ``reuse_cached`` is False — by default,
+        for a request that wants prompt logprobs (cached blocks have no logits)."""
         table = CowBlockTable(self.allocator, self.block_size)
+        if reuse_cached is None:
+            reuse_cached = req is None or req.params.prompt_logprobs is None
         table.reuse_cached = reuse_cached
         return table
 
+    # -- the scheduler's questions -------------------------------------------------
+    def blocks_needed(self, work) -> int:
+        """As step03, but a sequence with no K/V yet (a new prompt or a recomputation) maps its
+        cached prompt blocks first: a hit on a block in use takes no free block."""
+        need = 0
+        for seq, n in work:
+            table = seq.block_table
+            if table.num_tokens == 0:
+                need += self.blocks_needed_for_prompt(seq.token_ids, n, table.reuse_cached)
+            else:
+                need += table.slots_for(n)
+        return need
+
+    # --8<-- [start:allocate]
+    def allocate(self, seq: Sequence, n: int) -> tuple[int, list[int], int]:
+        """A sequence with no K/V yet maps the cached blocks of its prompt, then gets slots for the rest."""
+        table = seq.block_table
+        if table.num_tokens > 0:
+            return super().allocate(seq, n)
+        cached, slots = self.allocate_prompt(table, seq.token_ids, n)
+        return cached, slots, cached
+    # --8<-- [end:allocate]
+
+    def take_copies(self, seq: Sequence) -> list[tuple[int, int]]:
+        """The copy-on-writes ``seq``'s table queued since the last call, oldest first."""
+        return seq.block_table.take_copies()
+
+    def written(self, seq: Sequence) -> None:
+        """Name every full block of ``seq`` whose K/V is now written, for later prompts to find."""
+        if self.has_unnamed_full_blocks(seq.block_table):
+            self.register_full_blocks(seq.block_table, seq.token_ids)
+
+    def fork(self, seq: Sequence) -> CowBlockTable:
+        """A child table of ``seq``'s: the same blocks, each with one more reference; no K/V copied."""
+        return seq.block_table.fork()
+
+    # -- the prefix cache ----------------------------------------------------------
     def _cacheable_blocks(self, prompt: list[int]) -> int:
         """Full prompt blocks that lie wholly before the block of the last prompt token."""
         return (len(prompt) - 1) // self.block_size
@@ -110,7 +151,7 @@ class BlockManager:
     def has_unnamed_full_blocks(self, table: CowBlockTable) -> bool:
         """Whether ``register_full_blocks`` has anything to do (cheap: no token list needed).
 
-        Most decode steps fill no block, so the engine asks this before building
+        Most decode steps fill no block, so the scheduler asks this before building
         a sequence's token list.
         """
         return self.caching and table.num_tokens // self.block_size > len(table.hashes)
@@ -125,12 +166,9 @@ class BlockManager:
             parent = hashes[-1] if hashes else None
             hashes.append(self.allocator.register(table.blocks[i], parent, tuple(token_ids[i * b:(i + 1) * b])))
 
-    def fork(self, table: CowBlockTable) -> CowBlockTable:
-        return table.fork()
-
-    def free(self, table: CowBlockTable) -> None:
-        table.free()
-
     def hit_rate(self) -> float:
         a = self.allocator
         return a.hits / a.queries if self.caching and a.queries else 0.0
+
+    def usage(self, seqs) -> dict:
+        return {**super().usage(seqs), "prefix_cache_hit_rate": self.hit_rate()}
