@@ -86,7 +86,7 @@ QUESTIONS = (
 
 def chat_prompts(llm) -> tuple[list[list[int]], list[int]]:
     """Each question as prompt ids through the model's chat template, and the template's end-of-turn ids."""
-    from paged.serve.chat import ChatRenderer
+    from paged.serve.chat_template import ChatRenderer
 
     model = llm.model
     if model.chat_template is None:

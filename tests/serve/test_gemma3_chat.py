@@ -53,7 +53,7 @@ def test_gemma3_chat_equals_transformers_on_the_same_file(replies):
     from transformers import AutoModelForCausalLM
 
     from paged.models import load_model
-    from paged.serve.chat import ChatRenderer
+    from paged.serve.chat_template import ChatRenderer
 
     ours = load_model(PATH, dtype="float32")  # the tokenizer and template the server used (its cache entry)
     renderer = ChatRenderer(ours.tokenizer, ours.chat_template, ours.special_tokens)
