@@ -12,6 +12,7 @@ back. No downloads.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import gguf
@@ -28,15 +29,43 @@ _HF_TO_GGUF_LAYER = {
     "mlp.down_proj": "ffn_down",
 }
 _HF_TO_GGUF_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+_QK_NORMS = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+_GEMMA = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+          "post_feedforward_layernorm": "post_ffw_norm"}
+_ARCH_LAYER = {"qwen3": _QK_NORMS, "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+               "gemma2": _GEMMA, "gemma3": {**_GEMMA, **_QK_NORMS}}
 
 
-def gguf_name(hf_name: str) -> str:
-    """``model.layers.3.self_attn.q_proj.weight`` -> ``blk.3.attn_q.weight`` (llama.cpp's name)."""
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
+    """``model.layers.3.self_attn.q_proj.weight`` -> ``blk.3.attn_q.weight`` (llama.cpp's name for ``arch``)."""
     stem, _, kind = hf_name.rpartition(".")
     if stem in _HF_TO_GGUF_GLOBAL:
         return f"{_HF_TO_GGUF_GLOBAL[stem]}.{kind}"
     _, _, layer, module = stem.split(".", 3)
-    return f"blk.{layer}.{_HF_TO_GGUF_LAYER[module]}.{kind}"
+    names = {**_HF_TO_GGUF_LAYER, **_ARCH_LAYER.get(arch, {})}
+    return f"blk.{layer}.{names[module]}.{kind}"
+
+
+def llama3_rope_factors(hf_config: dict) -> np.ndarray | None:
+    """llama.cpp's converter's ``rope_freqs``: Llama 3.1's bands as one divisor per frequency (None without)."""
+    rope = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
+    if rope.get("rope_type") != "llama3":
+        return None
+    dim = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
+    freqs = 1.0 / (rope.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    original = rope["original_max_position_embeddings"]
+    factors = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            factors.append(1.0)
+        elif wavelen > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def permute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -56,6 +85,9 @@ def write_gguf(
     chat_template: str | None = None,
     tensor_types: dict[str, gguf.GGMLQuantizationType] | None = None,
     tokenizer_pre: str = "gpt2",
+    extra_tensors: dict[str, np.ndarray] | None = None,
+    sentencepiece: tuple[list[str], list[float], list[int]] | None = None,
+    raw_tensors: dict[str, tuple[gguf.GGMLQuantizationType, np.ndarray]] | None = None,
 ) -> Path:
     """Write ``state_dict`` (Hugging Face names) as a GGUF file of architecture ``arch``.
 
@@ -64,6 +96,11 @@ def write_gguf(
         tokenizer_json: a byte-level BPE ``tokenizer.json`` whose vocabulary and merges go into the metadata.
         tensor_types: per GGUF tensor name, a type to write that tensor in instead (raw values, no conversion).
         tokenizer_pre: ``tokenizer.ggml.pre``, the name of the split rule applied before BPE.
+        extra_tensors: GGUF name -> float32 array, written as they are (tensors of no Hugging Face name).
+        raw_tensors: per GGUF tensor name, ``(type, bytes [rows, bytes per row])`` written instead of the
+            state dict's values (e.g. K-quant blocks, which ``gguf`` cannot quantize).
+        sentencepiece: ``(pieces, scores, types)`` of a SentencePiece vocabulary (``tokenizer.ggml.model =
+            llama``; BOS ``<s>`` or ``<bos>``, EOS, unknown ``<unk>``), instead of ``tokenizer_json``.
     """
     heads, kv_heads = hf_config["num_attention_heads"], hf_config.get("num_key_value_heads") or hf_config[
         "num_attention_heads"]
@@ -74,25 +111,55 @@ def write_gguf(
     writer.add_feed_forward_length(hf_config["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(float(hf_config.get("rope_theta", 10000.0)))
+    rope = hf_config.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3 keeps one set per layer type: the file has the global one
+    writer.add_rope_freq_base(float(rope.get("rope_theta", hf_config.get("rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(float(hf_config["rms_norm_eps"]))
     head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
+    if hf_config.get("sliding_window") and arch in ("gemma2", "gemma3", "phi3"):
+        writer.add_sliding_window(hf_config["sliding_window"])
+    if arch == "gemma2":
+        writer.add_float32("gemma2.attn_logit_softcapping", hf_config["attn_logit_softcapping"])
+        writer.add_float32("gemma2.final_logit_softcapping", hf_config["final_logit_softcapping"])
+    factors = llama3_rope_factors(hf_config) if arch == "llama" else None
+    if factors is not None:
+        writer.add_tensor("rope_freqs.weight", factors)
+    for name, data in (extra_tensors or {}).items():
+        writer.add_tensor(name, data)
     if tokenizer_json is not None:
         _add_tokenizer(writer, tokenizer_json, tokenizer_pre)
+    if sentencepiece is not None:
+        pieces, scores, types = sentencepiece
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(pieces)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_bos_token_id(pieces.index("<bos>" if "<bos>" in pieces else "<s>"))
+        writer.add_eos_token_id(pieces.index("<eos>" if "<eos>" in pieces else "</s>"))
+        writer.add_unk_token_id(pieces.index("<unk>"))
+        writer.add_add_bos_token(True)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for name, tensor in state_dict.items():
         if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and hf_config.get("tie_word_embeddings")):
             continue  # a tied LM head is not written: its absence is how GGUF says "tied"
         data = tensor.detach().to(torch.float32).numpy()
-        if arch != "qwen2" and ".q_proj." in name:
+        permuted = arch in ("llama", "mistral")  # the architectures llama.cpp rotates in adjacent pairs
+        if permuted and ".q_proj." in name:
             data = permute_rows(data, heads)
-        elif arch != "qwen2" and ".k_proj." in name:
+        elif permuted and ".k_proj." in name:
             data = permute_rows(data, kv_heads)
-        gname = gguf_name(name)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            data = data + np.float32(1)  # llama.cpp's Gemma norms multiply by the weight as stored
+        gname = gguf_name(name, arch)
+        if raw_tensors and gname in raw_tensors:
+            kind, raw = raw_tensors[gname]
+            writer.add_tensor(gname, raw, raw_shape=raw.shape, raw_dtype=kind)
+            continue
         if tensor_types and gname in tensor_types:
             writer.add_tensor(gname, data.astype(np.int32), raw_dtype=tensor_types[gname])
             continue

@@ -25,10 +25,19 @@ import transformers
 from paged.models.random_llama import llama_shape
 
 KINDS = ("llama", "llama_tied_bias", "llama3_rope", "llama_linear_rope", "mistral", "qwen2", "opt", "opt_350m")
+# The families whose transformers code computes parts in float32 whatever the model's dtype (Gemma's
+# norms) or that came later: proven in float32 (tests/models/test_families.py).
+FLOAT32_KINDS = ("qwen3", "phi3", "gemma2", "gemma3")
 
 # The tiny LLaMA shape of paged.models.random_llama (hidden 64, 2 layers, 4 query / 2 KV heads, BOS 1,
 # EOS 2), with a vocabulary and MLP width of its own so that no size coincides with another.
 _LLAMA = llama_shape(vocab_size=160, intermediate_size=96, max_position_embeddings=128, rms_norm_eps=1e-5)
+
+
+# Gemma's tiny shape: 3 layers (a global one among sliding ones), a window of 16 the prompts outrun.
+_GEMMA = dict(vocab_size=184, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=128, sliding_window=16, rms_norm_eps=1e-6,
+              bos_token_id=2, eos_token_id=1, pad_token_id=0)
 
 
 def hf_config(kind: str) -> transformers.PretrainedConfig:
@@ -61,7 +70,23 @@ def hf_config(kind: str) -> transformers.PretrainedConfig:
             max_position_embeddings=128, do_layer_norm_before=False, word_embed_proj_dim=32,
             pad_token_id=1, bos_token_id=2, eos_token_id=2,
         )
-    raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
+    if kind == "qwen3":  # per-head q/k norms; a head_dim that is not hidden / heads
+        return transformers.Qwen3Config(**{**_LLAMA, "vocab_size": 176}, head_dim=24, attention_bias=False)
+    if kind == "phi3":  # fused qkv / gate_up in the checkpoint, LongRoPE, a window of 48 on every layer
+        rope = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.1 * i for i in range(8)],
+                    long_factor=[2.0 + 0.5 * i for i in range(8)], original_max_position_embeddings=64)
+        return transformers.Phi3Config(**{**_LLAMA, "vocab_size": 168}, rope_parameters=rope, sliding_window=48,
+                                       original_max_position_embeddings=64, pad_token_id=0)
+    if kind == "gemma2":  # alternating window-16 / global layers, small caps so that soft-capping bites
+        return transformers.Gemma2Config(**_GEMMA, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                                         final_logit_softcapping=3.0)
+    if kind == "gemma3":  # q/k norms, a global layer between sliding ones, two RoPE bases
+        return transformers.Gemma3TextConfig(**_GEMMA, query_pre_attn_scalar=20,
+                                             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                              "sliding_attention": {"rope_type": "default",
+                                                                                    "rope_theta": 1e4}})
+    raise ValueError(f"unknown kind {kind!r}; one of {KINDS + FLOAT32_KINDS}")
 
 
 def build_hf_model(kind: str, seed: int = 0, **overrides) -> transformers.PreTrainedModel:
@@ -70,7 +95,7 @@ def build_hf_model(kind: str, seed: int = 0, **overrides) -> transformers.PreTra
     config = hf_config(kind)
     for key, value in overrides.items():
         setattr(config, key, value)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = "eager" if kind == "gemma2" else "sdpa"  # SDPA has no soft-capping
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
     gen = torch.Generator().manual_seed(seed)

@@ -49,6 +49,9 @@ def test_layering_every_all_name_exists():
 # -- import direction ------------------------------------------------------------------
 PAGED = Path(paged.__file__).resolve().parent
 BELOW_THE_STEPS = ("paged.models", "paged.kernels", "paged.sampling", "paged.errors", "paged._lazy")  # what a step may import
+# Below the steps, a ladder too: a package imports only packages on a floor under its own (kernels hold the
+# contiguous oracle that the models' reference attention and the kernels' fallback both call).
+FLOOR_BELOW_THE_STEPS = {"paged.errors": 0, "paged._lazy": 0, "paged.kernels": 1, "paged.sampling": 2, "paged.models": 2}
 ABOVE_THE_STEPS = ("paged.bench", "paged.serve", "paged.demo")  # what no step may import
 
 
@@ -90,16 +93,24 @@ def _step_number(name: str) -> int | None:
     return None
 
 
+def _floor_below_the_steps(name: str) -> int | None:
+    """The floor of the package below the steps that holds ``name`` (``FLOOR_BELOW_THE_STEPS``), else None."""
+    return next((floor for p, floor in FLOOR_BELOW_THE_STEPS.items() if _within(name, p)), None)
+
+
 def upward_imports(folder: Path) -> list[str]:
     """The imports under ``folder`` (a step, ``paged/models`` or ``paged/kernels``) that point up the ladder.
 
     Step N may import steps < N, itself, and what lies below the steps (``paged.models``,
-    ``paged.kernels``, ``paged.sampling``, ``paged.errors``); those import no step. Nothing of them imports ``paged`` itself (it is
-    the top of the ladder), ``paged.bench``, ``paged.serve`` or ``paged.demo``.
+    ``paged.kernels``, ``paged.sampling``, ``paged.errors``); those import no step, and each of them only
+    itself and the packages on a floor under its own (``FLOOR_BELOW_THE_STEPS``: ``paged.kernels`` imports no
+    ``paged.models``). Nothing of them imports ``paged`` itself (it is the top of the ladder), ``paged.bench``,
+    ``paged.serve`` or ``paged.demo``.
     """
     bad = []
     for path, module in _modules(folder):
         own = _step_number(module)
+        own_floor = _floor_below_the_steps(module)
         for line, name in _imports(path, module):
             if not _within(name, "paged"):
                 continue
@@ -108,6 +119,9 @@ def upward_imports(folder: Path) -> list[str]:
                 ok = own is not None and step <= own
             else:
                 ok = any(_within(name, p) for p in BELOW_THE_STEPS)
+                floor = _floor_below_the_steps(name)
+                if ok and own_floor is not None and name.split(".")[:2] != module.split(".")[:2]:
+                    ok = floor < own_floor
             if not ok:
                 bad.append(f"{path.relative_to(PAGED.parent)}:{line} imports {name}")
     return bad
@@ -127,23 +141,114 @@ def test_layering_imports_point_down_the_ladder(folder):
 
 
 def test_layering_check_sees_an_upward_import_inside_a_function(tmp_path):
-    """The checker itself: a lazy ``paged.bench`` import in a step, and a step import in ``paged.models``
-    or ``paged.sampling``, are each reported (``paged.errors`` from ``paged.sampling`` is not)."""
+    """The checker itself: a lazy ``paged.bench`` import in a step, a step import in ``paged.models``
+    or ``paged.sampling``, and a lazy ``paged.models`` import in ``paged.kernels`` are each reported
+    (``paged.errors`` from ``paged.sampling`` and ``paged.kernels`` from ``paged.models`` are not)."""
     step = tmp_path / "paged" / "step03_attention"
     models = tmp_path / "paged" / "models"
     step.mkdir(parents=True)
     models.mkdir()
     (step / "tool.py").write_text("import torch\n\ndef f():\n    from paged.bench import sharing\n")
-    (models / "x.py").write_text("from ..step02_block_table import KVCache\nfrom . import config\n")
+    (models / "x.py").write_text("from ..step02_block_table import KVCache\nfrom . import config\n"
+                                 "from paged.kernels.contiguous import causal_attention\n")
+    kernels = tmp_path / "paged" / "kernels"
+    kernels.mkdir()
+    (kernels / "k.py").write_text("from paged.kernels import cpu\n\ndef f():\n    from paged.models.contiguous import x\n")
     global PAGED
     saved, PAGED = PAGED, tmp_path / "paged"
     try:
         assert upward_imports(step) == ["paged/step03_attention/tool.py:4 imports paged.bench.sharing"]
         assert upward_imports(models) == ["paged/models/x.py:1 imports paged.step02_block_table.KVCache"]
+        assert upward_imports(kernels) == ["paged/kernels/k.py:4 imports paged.models.contiguous.x"]
         sampling = tmp_path / "paged" / "sampling"
         sampling.mkdir()
         (sampling / "y.py").write_text("from paged.errors import RequestError\nfrom paged.step03_attention.plan import StepPlan\n")
         assert upward_imports(sampling) == ["paged/sampling/y.py:2 imports paged.step03_attention.plan.StepPlan"]
+    finally:
+        PAGED = saved
+
+
+# -- no import circles ----------------------------------------------------------------------------
+# Circles still owed, each a frozenset of modules: step06's hosts.py takes WorkerError from worker_group.py
+# (inside a function) while worker_group.py takes LOST_AFTER_S from hosts.py. Empty when that is undone;
+# the test below fails on any other circle, and on this one's absence until the line goes.
+OWED_CIRCLES = [frozenset({"paged.step06_tensor_parallel.hosts", "paged.step06_tensor_parallel.worker_group"})]
+
+
+def import_graph(folder: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ``folder`` it imports (read from the AST: lazy imports count).
+
+    ``from X import Y`` points at ``X.Y`` when that is a module of the tree, else at ``X``; importing a
+    module does not count as importing its parent package (a package's ``__init__`` is its face).
+    """
+    modules = dict((module, path) for path, module in _modules(folder))
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for _, name in _imports(path, module):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def import_circles(folder: Path) -> list[frozenset[str]]:
+    """The sets of modules under ``folder`` that import each other in a loop (strongly connected
+    components of more than one module, Tarjan's algorithm), sorted."""
+    graph = import_graph(folder)
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found, key=sorted)
+
+
+def test_layering_paged_has_no_import_circle():
+    """From the AST (lazy imports count): no two modules of ``paged/`` import each other, directly or
+    around a loop, but the circles still owed (``OWED_CIRCLES``)."""
+    assert import_circles(PAGED) == OWED_CIRCLES
+
+
+def test_layering_circle_check_sees_a_circle_through_a_lazy_import(tmp_path):
+    """The checker itself: a loop of three modules closed by an import inside a function is one circle;
+    a module importing its own package's face, and a chain without a loop, are none."""
+    models = tmp_path / "paged" / "models"
+    models.mkdir(parents=True)
+    (models / "__init__.py").write_text("from paged.models.a import f\n")
+    (models / "a.py").write_text("from paged.models import b\n\ndef f():\n    pass\n")
+    (models / "b.py").write_text("from paged.models.c import g\n")
+    (models / "c.py").write_text("def g():\n    from paged.models.a import f\n")
+    (models / "d.py").write_text("import paged.models\nfrom paged.models.c import g\n")
+    global PAGED
+    saved, PAGED = PAGED, tmp_path / "paged"
+    try:
+        assert import_circles(PAGED) == [frozenset({"paged.models.a", "paged.models.b", "paged.models.c"})]
+        (models / "c.py").write_text("def g():\n    pass\n")
+        assert import_circles(PAGED) == []
     finally:
         PAGED = saved
 

@@ -93,8 +93,9 @@ def start_server(port: int, api_key: str | None, log) -> subprocess.Popen:
            "--max-num-seqs", "32", "--seed", "0"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PAGED_API_KEY", None)
-    if api_key:
-        env["PAGED_API_KEY"] = api_key
+    env.pop("PAGED_KV_VIEW_KEY", None)
+    if api_key:  # the page's data needs the operator's key; this check is both client and operator
+        env["PAGED_API_KEY"] = env["PAGED_KV_VIEW_KEY"] = api_key
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

@@ -34,6 +34,8 @@
 // Every output element is summed in the same order wherever it falls (which
 // row of x, how many rows, which thread), so a row's result does not depend on
 // the batch. Without AVX-512 VNNI, the same sums run on scalars.
+//
+// Q4_K and Q6_K (super-blocks of 256 weights, read in place): quant_linear_k.h.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -74,17 +76,26 @@ struct RowLayout {
   int64_t d_offset, m_offset;
 
   RowLayout(int64_t type, int64_t K) {
+    if (is_k(type)) {  // super-blocks as stored; blocks: of the activations (32 each)
+      blocks = K / QK;
+      q_bytes = d_offset = m_offset = 0;
+      row_bytes = K / 256 * (type == kQ4_K ? 144 : 210);
+      return;
+    }
     blocks = K / QK + (K / QK) % 2;
     q_bytes = type == kQ8_0 ? 32 : 16;
     d_offset = blocks * q_bytes;
     m_offset = d_offset + blocks * 2;
     row_bytes = m_offset + (type == kQ4_1 ? blocks * 2 : 0);
   }
+
+  static constexpr bool is_k(int64_t type) { return type == kQ4_K || type == kQ6_K; }
 };
 
 void check_type(int64_t type) {
-  TORCH_CHECK_VALUE(type == kQ4_0 || type == kQ4_1 || type == kQ8_0, "unsupported GGUF block type ", type,
-                    "; supported: 2 (Q4_0), 3 (Q4_1), 8 (Q8_0)");
+  TORCH_CHECK_VALUE(type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || RowLayout::is_k(type),
+                    "unsupported GGUF block type ", type,
+                    "; supported: 2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K)");
 }
 
 inline float half_at(const uint8_t* p) {
@@ -283,6 +294,8 @@ void dot_cols(const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, fl
   }
 }
 
+#include "quant_linear_k.h"
+
 template <typename T, int64_t TYPE>
 void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, at::Tensor& y) {
   const RowLayout L(TYPE, K);
@@ -295,7 +308,7 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
   auto row_of = [&](int64_t m) { return QuantizedRow{q.data() + m * L.blocks * QK, d.data() + m * L.blocks,
                                                       s.data() + m * L.blocks}; };
   at::parallel_for(0, M, std::max<int64_t>(1, 8192 / K), [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) quantize_row(x0 + m * ld, K, L, TYPE != kQ8_0, row_of(m));
+    for (int64_t m = begin; m < end; ++m) quantize_row(x0 + m * ld, K, L, TYPE != kQ8_0 && !RowLayout::is_k(TYPE), row_of(m));
   });
   const int64_t tiles = (N + TILE_N - 1) / TILE_N;
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WEIGHTS / (TILE_N * K * M));
@@ -306,11 +319,15 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
       const uint8_t* rows = w0 + n0 * L.row_bytes;
       for (int64_t m = 0; m < M; ++m) {
         const QuantizedRow xr = row_of(m);
-        switch (cols) {
-          case 4: dot_cols<TYPE, 4>(rows, L, xr, out); break;
-          case 3: dot_cols<TYPE, 3>(rows, L, xr, out); break;
-          case 2: dot_cols<TYPE, 2>(rows, L, xr, out); break;
-          default: dot_cols<TYPE, 1>(rows, L, xr, out); break;
+        if constexpr (RowLayout::is_k(TYPE)) {
+          for (int64_t c = 0; c < cols; ++c) out[c] = dot_k<TYPE>(rows + c * L.row_bytes, K, xr);
+        } else {
+          switch (cols) {
+            case 4: dot_cols<TYPE, 4>(rows, L, xr, out); break;
+            case 3: dot_cols<TYPE, 3>(rows, L, xr, out); break;
+            case 2: dot_cols<TYPE, 2>(rows, L, xr, out); break;
+            default: dot_cols<TYPE, 1>(rows, L, xr, out); break;
+          }
         }
         for (int64_t c = 0; c < cols; ++c) y0[m * N + n0 + c] = static_cast<T>(out[c]);
       }
@@ -320,8 +337,9 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
 
 void check_packed(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
   check_type(type);
-  TORCH_CHECK_VALUE(N > 0 && K > 0 && K % QK == 0, "a quantized weight needs N > 0 and K a positive multiple of ",
-                    QK, ", got N = ", N, ", K = ", K);
+  const int64_t unit = RowLayout::is_k(type) ? 256 : QK;
+  TORCH_CHECK_VALUE(N > 0 && K > 0 && K % unit == 0, "a quantized weight needs N > 0 and K a positive multiple of ",
+                    unit, ", got N = ", N, ", K = ", K);
   TORCH_CHECK_TYPE(packed.scalar_type() == at::kByte, "packed blocks must be uint8, got ", packed.scalar_type());
   TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.is_contiguous(), "packed blocks must be a contiguous CPU tensor");
   const RowLayout L(type, K);
@@ -348,6 +366,10 @@ at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, i
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const uint8_t* row = w0 + n * L.row_bytes;
+      if (RowLayout::is_k(type)) {
+        dequantize_k_row(row, type, K, o + n * K);
+        continue;
+      }
       for (int64_t b = 0; b < K / QK; ++b) {
         const float d = half_at(row + L.d_offset + 2 * b);
         float* w = o + n * K + b * QK;
@@ -380,6 +402,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
   switch (type) {                                                    \
     case kQ4_0: linear_impl<T, kQ4_0>(x, packed, N, K, y); break;    \
     case kQ4_1: linear_impl<T, kQ4_1>(x, packed, N, K, y); break;    \
+    case kQ4_K: linear_impl<T, kQ4_K>(x, packed, N, K, y); break;    \
+    case kQ6_K: linear_impl<T, kQ6_K>(x, packed, N, K, y); break;    \
     default: linear_impl<T, kQ8_0>(x, packed, N, K, y); break;       \
   }
   if (x.scalar_type() == at::kBFloat16) {

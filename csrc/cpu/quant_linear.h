@@ -9,14 +9,16 @@
 namespace paged {
 
 // GGUF's block type numbers (ggml_type) for the formats the kernel reads.
-constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
 
 // x [M, K] (float32 or bfloat16) times W [N, K] transposed, W given as its
-// GGUF blocks regrouped per row (uint8; paged/models/quantized.py's pack_blocks),
-// x rounded to int8 per block of 32: y [M, N] in x's dtype.
+// GGUF blocks regrouped per row (uint8; paged/models/quantized.py's pack_blocks;
+// K-quants as the file stores them), x rounded to int8 per block of 32: y [M, N]
+// in x's dtype.
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t N, int64_t K);
 
-// W [N, K] as float32: w = d * (q - 8), d * q + m or d * q, each product rounded.
+// W [N, K] as float32: w = d * (q - 8), d * q + m or d * q (K-quants: quant_linear_k.h), each
+// product rounded.
 at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, int64_t K);
 
 // Whether the AVX-512 VNNI kernel was compiled in (else the scalar loops run).

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     from paged.models import load_model
     from paged.models.default import chat_model_path
-    from paged.serve.chat import ChatRenderer
+    from paged.serve.chat_template import ChatRenderer
 
     path = Path(args.model) if args.model else chat_model_path()
     if not path.is_file():

@@ -9,10 +9,10 @@ model on the Python standard library's source (see ``docs/demo_model.md``):
 - :mod:`paged.demo.evaluate` — the held-out loss written into the model card.
 
 ``DEFAULT_MODEL_PATH`` is the shipped Hugging Face folder (package data): config.json,
-model.safetensors, tokenizer files, README.md. ``paged.models`` defines it, so the
+model.safetensors, tokenizer files, README.md. ``paged.models.default`` defines it, so the
 engines (which may not import this package: it sits above them) load it by default.
 """
 
-from paged.models.loader import DEFAULT_MODEL_PATH
+from paged.models.default import DEFAULT_MODEL_PATH
 
 __all__ = ["DEFAULT_MODEL_PATH"]

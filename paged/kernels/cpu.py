@@ -192,7 +192,7 @@ def _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, 
     The same computation as step03's ``reference_attention`` for one query per
     sequence, written against ``paged.models`` only: kernels sit below the steps.
     """
-    from paged.models.contiguous import causal_attention
+    from paged.kernels.contiguous import causal_attention
 
     block_size = key_cache.shape[1]
     out = torch.empty_like(query)  # [S, H, D]

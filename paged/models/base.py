@@ -1,8 +1,11 @@
 """``CausalLM``: what every model in ``paged.models`` promises to the runner and the loader.
 
-The runner calls ``forward(input_ids, positions, attention)`` once per
-iteration over every new token of every sequence, packed (docs/architecture.md, StepPlan), then
-``compute_logits`` on the rows it samples from. The loader asks
+The runner calls ``prepare_for_serving(batch_invariant)`` once, when serving
+starts (the model makes its serving-time choices itself and says what the
+runner must know: ``ServingTraits``), then ``forward(input_ids, positions,
+attention)`` once per iteration over every new token of every sequence,
+packed (docs/architecture.md, StepPlan), then ``compute_logits`` on the rows
+it samples from. The loader asks
 ``checkpoint_layout()`` which Hugging Face tensors fill which parameter:
 module and parameter names follow Hugging Face's, except the fused
 projections listed in ``packed_modules`` (e.g. ``qkv_proj`` <- ``q_proj``,
@@ -11,12 +14,31 @@ projections listed in ``packed_modules`` (e.g. ``qkv_proj`` <- ``q_proj``,
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
 from paged.models.attention import Attention
 from paged.models.config import ModelConfig
-from paged.models.layers import MergedLinear, RotaryEmbedding
+from paged.models.layers import MergedLinear, RotaryEmbedding, prepack_linears
+from paged.models.quantized import QuantizedLinear
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingTraits:
+    """What a runner must know of a model made ready to serve (``CausalLM.prepare_for_serving``).
+
+    Attributes:
+        rows_independent: every linear computes an output row the same way whatever the number of rows
+            (only ``QuantizedLinear`` layers running their kernel alone). Otherwise a one-row GEMM may
+            round differently from the same row among others, and a batch-invariant runner runs a lone
+            token as two rows.
+        packed_linears: how many linears multiply by a oneDNN-packed weight (``prepack_linears``).
+    """
+
+    rows_independent: bool
+    packed_linears: int
 
 
 class CausalLM(nn.Module):
@@ -43,6 +65,25 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         """Hidden states after the last layer (and final norm) for every new token."""
         return self.model(input_ids, positions, attention)
+
+    def prepare_for_serving(self, batch_invariant: bool = False) -> ServingTraits:
+        """Make the serving-time choices once, when the weights are final (the runner calls it before its
+        first step; only inference runs afterwards).
+
+        Quantized linears take one path at every row count in batch-invariant mode (their kernel), or hand
+        batches of many rows to their dense layer otherwise; bfloat16 CPU linears get oneDNN-packed weights.
+        Neither changes a result's bits except as ``ServingTraits.rows_independent`` says.
+
+        Args:
+            batch_invariant: a row's result must not depend on the batch it is in.
+        """
+        quantized = [m for m in self.modules() if isinstance(m, QuantizedLinear)]
+        for layer in quantized:
+            layer.use_kernel_only(batch_invariant)
+        inside = {id(q.dense) for q in quantized}
+        dense = [m for m in self.modules() if isinstance(m, nn.Linear) and id(m) not in inside]
+        independent = bool(quantized) and all(q.rows_independent for q in quantized) and not dense
+        return ServingTraits(rows_independent=independent, packed_linears=prepack_linears(self))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
         """Logits of the rows to sample from (call it on those rows only: the LM head is the widest GEMM)."""

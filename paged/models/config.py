@@ -1,22 +1,18 @@
-"""What a Hugging Face ``config.json`` says about a model, in one dataclass.
+"""What a model is, in one dataclass: ``ModelConfig``, the only thing the model definitions read.
 
-``ModelConfig`` is the only thing the model definitions read. It is parsed
-from the ``config.json`` of a checkpoint folder (``ModelConfig.from_hf``),
-which comes in two dialects: transformers 4 writes ``rope_theta`` and
-``rope_scaling`` at the top level and ``torch_dtype``; transformers 5 writes
-``rope_parameters`` and ``dtype``. Both are read.
+It is parsed from a checkpoint folder's ``config.json`` (``hf_config.parse_hf_config``)
+or from a GGUF file's metadata (``gguf_loader``, through the same parser).
 
-Invariants: ``num_heads % num_kv_heads == 0``; ``rope_scaling`` is ``None`` or
-a dict whose ``rope_type`` is ``"linear"`` or ``"llama3"``; anything this
-package cannot run exactly raises ``ModelLoadError`` here, before a single
-weight is read.
+Invariants: ``num_heads % num_kv_heads == 0``; ``rope_scaling`` is ``None`` or a dict whose
+``rope_type`` is ``"linear"``, ``"llama3"``, ``"longrope"`` or ``"freq_factors"`` with that
+type's parameters; ``layer_types`` is None or names every layer; anything this package cannot
+run exactly raises ``ModelLoadError`` when the config is parsed, before a single weight is read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import torch
 
@@ -25,9 +21,6 @@ class ModelLoadError(ValueError):
     """A checkpoint folder this package cannot load; the message names the file and the problem."""
 
 
-# model_type -> architecture family that implements it.
-SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "opt": "opt"}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _DTYPES = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -55,21 +48,14 @@ def parse_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
     return _DTYPES[name]
 
 
-def _as_id_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The shape and the numerics of a decoder-only model.
 
     Attributes:
-        architecture: ``"llama"`` (Llama, Mistral, Qwen2) or ``"opt"``.
-        model_type: ``config.json``'s ``model_type`` (``"llama"``, ``"mistral"``, ``"qwen2"``, ``"opt"``).
+        architecture: the model class that runs it: ``"llama"`` (Llama, Mistral, Qwen2, Qwen3), ``"phi3"``,
+            ``"gemma"`` (Gemma 2, Gemma 3 text) or ``"opt"``.
+        model_type: ``config.json``'s ``model_type`` (``"llama"``, ``"qwen3"``, ``"gemma3_text"``, ...).
         vocab_size: V, rows of the embedding.
         hidden_size: width of the residual stream.
         num_layers: L.
@@ -80,8 +66,12 @@ class ModelConfig:
         max_position_embeddings: positions the model was built for (rows of the RoPE table / of OPT's
             learned positions).
         rope_theta: RoPE base (LLaMA family).
-        rope_scaling: ``None`` or ``{"rope_type": "linear" | "llama3", ...}`` with that type's parameters.
-        rms_norm_eps: epsilon of RMSNorm (LLaMA family).
+        rope_scaling: ``None`` or ``{"rope_type": ..., ...}`` with that type's parameters: ``linear``
+            (``factor``), ``llama3`` (Llama 3.1's bands), ``longrope`` (Phi-3: ``short_factor``,
+            ``attention_factor``, ``original_max_position_embeddings``) or ``freq_factors`` (a GGUF
+            file's ``rope_freqs``: ``factors``, one divisor per frequency).
+        rope_local_theta: RoPE base of the sliding-window layers when it differs (Gemma 3), else None.
+        rms_norm_eps: epsilon of RMSNorm.
         qkv_bias: q/k/v projections have a bias (Qwen2 always, Llama with ``attention_bias``, OPT with
             ``enable_bias``).
         o_bias: the output projection has a bias.
@@ -90,9 +80,15 @@ class ModelConfig:
         bos_token_id: beginning-of-sequence id or None.
         eos_token_ids: end-of-sequence ids from ``config.json`` (``generation_config.json`` may override).
         torch_dtype: the dtype the checkpoint was saved in, or None.
-        sliding_window: Mistral / Qwen2 sliding-window size when the model uses one, else None. Not
-            implemented as a mask: ``max_model_len`` is capped at the window instead, where full
-            causal attention and sliding-window attention are the same thing.
+        sliding_window: W, when layers attend over a sliding window (a query at position p sees keys
+            p - W + 1 .. p), else None.
+        layer_types: per layer ``"sliding_attention"`` or ``"full_attention"`` (Gemma 2 / 3 interleave
+            them); None: every layer slides when ``sliding_window`` is set.
+        hidden_act: the MLP's gate activation: ``"silu"`` (SwiGLU) or ``"gelu_pytorch_tanh"`` (GeGLU, Gemma).
+        qk_norm: queries and keys are RMS-normalised per head before RoPE (Qwen3, Gemma 3).
+        query_pre_attn_scalar: the softmax scale is this ** -0.5 (Gemma), else ``head_dim ** -0.5``.
+        attn_logit_softcapping: attention scores become ``cap * tanh(score / cap)`` (Gemma 2), else None.
+        final_logit_softcapping: the logits likewise (Gemma 2), else None.
         word_embed_proj_dim: OPT's embedding width (``project_in`` / ``project_out`` when it differs from
             ``hidden_size``).
         do_layer_norm_before: OPT pre-LN (True, most sizes) or post-LN (False, 350m).
@@ -121,6 +117,13 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: torch.dtype | None = None
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None
+    hidden_act: str = "silu"
+    qk_norm: bool = False
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
     word_embed_proj_dim: int | None = None
     do_layer_norm_before: bool = True
     layer_norm_affine: bool = True
@@ -132,137 +135,32 @@ class ModelConfig:
                 f"num_attention_heads={self.num_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_kv_heads}"
             )
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ModelLoadError(f"layer_types names {len(self.layer_types)} layers, the model has {self.num_layers}")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer``, or None when it attends to the whole sequence."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def softmax_scale(self) -> float:
+        """The scale of q·k before the softmax: ``query_pre_attn_scalar ** -0.5`` (Gemma), else ``D ** -0.5``."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def max_model_len(self) -> int:
-        """Longest sequence (prompt + output) this package runs exactly for this model."""
-        return min(self.max_position_embeddings, self.sliding_window or math.inf)
+        """Longest sequence (prompt + output) the paged engine runs exactly for this model.
 
-    @classmethod
-    def from_hf(cls, hf: dict, source: str = "config.json") -> ModelConfig:
-        """Parse a Hugging Face ``config.json`` dict.
-
-        Args:
-            hf: the parsed JSON.
-            source: the file it came from, for error messages.
-
-        Raises:
-            ModelLoadError: unknown ``model_type`` (the message lists the supported ones), a missing
-                key, an unsupported RoPE type or activation.
+        The model's context, capped at the sliding window, where sliding-window and full causal
+        attention agree: the paged attention path does not mask by window yet (the models and
+        ``ContiguousAttention`` do, so the reference runs to ``max_position_embeddings``); and, for
+        LongRoPE, at the original context, where Phi-3 uses its short factors only.
         """
-        model_type = hf.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelLoadError(
-                f"{source}: model_type {model_type!r} is not supported; "
-                f"supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
-            )
-
-        def need(key):
-            if hf.get(key) is None:
-                raise ModelLoadError(f"{source}: missing required key {key!r} for model_type {model_type!r}")
-            return hf[key]
-
-        arch = SUPPORTED_MODEL_TYPES[model_type]
-        common = dict(
-            model_type=model_type,
-            vocab_size=int(need("vocab_size")),
-            hidden_size=int(need("hidden_size")),
-            num_layers=int(need("num_hidden_layers")),
-            num_heads=int(need("num_attention_heads")),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=tuple(_as_id_list(hf.get("eos_token_id"))),
-            torch_dtype=_config_dtype(hf, source),
-        )
-        try:
-            if arch == "opt":
-                return cls._opt(hf, source, need, common)
-            return cls._llama(hf, source, need, common)
-        except ModelLoadError as err:
-            if str(err).startswith(source):
-                raise
-            raise ModelLoadError(f"{source}: {err}") from None
-
-    @classmethod
-    def _llama(cls, hf, source, need, common) -> ModelConfig:
-        act = hf.get("hidden_act", "silu")
-        if act != "silu":
-            raise ModelLoadError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
-        model_type = common["model_type"]
-        theta, scaling = _rope(hf, source)
-        window = hf.get("sliding_window")
-        if model_type == "qwen2":  # Qwen2 ships a window but only uses it when asked to
-            uses = hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or [])
-            window = window if uses else None
-        elif model_type == "llama":
-            window = None
-        bias = bool(hf.get("attention_bias", False))
-        return cls(
-            architecture="llama",
-            num_kv_heads=int(hf.get("num_key_value_heads") or common["num_heads"]),
-            head_dim=int(hf.get("head_dim") or common["hidden_size"] // common["num_heads"]),
-            intermediate_size=int(need("intermediate_size")),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            qkv_bias=True if model_type == "qwen2" else bias,
-            o_bias=False if model_type == "qwen2" else bias,
-            mlp_bias=bool(hf.get("mlp_bias", False)) if model_type == "llama" else False,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            sliding_window=int(window) if window else None,
-            **common,
-        )
-
-    @classmethod
-    def _opt(cls, hf, source, need, common) -> ModelConfig:
-        act = hf.get("activation_function", "relu")
-        if act != "relu":
-            raise ModelLoadError(f"{source}: activation_function {act!r} is not supported (only 'relu')")
-        pre = bool(hf.get("do_layer_norm_before", True))
-        bias = bool(hf.get("enable_bias", True))
-        return cls(
-            architecture="opt",
-            num_kv_heads=common["num_heads"],
-            head_dim=common["hidden_size"] // common["num_heads"],
-            intermediate_size=int(need("ffn_dim")),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-            qkv_bias=bias,
-            o_bias=bias,
-            mlp_bias=bias,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            word_embed_proj_dim=int(hf.get("word_embed_proj_dim") or common["hidden_size"]),
-            do_layer_norm_before=pre,
-            layer_norm_affine=bool(hf.get("layer_norm_elementwise_affine", True)),
-            final_layer_norm=pre and not hf.get("_remove_final_layer_norm", False),
-            **common,
-        )
-
-
-def _config_dtype(hf: dict, source: str) -> torch.dtype | None:
-    raw = hf.get("torch_dtype", hf.get("dtype"))
-    try:
-        return parse_dtype(raw)
-    except ValueError as err:
-        raise ModelLoadError(f"{source}: {err}") from None
-
-
-def _rope(hf: dict, source: str) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling) from either config dialect; refuses RoPE types not implemented."""
-    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
-    rope_type = params.pop("rope_type", params.pop("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ModelLoadError(
-            f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-        )
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ModelLoadError(f"{source}: partial_rotary_factor != 1 is not supported")
-    if rope_type == "default":
-        return theta, None
-    required = {"linear": ["factor"], "llama3": ["factor", "low_freq_factor", "high_freq_factor"]}
-    missing = [k for k in required[rope_type] if k not in params]
-    if missing:
-        raise ModelLoadError(f"{source}: rope type {rope_type!r} needs {', '.join(missing)}")
-    if rope_type == "llama3":
-        params.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 2048))
-    return theta, {"rope_type": rope_type, **params}
+        limit = min(self.max_position_embeddings, self.sliding_window or math.inf)
+        if self.rope_scaling is not None and self.rope_scaling["rope_type"] == "longrope":
+            limit = min(limit, self.rope_scaling["original_max_position_embeddings"])
+        return limit

@@ -4,35 +4,16 @@ This is the test-side path the models are checked with before paging
 exists: before each forward pass ``begin(seq_ids, query_lens)`` says how the
 packed tokens split into sequences; each layer call appends the new keys and
 values to that sequence's contiguous K/V and runs causal scaled-dot-product
-attention over them. The loop over sequences is deliberate and lives only
-here: it is the plain reference the engine's paged path is compared with.
+attention over them (``paged.kernels.contiguous.causal_attention``, the one
+oracle). The loop over sequences is deliberate and lives only here: it is the
+plain reference the engine's paged path is compared with.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-
-def causal_attention(
-    q: torch.Tensor,  # [T_q, H, D]   queries of the last T_q positions
-    k: torch.Tensor,  # [T_k, H_kv, D] every key of the sequence, oldest first
-    v: torch.Tensor,  # [T_k, H_kv, D]
-    scale: float,
-) -> torch.Tensor:  # [T_q, H, D]
-    """Query ``i`` sits at position ``T_k - T_q + i`` and sees keys ``0..`` that position.
-
-    Grouped-query attention by repeating each KV head ``H // H_kv`` times.
-    """
-    t_q, h, _ = q.shape
-    t_k, h_kv, _ = k.shape
-    k = k.repeat_interleave(h // h_kv, dim=1)  # [T_k, H, D]
-    v = v.repeat_interleave(h // h_kv, dim=1)
-    mask = torch.arange(t_k, device=q.device)[None, :] <= torch.arange(t_k - t_q, t_k, device=q.device)[:, None]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
-    )  # [H, T_q, D]
-    return out.transpose(0, 1)
+from paged.kernels.contiguous import causal_attention
 
 
 class ContiguousAttention:
@@ -77,8 +58,10 @@ class ContiguousAttention:
         """
         del self._kv[seq_id]
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """Append ``k``/``v`` per sequence and attend; shapes as in ``Attention``."""
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
+                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        """Append ``k``/``v`` per sequence and attend; shapes and options as in ``Attention``. All keys are
+        kept: a window masks the old ones, it does not drop them."""
         lens = [n for _, n in self._batch]
         if q.shape[0] != sum(lens):
             raise ValueError(f"got {q.shape[0]} tokens but begin() declared {sum(lens)}")
@@ -89,5 +72,5 @@ class ContiguousAttention:
                 k_s, v_s = torch.cat((cached[0], k_s)), torch.cat((cached[1], v_s))
             self._kv[sid][layer] = (k_s, v_s)  # [T_k, H_kv, D] each
             if q_s.shape[0]:
-                outs.append(causal_attention(q_s, k_s, v_s, scale))
+                outs.append(causal_attention(q_s, k_s, v_s, scale, window, softcap))
         return torch.cat(outs) if outs else q.new_empty(q.shape)

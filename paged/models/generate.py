@@ -35,7 +35,9 @@ def greedy_generate(
 
     Raises:
         ValueError: an empty prompt, an id outside the vocabulary, a negative ``max_new_tokens``, or a
-            prompt + output longer than ``model.config.max_model_len`` (nothing runs).
+            prompt + output longer than ``model.config.max_position_embeddings`` (nothing runs). Sliding
+            windows are masked here (``ContiguousAttention``), so this reference runs past the engine's
+            ``max_model_len``.
     """
     cfg = model.config
     if max_new_tokens < 0:
@@ -45,11 +47,9 @@ def greedy_generate(
             raise ValueError(f"prompt {i} is empty")
         if min(p) < 0 or max(p) >= cfg.vocab_size:
             raise ValueError(f"prompt {i} has a token id outside [0, {cfg.vocab_size})")
-        if len(p) + max_new_tokens > cfg.max_model_len:
-            raise ValueError(
-                f"prompt {i}: {len(p)} + {max_new_tokens} tokens exceed max_model_len={cfg.max_model_len}"
-                + (f" (the sliding window {cfg.sliding_window} is not implemented)" if cfg.sliding_window else "")
-            )
+        if len(p) + max_new_tokens > cfg.max_position_embeddings:
+            raise ValueError(f"prompt {i}: {len(p)} + {max_new_tokens} tokens exceed the model's "
+                             f"{cfg.max_position_embeddings} positions (max_position_embeddings)")
     device = next(model.parameters()).device
     eos = set(eos_token_ids or ())
     outputs: list[list[int]] = [[] for _ in prompts]

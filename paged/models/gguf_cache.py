@@ -13,7 +13,7 @@ An entry is one safetensors file: every parameter of the model under its own nam
 fused ``qkv_proj`` and ``gate_up_proj`` included), in the requested dtype, and in the
 file's metadata the rest of what the GGUF file gave (``config.json``'s fields,
 ``tokenizer.json``, the chat template, the special tokens, the warnings of the
-conversion) with a sha256 of all of it.
+conversion, the tensor table) with a sha256 of all of it.
 
 An entry is named by its key, the sha256 of
 
@@ -74,11 +74,13 @@ class Converted:
 
     Attributes:
         weights: parameter name (``model.named_parameters()``) -> CPU tensor in the load's dtype.
-        hf_config: the ``config.json`` fields (``ModelConfig.from_hf`` reads them).
+        hf_config: the ``config.json`` fields (``hf_config.parse_hf_config`` reads them).
         tokenizer_json: the rebuilt tokenizer as ``tokenizer.json`` text, or None when the file has none.
         chat_template: the Jinja chat template, or None.
         special_tokens: the ``bos_token`` / ``eos_token`` strings the template may print.
         warnings: what the conversion warned about, said again at every load.
+        tensors: the file's tensor table (``gguf_reader.tensor_table``): GGUF name -> ``[ggml type,
+            row-major shape, byte offset, byte count]``, where ``quantized`` finds the blocks it keeps.
     """
 
     weights: dict[str, torch.Tensor]
@@ -87,6 +89,7 @@ class Converted:
     chat_template: str | None
     special_tokens: dict[str, str]
     warnings: list[str]
+    tensors: dict[str, list]
 
     def header(self) -> str:
         """Everything but the weights, as JSON text (the entry's metadata)."""

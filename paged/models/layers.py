@@ -1,7 +1,8 @@
 """Building blocks shared by the model definitions: fused linears, RMSNorm, RoPE.
 
 ``Embedding`` is ``nn.Embedding`` that draws no random weights on the meta device.
-``MergedLinear`` is one ``nn.Linear`` that computes several projections in one
+``Linear`` is ``nn.Linear`` that multiplies by a packed copy of its weight once
+it has one (``prepack_linears``). ``MergedLinear`` is one ``Linear`` that computes several projections in one
 GEMM (q|k|v, gate|up) and records the size of each part, so the loader can
 fill each part from its own checkpoint tensor and a tensor-parallel step can
 shard each part column-wise. ``RotaryEmbedding`` precomputes cos/sin for every
@@ -13,8 +14,9 @@ with its residual add, RoPE and SiLU-and-mul run as fused C++ ops
 of eager operations, each with its own allocation. The eager formulas below
 are their specification (``tests/step03_attention/test_fused_ops.py``) and the path of
 every other case (training, float64, CUDA, no compiler). ``prepack_linears``
-gives a served bfloat16 model's linears their weights in oneDNN's blocked
-layout, once, instead of at every GEMM.
+gives a served bfloat16 model's ``Linear`` layers their weights in oneDNN's
+blocked layout, once, instead of at every GEMM; each layer's own ``forward``
+then multiplies by that copy.
 """
 
 from __future__ import annotations
@@ -49,8 +51,23 @@ class Embedding(nn.Embedding):
             super().reset_parameters()
 
 
-class MergedLinear(nn.Linear):
-    """Several column-parallel projections of the same input stacked into one ``nn.Linear``.
+class Linear(nn.Linear):
+    """``nn.Linear`` that, once given a oneDNN-packed copy of its weight (``packed_weight``, set by
+    ``prepack_linears`` when serving starts), multiplies by that copy: the same products, bit for bit,
+    without reordering the weight at every call. Inputs are 2-D ``[T, in]``, as the models pass."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__(in_features, out_features, bias=bias)
+        self.packed_weight: torch.Tensor | None = None  # not a parameter: the plain weight stays the one saved
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.packed_weight is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Several column-parallel projections of the same input stacked into one ``Linear``.
 
     Args:
         in_features: input width.
@@ -80,10 +97,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., N] -> [..., N]
         ops = fused_ops(x)
-        if ops is not None:
-            return ops.add_rms_norm(x, None, self.weight, self.eps)[0]
+        if ops is not None:  # the fused op takes rows: [T, N] (or [T * H, N] for per-head norms)
+            return ops.add_rms_norm(x.reshape(-1, x.shape[-1]), None, self.weight, self.eps)[0].view(x.shape)
         return self.eager(x)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,21 +119,30 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:  # [D/2] float32
+def rope_inverse_frequencies(config: ModelConfig, local: bool = False) -> torch.Tensor:  # [D/2] float32
     """Frequency of each rotated pair, ``theta ** (-2i / D)``, with the config's scaling applied.
 
     Computed in float32, like the tables these checkpoints were trained and
     served with (transformers, vLLM); a float64 model casts the finished table.
-    ``llama3`` scaling (Llama 3.1): wavelengths shorter than
-    ``original / high_freq_factor`` are kept, those longer than
-    ``original / low_freq_factor`` are divided by ``factor``, and the band in
-    between is interpolated smoothly.
+    ``local``: the sliding-window layers' table (Gemma 3: base ``rope_local_theta``, no scaling).
+    Scalings: ``linear`` divides every frequency by ``factor``; ``llama3`` (Llama 3.1)
+    keeps wavelengths shorter than ``original / high_freq_factor``, divides those
+    longer than ``original / low_freq_factor`` by ``factor`` and interpolates the
+    band in between; ``longrope`` (Phi-3) multiplies the wavelengths by its short
+    factors; ``freq_factors`` (a GGUF file's ``rope_freqs``, llama.cpp's form of
+    Llama 3.1's bands) divides each frequency by its factor.
     """
     d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    scaling = config.rope_scaling
+    theta = config.rope_local_theta if local and config.rope_local_theta else config.rope_theta
+    exponents = torch.arange(0, d, 2, dtype=torch.float32) / d
+    scaling = None if local else config.rope_scaling
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        return 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * theta**exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
+    if scaling["rope_type"] == "freq_factors":
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
     factor = scaling["factor"]
     if scaling["rope_type"] == "linear":
         return inv_freq / factor
@@ -136,12 +162,17 @@ class RotaryEmbedding(nn.Module):
 
     The table is a non-persistent buffer: it follows ``.to(device/dtype)`` but
     is not part of a checkpoint; ``reset_table()`` rebuilds it (after the
-    loader materialises a model built on the meta device).
+    loader materialises a model built on the meta device). LongRoPE scales
+    cos and sin by its ``attention_factor``, as transformers does.
+
+    Args:
+        config: the model's config.
+        local: the table of the sliding-window layers (``rope_inverse_frequencies``).
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, local: bool = False):
         super().__init__()
-        self.config = config
+        self.config, self.local = config, local
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.reset_table()
@@ -154,11 +185,14 @@ class RotaryEmbedding(nn.Module):
             self.cos = torch.empty(shape, device=device, dtype=dtype)
             self.sin = torch.empty(shape, device=device, dtype=dtype)
             return
-        inv_freq = rope_inverse_frequencies(self.config).to(device)  # [D/2]
+        inv_freq = rope_inverse_frequencies(self.config, self.local).to(device)  # [D/2]
         pos = torch.arange(self.config.max_position_embeddings, device=device, dtype=torch.float32)
         angles = pos[:, None] * inv_freq[None, :]  # [P, D/2]
-        self.cos = angles.cos().to(dtype)
-        self.sin = angles.sin().to(dtype)
+        cos, sin = angles.cos(), angles.sin()
+        scaling = None if self.local else self.config.rope_scaling
+        if scaling is not None and scaling["rope_type"] == "longrope":
+            cos, sin = cos * scaling["attention_factor"], sin * scaling["attention_factor"]
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate the two halves of each head: pair ``(x[i], x[i + D/2])`` turns by ``pos * inv_freq[i]``.
@@ -199,12 +233,18 @@ def silu_and_mul_eager(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """GeGLU's ``gelu_tanh(gate) * up`` for ``x = gate | up`` (Gemma's MLP; transformers' ``gelu_pytorch_tanh``)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 PREPACK_MAX_BYTES = 2 * 2**30  # packed copies of at most this many weight bytes by default
 PREPACK_BATCH_HINT = 64  # the row count oneDNN picks the blocked layout for (any count runs)
 
 
 def prepack_linears(model: nn.Module) -> int:
-    """Give every bfloat16 CPU ``nn.Linear`` of ``model`` a oneDNN-packed weight; returns how many.
+    """Give every bfloat16 CPU ``Linear`` of ``model`` a oneDNN-packed weight; returns how many.
 
     A plain bfloat16 GEMM reorders its weight into oneDNN's blocked layout at
     every call; a packed copy is reordered once (measured 8-25 % faster GEMMs
@@ -212,10 +252,11 @@ def prepack_linears(model: nn.Module) -> int:
     plain weight stays (the loader, tied embeddings and tensor parallelism
     read it), so packing doubles the linears' weight memory: it happens by
     default only up to ``PREPACK_MAX_BYTES`` of weights;
-    ``PAGED_PREPACK_WEIGHTS=1`` / ``0`` forces it on / off. Call it when the
-    weights are final (after loading); only inference should run afterwards.
+    ``PAGED_PREPACK_WEIGHTS=1`` / ``0`` forces it on / off. Called when the
+    weights are final (``CausalLM.prepare_for_serving``); only inference should
+    run afterwards.
     """
-    linears = [m for m in model.modules() if type(m) in (nn.Linear, MergedLinear)
+    linears = [m for m in model.modules() if isinstance(m, Linear)
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.bfloat16]
     setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
     size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
@@ -223,8 +264,7 @@ def prepack_linears(model: nn.Module) -> int:
         return 0
     for module in linears:
         with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PREPACK_BATCH_HINT)
-        module.forward = functools.partial(_packed_linear, packed, module.bias)
+            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PREPACK_BATCH_HINT)
     return len(linears)
 
 
@@ -240,8 +280,3 @@ def _can_prepack() -> bool:
         logger.info("bfloat16 weight prepacking is not available on this CPU (%s); plain GEMMs run", err)
         return False
     return True
-
-
-def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` with the packed weight (2-D inputs, as the models pass)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

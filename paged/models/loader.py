@@ -13,13 +13,12 @@ projections part by part). With ``shard`` (tensor parallelism, step06) the
 meta model is first cut down to one rank's modules and each parameter reads
 only its slice of the checkpoint tensors (safetensors ``get_slice``), so a
 rank never holds the whole model. A ``.gguf`` file goes through
-``gguf_loader`` instead, which shares this module's model building and
-checkpoint plan.
+``gguf_loader`` instead; both build the model and check the tensors with
+``checkpoint`` (``build_model``, ``plan_checkpoint``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -27,44 +26,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from paged.models.base import CausalLM
 from paged.models.chat_template import read_chat_template
+from paged.models.checkpoint import LoadedModel, build_model, plan_checkpoint
 from paged.models.config import ModelConfig, ModelLoadError, parse_dtype
-from paged.models.gguf_loader import is_gguf, load_gguf
-from paged.models.quantized import QUANTIZATIONS, quantize_linears
-from paged.models.llama import LlamaForCausalLM
-from paged.models.opt import OPTForCausalLM
+from paged.models.gguf_loader import load_gguf
+from paged.models.gguf_reader import is_gguf
+from paged.models.hf_config import parse_hf_config
+from paged.models.quantized import QUANTIZATIONS
 
-DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[1] / "demo" / "model"
-"""The bundled demo checkpoint, loaded when no model is named (``paged.demo`` trains and ships it)."""
-
-MODEL_CLASSES = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}
 INDEX_FILE = "model.safetensors.index.json"
-# Checkpoint entries that carry no weights of ours: old Llama checkpoints saved the RoPE frequencies.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-@dataclasses.dataclass
-class LoadedModel:
-    """What ``load_model`` returns.
-
-    Attributes:
-        model: the ``CausalLM`` in eval mode.
-        config: its ``ModelConfig``.
-        tokenizer: a ``tokenizers.Tokenizer`` from ``tokenizer.json``, or None when the folder has none.
-        eos_token_ids: ids that end generation (``generation_config.json``, else ``config.json``).
-        path: the folder (or GGUF file) it came from.
-        chat_template: the Jinja chat template, or None when the checkpoint has none.
-        special_tokens: the ``bos_token`` / ``eos_token`` strings the template may print.
-    """
-
-    model: CausalLM
-    config: ModelConfig
-    tokenizer: object | None
-    eos_token_ids: list[int]
-    path: Path
-    chat_template: str | None = None
-    special_tokens: dict = dataclasses.field(default_factory=dict)
 
 
 def _read_json(path: Path) -> dict:
@@ -83,7 +53,7 @@ def read_config(path: str | Path) -> ModelConfig:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{config_file}: missing (a checkpoint folder needs config.json)")
-    return ModelConfig.from_hf(_read_json(config_file), source=str(config_file))
+    return parse_hf_config(_read_json(config_file), source=str(config_file))
 
 
 def _checkpoint_index(path: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
@@ -121,46 +91,6 @@ def _checkpoint_index(path: Path) -> dict[str, tuple[Path, tuple[int, ...], str]
             if name not in found or found[name][0].name != fname:
                 raise ModelLoadError(f"{path / fname}: does not contain {name!r} although {INDEX_FILE} says so")
     return found
-
-
-def _plan(model: CausalLM, found: dict, path: Path) -> dict[str, list[tuple[str, int, int]]]:
-    """Match the model's parameters with checkpoint tensors; raise on anything missing, extra or misshapen."""
-    if found and not any(n.startswith("model.") for n in found):  # e.g. OPT saved from OPTModel: decoder.*
-        found.update({f"model.{n}": found.pop(n) for n in list(found) if not n.startswith("lm_head.")})
-    layout = model.checkpoint_layout()
-    params = dict(model.named_parameters())
-    missing, seen = [], set()
-    for pname, parts in layout.items():
-        shape = tuple(params[pname].shape)
-        for ck_name, _, rows in parts:
-            if ck_name not in found:
-                missing.append(ck_name)
-                continue
-            seen.add(ck_name)
-            file, got, _ = found[ck_name]
-            want = (rows, *shape[1:]) if len(parts) > 1 else shape
-            if got != want:
-                raise ModelLoadError(f"{file}: tensor {ck_name!r} has shape {list(got)}, the config needs {list(want)}")
-    if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise ModelLoadError(f"{path}: checkpoint is missing tensors {missing[:5]}{more}")
-
-    def ignorable(name: str) -> bool:  # a tied LM head saved anyway is the embedding again
-        return name.endswith(_IGNORED_SUFFIXES) or (model.config.tie_word_embeddings and name == "lm_head.weight")
-
-    unexpected = sorted(n for n in found if n not in seen and not ignorable(n))
-    if unexpected:
-        more = f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""
-        raise ModelLoadError(
-            f"{found[unexpected[0]][0]}: unexpected tensors {unexpected[:5]}{more} for model_type "
-            f"{model.config.model_type!r} with this config"
-        )
-    return layout
-
-
-def _build(config: ModelConfig) -> CausalLM:
-    """The model class for ``config``'s architecture, built on the current default device."""
-    return MODEL_CLASSES[config.architecture](config)
 
 
 def _eos_ids(path: Path, config: ModelConfig) -> list[int]:
@@ -234,22 +164,22 @@ def load_model(
         if shard is not None:
             raise ModelLoadError(f"{path}: tensor parallelism is not supported for GGUF files")
         dtype = torch.bfloat16 if dtype == "auto" else parse_dtype(dtype)
-        model, config, tokenizer, eos, template, specials = load_gguf(path, dtype, device, _build, _plan)
-        if quantization == "gguf":
-            quantize_linears(model, path)
-        return LoadedModel(model, config, tokenizer, eos, path, template, specials)
+        return load_gguf(path, dtype, device, quantization)
     config = read_config(path)
     dtype = (config.torch_dtype or torch.float32) if dtype == "auto" else parse_dtype(dtype)
     if config.sliding_window and config.sliding_window < config.max_position_embeddings:
         warnings.warn(
-            f"{path}: sliding-window attention (window {config.sliding_window}) is not implemented; "
-            f"sequences are limited to max_model_len={config.max_model_len} tokens, where it equals full attention",
+            f"{path}: sliding-window attention (window {config.sliding_window}) is not masked by the paged "
+            f"engine yet; it runs sequences up to max_model_len={config.max_model_len} tokens, where it equals "
+            "full attention",
             stacklevel=2,
         )
     with torch.device("meta"):
-        model = _build(config)
+        model = build_model(config)
+    if shard is not None and not model.tp_plan:
+        raise ModelLoadError(f"{path}: tensor parallelism is not supported for model_type {config.model_type!r}")
     found = _checkpoint_index(path)
-    layout = _plan(model, found, path)
+    layout = plan_checkpoint(model, found, path)
     tokenizer = _tokenizer(path)
     eos = _eos_ids(path, config)
     template, specials = read_chat_template(path)

@@ -19,7 +19,7 @@ from torch import nn
 from paged.models.attention import Attention
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
-from paged.models.layers import Embedding, MergedLinear
+from paged.models.layers import Embedding, Linear, MergedLinear
 
 POSITION_OFFSET = 2  # OPT's learned position table starts at row 2
 
@@ -33,7 +33,7 @@ class OPTAttention(nn.Module):
         h, d = config.num_heads, config.head_dim
         self.num_heads, self.head_dim, self.scale = h, d, d**-0.5
         self.qkv_proj = MergedLinear(config.hidden_size, (h * d, h * d, h * d), bias=config.qkv_bias)
-        self.out_proj = nn.Linear(h * d, config.hidden_size, bias=config.o_bias)
+        self.out_proj = Linear(h * d, config.hidden_size, bias=config.o_bias)
 
     def forward(self, layer: int, x: torch.Tensor, attention: Attention) -> torch.Tensor:
         """``[T, hidden]`` -> ``[T, hidden]``."""
@@ -52,8 +52,8 @@ class OPTDecoderLayer(nn.Module):
         affine = config.layer_norm_affine
         self.self_attn = OPTAttention(config)
         self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, elementwise_affine=affine)
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.fc1 = Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.fc2 = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.final_layer_norm = nn.LayerNorm(config.hidden_size, elementwise_affine=affine)
 
     def forward(self, layer: int, h: torch.Tensor, attention: Attention) -> torch.Tensor:  # [T, hidden]
@@ -76,8 +76,8 @@ class OPTDecoder(nn.Module):
         proj = config.word_embed_proj_dim
         self.embed_tokens = Embedding(config.vocab_size, proj)
         self.embed_positions = Embedding(config.max_position_embeddings + POSITION_OFFSET, config.hidden_size)
-        self.project_in = nn.Linear(proj, config.hidden_size, bias=False) if proj != config.hidden_size else None
-        self.project_out = nn.Linear(config.hidden_size, proj, bias=False) if proj != config.hidden_size else None
+        self.project_in = Linear(proj, config.hidden_size, bias=False) if proj != config.hidden_size else None
+        self.project_out = Linear(config.hidden_size, proj, bias=False) if proj != config.hidden_size else None
         self.layers = nn.ModuleList(OPTDecoderLayer(config) for _ in range(config.num_layers))
         affine = config.layer_norm_affine
         self.final_layer_norm = (
@@ -127,7 +127,7 @@ class OPTForCausalLM(CausalLM):
             raise ValueError(f"OPTForCausalLM needs an opt config, got {config.architecture!r}")
         self.config = config
         self.model = OPTModel(config)
-        self.lm_head = nn.Linear(config.word_embed_proj_dim, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.word_embed_proj_dim, config.vocab_size, bias=False)
         self.tie_weights()
 
     def get_input_embeddings(self) -> nn.Embedding:

@@ -3,7 +3,7 @@
 By default a GGUF file's weights are dequantized once into the model's dtype
 (``gguf_loader``) and every linear layer is a dense GEMM. With
 ``LLM(model="model.gguf", quantization="gguf")`` (vLLM's spelling) the
-linears whose tensors are in a format the C++ kernel reads (Q4_0, Q4_1, Q8_0)
+linears whose tensors are in a format the C++ kernel reads (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
 keep the file's bytes instead and ``QuantizedLinear`` multiplies by them
 directly (``csrc/cpu/quant_linear.cpp``). Generating one token reads every
 weight once; SmolLM2-135M's Q4_1 + Q8_0 file is 97 MB where its bfloat16
@@ -21,14 +21,13 @@ where two are nearly tied.
 
 A block is 32 consecutive weights of one row: a float16 scale ``d`` (Q4_1:
 and an offset ``m``) and 32 integers ``q``; ``w = d * (q - 8)`` (Q4_0),
-``d * q + m`` (Q4_1), ``d * q`` (Q8_0). Each format's bytes are read straight
-from the file (``gguf_tensors`` parses only the header's tensor table, not
-its 100 000 tokenizer strings the way ``gguf.GGUFReader`` does).
+``d * q + m`` (Q4_1), ``d * q`` (Q8_0). Each format's bytes are mapped straight
+from the file, at the offsets of the tensor table the load's conversion kept
+(``gguf_reader.tensor_table``): no header is parsed again.
 """
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -37,95 +36,23 @@ from torch import nn
 
 from paged.kernels.cpu import load as load_cpu_kernels
 from paged.models.config import ModelLoadError
+from paged.models.gguf_names import hf_tensor_name, permuted_projections, unpermute_rows
+from paged.models.kquants import K_FORMATS, QK_K, dequantize_kquant
+from paged.models.layers import Linear, MergedLinear
 
 QUANTIZATIONS = ("gguf",)  # the values of LLM(quantization=...) besides None
-# ggml type number -> (name, bytes per block of 32 weights) for the formats the kernel reads
+# ggml type number -> (name, bytes per block of 32 weights) for the 32-weight formats the kernel reads
 BLOCK_FORMATS = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
 QK = 32  # weights per block
-_ALIGNMENT_KEY = "general.alignment"
+# every format the kernel reads: the block formats and the K-quants of a Q4_K_M file
+KERNEL_FORMATS = {**{kind: name for kind, (name, _) in BLOCK_FORMATS.items()}, 12: "Q4_K", 14: "Q6_K"}
 
 
-# --- reading the tensor table of a GGUF file ---------------------------------------------------
-
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
-
-
-class _Header:
-    """A cursor over the header bytes (little-endian, as GGUF is)."""
-
-    def __init__(self, data: memoryview, path: Path):
-        self.data, self.pos, self.path = data, 0, path
-
-    def take(self, fmt: str):
-        size = struct.calcsize("<" + fmt)
-        if self.pos + size > len(self.data):
-            raise ModelLoadError(f"{self.path}: the GGUF header runs past the end of the file (truncated?)")
-        value = struct.unpack_from("<" + fmt, self.data, self.pos)
-        self.pos += size
-        return value[0] if len(value) == 1 else value
-
-    def string(self) -> str:
-        n = self.take("Q")
-        raw = bytes(self.data[self.pos:self.pos + n])
-        self.pos += n
-        return raw.decode("utf-8", errors="replace")
-
-    def value(self, kind: int):
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            item, count = self.take("I"), self.take("Q")
-            if item in _SCALARS:  # skipped in one step: nothing here needs the array's contents
-                self.pos += count * struct.calcsize("<" + _SCALARS[item])
-                return None
-            for _ in range(count):
-                self.value(item)
-            return None
-        if kind not in _SCALARS:
-            raise ModelLoadError(f"{self.path}: unknown GGUF metadata type {kind}")
-        return self.take(_SCALARS[kind])
-
-
-def gguf_tensors(path: Path) -> dict[str, tuple[int, tuple[int, ...], np.ndarray]]:
-    """GGUF tensor name -> (ggml type, row-major shape, the tensor's bytes as a read-only uint8 memmap)."""
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    head = _Header(memoryview(data), path)
-    if bytes(data[:4]) != b"GGUF":
-        raise ModelLoadError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
-    head.pos = 4
-    version, n_tensors, n_kv = head.take("I"), head.take("Q"), head.take("Q")
-    if version < 2:
-        raise ModelLoadError(f"{path}: GGUF version {version} is not supported (2 or later)")
-    alignment = 32
-    for _ in range(n_kv):
-        key, kind = head.string(), head.take("I")
-        value = head.value(kind)
-        if key == _ALIGNMENT_KEY:
-            alignment = int(value)
-    infos = []
-    for _ in range(n_tensors):
-        name, n_dims = head.string(), head.take("I")
-        dims = [head.take("Q") for _ in range(n_dims)]
-        kind, offset = head.take("I"), head.take("Q")
-        infos.append((name, kind, tuple(reversed(dims)), offset))  # GGUF lists dimensions fastest-first
-    start = -(-head.pos // alignment) * alignment
-    tensors = {}
-    for name, kind, shape, offset in infos:
-        nbytes = _tensor_bytes(kind, shape)
-        if nbytes is None:
-            tensors[name] = (kind, shape, None)  # a format this module does not read
-            continue
-        if start + offset + nbytes > len(data):
-            raise ModelLoadError(f"{path}: tensor {name!r} runs past the end of the file (truncated?)")
-        tensors[name] = (kind, shape, data[start + offset:start + offset + nbytes])
-    return tensors
-
-
-def _tensor_bytes(kind: int, shape: tuple[int, ...]) -> int | None:
-    if kind not in BLOCK_FORMATS or len(shape) != 2 or shape[-1] % QK:
-        return None
-    return shape[0] * shape[1] // QK * BLOCK_FORMATS[kind][1]
+def row_bytes(kind: int, k: int) -> int:
+    """Bytes of one row of ``k`` weights as the file stores them."""
+    if kind in K_FORMATS:
+        return k // QK_K * K_FORMATS[kind][1]
+    return k // QK * BLOCK_FORMATS[kind][1]
 
 
 # --- the layer ---------------------------------------------------------------------------------
@@ -140,7 +67,10 @@ def row_layout(kind: int, k: int) -> tuple[int, int, int]:
 def pack_blocks(raw: np.ndarray, kind: int, n: int, k: int) -> torch.Tensor:
     """GGUF's blocks of a ``[n, k]`` weight, one row after another, regrouped for the kernel: per row all
     the q bytes, then all the float16 scales d, then (Q4_1) all the offsets m, with a zero block added
-    when the row has an odd count. Same bytes; four blocks' q become one 64-byte load."""
+    when the row has an odd count. Same bytes; four blocks' q become one 64-byte load. K-quants keep
+    the file's layout (the kernel reads their super-blocks in place)."""
+    if kind in K_FORMATS:
+        return torch.from_numpy(np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1).copy())
     size = BLOCK_FORMATS[kind][1]
     per_row = k // QK
     blocks = np.asarray(raw, dtype=np.uint8).reshape(n, per_row, size)
@@ -155,7 +85,10 @@ def pack_blocks(raw: np.ndarray, kind: int, n: int, k: int) -> torch.Tensor:
 
 
 def dequantize_blocks(packed: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
-    """The weights of a packed ``[n, k]`` weight as float32 ``[n, k]``: the formulas, one torch op at a time."""
+    """The weights of a packed ``[n, k]`` weight as float32 ``[n, k]``: the formulas, one torch op at a time
+    (the K-quants': ``kquants.dequantize_kquant``)."""
+    if kind in K_FORMATS:
+        return dequantize_kquant(packed, kind, n, k)
     blocks, q_bytes, row_bytes = row_layout(kind, k)
     rows = packed.reshape(n, row_bytes)
     q = rows[:, : blocks * q_bytes].reshape(n, blocks, q_bytes)
@@ -202,14 +135,15 @@ class QuantizedLinear(nn.Module):
       ones, which widen and scale each block again for every row (measured 3-4x at 64 rows).
 
     The two paths round differently, so a row's bits would depend on the batch it is in;
-    in batch-invariant mode the runner sets ``dense_rows`` to None: always the kernel.
+    in batch-invariant mode ``use_kernel_only(True)`` sets ``dense_rows`` to None: always the
+    kernel (``CausalLM.prepare_for_serving`` asks it).
     """
 
     def __init__(self, blocks: torch.Tensor, kind: int, out_features: int, in_features: int,
-                 output_sizes: tuple[int, ...] | None = None, dense: nn.Module | None = None):
+                 output_sizes: tuple[int, ...] | None = None, dense: Linear | None = None):
         super().__init__()
-        if kind not in BLOCK_FORMATS:
-            raise ValueError(f"block type {kind} is not one of {sorted(BLOCK_FORMATS)}")
+        if kind not in KERNEL_FORMATS:
+            raise ValueError(f"block type {kind} is not one of {sorted(KERNEL_FORMATS)}")
         self.register_buffer("blocks", blocks)
         self.kind, self.out_features, self.in_features = kind, out_features, in_features
         self.output_sizes = tuple(output_sizes or (out_features,))
@@ -218,7 +152,7 @@ class QuantizedLinear(nn.Module):
 
     @property
     def format(self) -> str:
-        return BLOCK_FORMATS[self.kind][0]
+        return KERNEL_FORMATS[self.kind]
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return y.split(self.output_sizes, dim=-1)
@@ -233,66 +167,69 @@ class QuantizedLinear(nn.Module):
         weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features).to(x.device)
         return torch.nn.functional.linear(quantize_activations(x), weight).to(x.dtype)
 
+    def use_kernel_only(self, only: bool) -> None:
+        """Run the kernel at every row count (``only``), or hand batches of more than ``DENSE_ROWS``
+        rows to the dense layer (when there is one)."""
+        if self.dense is not None:
+            self.dense_rows = None if only else DENSE_ROWS
+
+    @property
+    def rows_independent(self) -> bool:
+        """Whether an output row's bits do not depend on how many rows come with it: true when only the
+        kernel runs (it sums a row the same way whatever the row count; a dense GEMM of one row may
+        round differently from one of two)."""
+        return self.dense_rows is None
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}, "
                 f"dense_rows={self.dense_rows}")
 
 
-def use_kernel_only(model: nn.Module, only: bool) -> None:
-    """Every ``QuantizedLinear`` of ``model`` runs the kernel at every row count (``only``), or hands
-    batches of more than ``DENSE_ROWS`` rows to its dense layer (the runner's batch-invariant switch)."""
-    for module in model.modules():
-        if isinstance(module, QuantizedLinear) and module.dense is not None:
-            module.dense_rows = None if only else DENSE_ROWS
-
-
-def rows_independent(model: nn.Module) -> bool:
-    """Whether every linear of ``model`` is a ``QuantizedLinear`` running only its kernel, whose output
-    rows do not depend on how many rows it is given (a dense GEMM of one row may round differently
-    from one of two)."""
-    quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
-    inside = {id(q.dense) for q in quantized}
-    return (bool(quantized) and all(q.dense_rows is None for q in quantized)
-            and not any(isinstance(m, nn.Linear) and id(m) not in inside for m in model.modules()))
-
-
 # --- putting the layers into a loaded model -----------------------------------------------------
 
-def quantize_linears(model: nn.Module, path: Path) -> list[str]:
+def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list]) -> list[str]:
     """Replace every linear of ``model`` (loaded from the GGUF file ``path``) whose tensors are all in
     one kernel format by a ``QuantizedLinear`` over the file's blocks, which keeps the dense layer for
     batches of many rows; returns the replaced names.
 
-    A linear with a bias, or whose parts (q, k, v of a fused layer) come in different or other
-    formats (the K-quants, float16), stays dense. A tied LM head reads the token embedding's blocks
+    Args:
+        model: the dense model ``gguf_loader`` loaded from ``path``.
+        path: the GGUF file.
+        tensors: its tensor table (``gguf_reader.tensor_table``): GGUF name -> ``[type, shape, offset, bytes]``.
+
+    A linear with a bias, or whose parts (q, k, v of a fused layer) come in different formats or in
+    one the kernel does not read (Q5_0, Q2_K, float16, ...), stays dense. A tied LM head reads the token embedding's blocks
     (the embedding itself stays dense for the lookup).
     """
-    from paged.models.gguf_loader import hf_tensor_name, unpermute_rows
-    from paged.models.layers import MergedLinear
-
-    # Hugging Face name -> (GGUF name, type, shape, bytes); bytes None for a format the kernel does not read
-    tensors = {hf_tensor_name(name): (name, *entry) for name, entry in gguf_tensors(Path(path)).items()}
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    # Hugging Face name -> (GGUF name, type, shape, offset, bytes)
     config = model.config
-    unpermute = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads} if config.model_type != "qwen2" else {}
+    by_hf = {hf_tensor_name(name, config.model_type): (name, kind, tuple(shape), offset, nbytes)
+             for name, (kind, shape, offset, nbytes) in tensors.items()}
+    unpermute = permuted_projections(config)
     layout = model.checkpoint_layout()
     if config.tie_word_embeddings:
         layout["lm_head.weight"] = [("model.embed_tokens.weight", 0, config.vocab_size)]
     replaced = []
     for name, module in list(model.named_modules()):
-        if type(module) not in (nn.Linear, MergedLinear) or module.bias is not None:
+        if type(module) not in (Linear, MergedLinear) or module.bias is not None:
             continue
         parts = layout.get(f"{name}.weight", [])
-        found = [tensors.get(ck) for ck, _, _ in parts]
-        kinds = {f[1] for f in found if f is not None and f[3] is not None}
-        if not parts or None in found or any(f[3] is None for f in found) or len(kinds) != 1:
-            continue  # not in the file, a format the kernel does not read, or mixed formats: stays dense
+        found = [by_hf.get(ck) for ck, _, _ in parts]
+        if not parts or None in found or any(not _readable(f[1], f[2]) for f in found):
+            continue  # not in the file, or a format the kernel does not read: stays dense
+        kinds = {f[1] for f in found}
+        if len(kinds) != 1:
+            continue  # parts in mixed formats: stays dense
         rows = []
         n_out, n_in = module.weight.shape
-        for (ck, _, n), (gguf_name, _, shape, raw) in zip(parts, found):
+        for (ck, _, n), (gguf_name, kind, shape, offset, nbytes) in zip(parts, found):
             if shape != (n, n_in):
                 raise ModelLoadError(f"{path}: tensor {gguf_name!r} has shape {list(shape)}, {name} needs "
                                      f"[{n}, {n_in}]")
-            block_rows = torch.from_numpy(np.array(raw)).reshape(n, -1)  # [n, K/32 * bytes], copied from the file
+            if offset + nbytes > len(data) or nbytes != n * row_bytes(kind, n_in):
+                raise ModelLoadError(f"{path}: tensor {gguf_name!r} runs past the end of the file (truncated?)")
+            block_rows = torch.from_numpy(np.array(data[offset:offset + nbytes])).reshape(n, -1)  # copied
             proj = ck.split(".")[-2]
             rows.append(unpermute_rows(block_rows, unpermute[proj]) if proj in unpermute else block_rows)
         kind = kinds.pop()
@@ -302,3 +239,8 @@ def quantize_linears(model: nn.Module, path: Path) -> list[str]:
         setattr(model.get_submodule(parent_name), leaf, QuantizedLinear(packed, kind, n_out, n_in, sizes, module))
         replaced.append(name)
     return replaced
+
+
+def _readable(kind: int, shape: tuple[int, ...]) -> bool:
+    """Whether the kernel reads a tensor of this type and shape: its format, 2-D, whole blocks per row."""
+    return kind in KERNEL_FORMATS and len(shape) == 2 and shape[-1] % (QK_K if kind in K_FORMATS else QK) == 0

@@ -37,6 +37,10 @@ class EngineDeadError(RuntimeError):
     """The engine raised inside ``step()``; its state can no longer be trusted."""
 
 
+class StoppingError(RuntimeError):
+    """The server is stopping: it admits no new request (``add``), or it ended a running one (``end_all``)."""
+
+
 def describe(err: BaseException) -> str:
     """``WorkerError: tensor-parallel worker rank 1 ...``: what a client or the log is told."""
     return f"{type(err).__name__}: {err}"
@@ -70,6 +74,7 @@ class AsyncEngine:
         self._streams: dict[str, asyncio.Queue] = {}  # touched on the event loop only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.stopping: str | None = None  # set by stop_admission: why ``add`` refuses from then on
         self.idle_observers: list = []  # fn(engine), on the engine thread when it runs out of work
 
     # -- lifecycle ----------------------------------------------------------------
@@ -89,7 +94,19 @@ class AsyncEngine:
 
     @property
     def num_streams(self) -> int:
+        """Engine requests whose outputs someone still waits for (running, waiting or swapped)."""
         return len(self._streams)
+
+    def stop_admission(self, why: str) -> None:
+        """From now on ``add`` raises ``StoppingError(why)``; what runs goes on (a graceful stop's first step)."""
+        self.stopping = why
+
+    def end_all(self, why: str) -> None:
+        """End every request still running: each stream gets ``StoppingError(why)`` and is aborted."""
+        err = StoppingError(why)
+        for stream in set(self._streams.values()):
+            stream.put_nowait(err)
+        self.abort(list(self._streams))
 
     # -- called on the event loop ---------------------------------------------------
     async def add(self, requests: list[tuple[str, list[int], object, str | None]]) -> asyncio.Queue:
@@ -98,9 +115,12 @@ class AsyncEngine:
         Raises:
             RequestError: the engine refused one of them (none is queued then).
             EngineDeadError: the engine failed earlier.
+            StoppingError: the server is stopping (``stop_admission``).
         """
         if self.dead is not None:
             raise EngineDeadError(f"the engine failed and stopped: {describe(self.dead)}")
+        if self.stopping is not None:
+            raise StoppingError(self.stopping)
         stream: asyncio.Queue = asyncio.Queue()
         for rid, *_ in requests:
             self._streams[rid] = stream

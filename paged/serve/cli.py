@@ -12,10 +12,13 @@ import argparse
 import logging
 import os
 import re
+import secrets
 import sys
 
 from paged.models.default import default_model
-from paged.serve.app import DEFAULT_MAX_BODY_BYTES
+from paged.serve.connections import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
+from paged.serve.guard import DEFAULT_MAX_BODY_BYTES
+from paged.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S
 
 logger = logging.getLogger("paged.serve")
 
@@ -141,8 +144,23 @@ def parser() -> argparse.ArgumentParser:
                         "(default: on with the prefix cache; also $VLLM_BATCH_INVARIANT)")
     p.add_argument("--api-key", default=os.environ.get("PAGED_API_KEY") or None,
                    help="require 'Authorization: Bearer <key>' on /v1 (default: $PAGED_API_KEY)")
+    p.add_argument("--kv-view-key", default=os.environ.get("PAGED_KV_VIEW_KEY") or None,
+                   help="the operator's key for the live KV view's data, /kv/snapshot (default: "
+                        "$PAGED_KV_VIEW_KEY, else a random key written in the log); the API key does not open it")
     p.add_argument("--max-request-bytes", type=byte_size, default=DEFAULT_MAX_BODY_BYTES,
                    help=f"largest accepted request body (default {DEFAULT_MAX_BODY_BYTES // 2**20} MiB)")
+    p.add_argument("--shutdown-timeout", type=positive_float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+                   help=f"on SIGTERM: seconds the running requests get to finish before they are ended "
+                        f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})")
+    c = p.add_argument_group("connections")
+    c.add_argument("--max-connections", type=positive_int, default=DEFAULT_MAX_CONNECTIONS,
+                   help=f"connections served at once; more get a 503 (default {DEFAULT_MAX_CONNECTIONS}, lowered "
+                        "to what the descriptor limit holds)")
+    c.add_argument("--idle-timeout", type=positive_float, default=DEFAULT_IDLE_TIMEOUT_S,
+                   help=f"seconds a new connection may wait before sending a request (default "
+                        f"{DEFAULT_IDLE_TIMEOUT_S:g})")
+    c.add_argument("--header-timeout", type=positive_float, default=DEFAULT_HEADER_TIMEOUT_S,
+                   help=f"seconds a request's head may take from its first byte (default {DEFAULT_HEADER_TIMEOUT_S:g})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -173,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     from paged.models.config import ModelLoadError
     from paged.serve.app import build_app
     from paged.serve.async_engine import describe
+    from paged.serve.connections import Shedding, connection_limits
+    from paged.serve.shutdown import GracefulServer
 
     try:
         llm = load_llm(args)
@@ -189,16 +209,26 @@ def main(argv: list[str] | None = None) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("listening on %s: reachable from other machines%s", args.host,
                        "" if args.api_key else " and no --api-key is set")
-    logger.info("serving on http://%s:%d/v1 (try GET /v1/models); the live KV cache view: http://%s:%d/kv",
-                args.host, args.port, args.host, args.port)
+    kv_view_key = args.kv_view_key or secrets.token_urlsafe(16)
+    logger.info("serving on http://%s:%d/v1 (try GET /v1/models); the live KV cache view, for the operator: "
+                "http://%s:%d/kv#key=%s", args.host, args.port, args.host, args.port,
+                "<--kv-view-key>" if args.kv_view_key else kv_view_key)
+    max_connections, backlog = connection_limits(args.max_connections)
+    if max_connections < args.max_connections:
+        logger.warning("--max-connections lowered to %d: the descriptor limit (ulimit -n) holds no more",
+                       max_connections)
+
     def stop_serving(err: BaseException) -> None:
         logger.error("the engine failed, so the server stops: %s", describe(err))
         server.should_exit = True  # uvicorn finishes the open responses (each ends with the error), then exits
 
     app = build_app(llm, name, api_key=args.api_key, max_body_bytes=args.max_request_bytes, bind_host=args.host,
-                    on_engine_failure=stop_serving)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5))
+                    on_engine_failure=stop_serving, kv_view_key=kv_view_key)
+    shedding = Shedding(max_connections, args.idle_timeout, args.header_timeout)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=shedding.protocol,
+                            backlog=backlog, timeout_graceful_shutdown=5)
+    server = GracefulServer(config, app.fastapi.state.engine, args.shutdown_timeout,
+                            on_start=lambda loop: loop.set_exception_handler(shedding.exception_handler))
     server.run()
     dead = app.fastapi.state.engine.dead
     if dead is not None:

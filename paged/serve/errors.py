@@ -5,6 +5,13 @@ it (the message says what was wrong and what the bound is) and 5xx only when
 the server itself failed. Nothing about a bad request reaches the engine: it is
 refused before ``add_request``, so an error never leaves blocks or queue
 entries behind.
+
+One place maps each kind of failure: a pydantic error (``from_validation_error``),
+a ``RequestError`` of ``SamplingParams`` or the engine (``from_request_error``),
+a request that failed while it ran (``request_failure``), a failed engine
+(``engine_failure``), and any exception a route lets through
+(``install_handlers``). A stream that fails after its first event ends with
+the same error as an event (``APIError.event``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paged import RequestError
+from paged.serve.async_engine import StoppingError
+from paged.serve.schemas import ErrorResponse
+
+RETRY_AFTER_S = 5  # what a refused client is told to wait: a restarted server takes about this long to answer
 
 logger = logging.getLogger("paged.serve")
 
@@ -38,19 +49,24 @@ class APIError(Exception):
     """A request that cannot be served; becomes the OpenAI error JSON with ``status``."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 code: str | None = None, type: str | None = None) -> None:
+                 code: str | None = None, type: str | None = None, headers: dict | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.code = code
         self.type = type or _TYPE_OF_STATUS.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers  # e.g. Retry-After on a 503 while the server stops
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self, headers: dict | None = None) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body(), status_code=self.status, headers={**(self.headers or {}), **(headers or {})})
+
+    def event(self) -> ErrorResponse:
+        """The error as the last event of a stream (whose status, 200, was sent with its first event)."""
+        return ErrorResponse.model_validate(self.body())
 
 
 def _field_path(error: dict) -> list[str]:
@@ -96,6 +112,29 @@ def from_request_error(err: RequestError, rename: dict[str, str]) -> APIError:
     param = rename.get(err.param, err.param)
     message = str(err) if param == err.param else f"{param}: {err}"
     return APIError(message, 400, param=param, code="invalid_value")
+
+
+def request_failure(error: BaseException, rename: dict[str, str]) -> APIError:
+    """A request that failed while it ran, as its own error: a 400 naming the field when the
+    request asked for more than the engine could do (its grammar met a limit), else a 500."""
+    if isinstance(error, RequestError):
+        return from_request_error(error, rename)
+    return APIError(f"this request failed while it ran: {type(error).__name__}: {error}", 500,
+                    type="server_error", code="request_failed")
+
+
+def engine_failure(error: BaseException, status: int = 503) -> APIError:
+    """The engine loop delivered ``error`` instead of an output: the server is stopping and ended this
+    request (``StoppingError``: a 503 saying so, with ``Retry-After``), or the engine failed under it (a
+    503 for an answer not yet started, ``status`` 500, a ``server_error`` event, for a stream under way)."""
+    if isinstance(error, StoppingError):
+        return stopping_error(str(error))
+    return APIError(f"the engine failed: {error}", status, type="server_error" if status == 500 else None)
+
+
+def stopping_error(message: str) -> APIError:
+    """A 503 of a server that is stopping: the client may retry (``Retry-After``), here or elsewhere."""
+    return APIError(message, 503, code="server_shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def install_handlers(app: FastAPI) -> None:

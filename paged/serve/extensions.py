@@ -8,7 +8,7 @@ field it knows and ignores unknown ones with a logged warning. Here each of
 vLLM's fields gets one of three answers, decided per field:
 
 * **honoured** — declared on the mixins below and acted on by the server
-  (``completions.py``, ``chat.py``, ``responses.py``);
+  (``completions.py``, ``chat.py``, ``generation.py``, ``formatter.py``);
 * **ignored** (``IGNORED``) — accepted with a warning in the server log,
   because doing nothing is what the field asks of this engine (there is one
   structured-output backend to pick, no multimodal processor to configure);

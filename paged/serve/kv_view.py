@@ -53,6 +53,8 @@ import time
 from collections import deque
 from importlib import resources
 
+from fastapi.responses import HTMLResponse, Response
+
 DEFAULT_MAX_PER_SECOND = 4.0  # most snapshots a second
 DEFAULT_MAX_EVENTS = 500
 WATCH_TIMEOUT_S = 5.0  # someone watches while a read came in the last this many seconds
@@ -186,3 +188,18 @@ class KVView:
         if have == number:
             return f'{{"number": {number}, "unchanged": true, {tail[1:]}'
         return f"{latest[:-1]}, {tail[1:]}"  # both are JSON objects: one object with both's keys
+
+
+def install(app, view: KVView) -> None:
+    """Add ``GET /kv`` (the page) and ``GET /kv/snapshot`` (its data) to ``app``.
+
+    The live view is for people watching the server, not part of the OpenAI API: not in the document.
+    """
+
+    @app.get("/kv", include_in_schema=False)
+    async def kv_page():
+        return HTMLResponse(page())
+
+    @app.get("/kv/snapshot", include_in_schema=False)
+    async def kv_snapshot(since: int = 0, have: int = 0):
+        return Response(view.read(since, have), media_type="application/json")

@@ -18,7 +18,8 @@ one process never collide.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "paged_"
@@ -97,3 +98,13 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def install(app, metrics: ServerMetrics) -> None:
+    """Add ``GET /metrics`` (no API key: scrapers read it) to ``app``."""
+
+    @app.get("/metrics", tags=["server"], summary="Prometheus metrics", response_class=PlainTextResponse,
+             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+                              "description": "Prometheus text exposition format"}})
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

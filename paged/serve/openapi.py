@@ -1,9 +1,9 @@
 """The published API: ``GET /openapi.json`` and an interactive page at ``GET /docs``.
 
 The document is generated, never written by hand: paths and responses come
-from the routes' declared response models (``responses.py``), request bodies
+from the routes' declared response models (``schemas.py``), request bodies
 from the same pydantic models that validate them (``protocol.py``). The
-routes parse bodies themselves (``app.parse_body``, for OpenAI-shaped error
+routes parse bodies themselves (``body.parse_body``, for OpenAI-shaped error
 messages), so FastAPI does not see those models; ``request_body`` names them
 for each route and ``openapi_document`` adds their JSON schemas to the
 document's components.
@@ -26,7 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from paged.serve.responses import ErrorResponse
+from paged.serve.schemas import ErrorResponse
 
 COMPONENTS = "#/components/schemas/"
 DOCS_ASSETS = "/docs/assets"
@@ -36,7 +36,7 @@ ERRORS = {
     400: "the request is malformed or out of bounds; the message names the field and the bound",
     401: "missing or wrong API key (only when the server was started with one)",
     413: "the body is larger than --max-request-bytes",
-    415: "the body's Content-Type is not JSON",
+    415: "the body's Content-Type is missing or not JSON",
     421: "no API key is set and the Host header does not name the address the server listens on",
     500: "this request's own processing failed while it ran (e.g. a logits processor raised); the others go on",
 }
@@ -82,6 +82,16 @@ def event_stream(chunk: type[BaseModel]) -> dict:
     return {"text/event-stream": {"schema": {"type": "object", "required": ["data"], "properties": {"data": data}}}}
 
 
+def generation_route(request_model: type[BaseModel], response_model: type[BaseModel],
+                     chunk_model: type[BaseModel]) -> dict:
+    """The route options of a generation endpoint: its body, its answers (JSON or a stream), its errors."""
+    return {"openapi_extra": request_body(request_model), "response_model": None, "tags": ["OpenAI API"],
+            "responses": {200: {"model": response_model, "content": event_stream(chunk_model),
+                                "description": "the completion; with stream: true, server-sent events"},
+                          **error_responses(400, 401, 413, 415, 421, 500, _404="the model named is not served here",
+                                            _503="the engine failed, or the server is stopping (with Retry-After)")}}
+
+
 def openapi_document(app: FastAPI, request_models: list[type[BaseModel]], chunk_models: list[type[BaseModel]],
                      api_key: bool) -> dict:
     """The OpenAPI 3.1 document of ``app``, with the request and chunk models' schemas as components.
@@ -106,7 +116,7 @@ def openapi_document(app: FastAPI, request_models: list[type[BaseModel]], chunk_
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
                                                             "description": "the server's --api-key"}}
         for path, operations in doc["paths"].items():
-            if path.startswith(("/v1", "/tokenize", "/detokenize")):  # app.GUARDED_PREFIXES' documented routes
+            if path.startswith(("/v1", "/tokenize", "/detokenize")):  # guard.GUARDED_PREFIXES' documented routes
                 for op in operations.values():
                     op["security"] = [{"bearer": []}]
     return doc

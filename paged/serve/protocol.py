@@ -5,7 +5,7 @@ unknown fields are refused, so a misspelt ``max_token`` is an error, not a
 silently ignored wish. Bounds on sampling fields are checked once, by
 ``SamplingParams`` (its messages name the field and the bound); what only the
 server knows — the context left for ``max_tokens``, streaming with ranked
-outputs — is checked in ``completions.py``. Structured output has four
+outputs — is checked in ``generation.py``. Structured output has four
 spellings (OpenAI's ``response_format``, vLLM's ``guided_json``,
 ``guided_regex``, ``guided_choice``); a request may use one of them.
 """
@@ -47,6 +47,20 @@ EXPECTED = {
     "stop": "a string or a list of strings",
     "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
 }
+
+
+# Prompts in one completions request. vLLM sets none; here a request may fill one iteration of the
+# engine's default batch (--max-num-seqs 256) and no more: prompts beyond it would only wait in the
+# queue, holding the request (and its client's connection) open, so more requests do the same work
+# with fairer turns. A list of token ids is one prompt.
+MAX_PROMPTS = 256
+
+
+def count_prompts(prompt) -> int:
+    """How many prompts ``prompt`` (the parsed JSON value) holds: one for a string or a list of token ids."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return len(prompt)
+    return 1
 
 
 # the longest lists a field may hold: checked on the parsed body before pydantic walks each item
@@ -179,6 +193,12 @@ class _Sampling(BaseModel):
         except RequestError as e:
             raise APIError(f"{field}: {e}", param=field, code="invalid_value") from None
 
+    @property
+    def wants_grammar(self) -> bool:
+        """Structured output is asked for (a grammar will be compiled for it)."""
+        return any(getattr(self, f) is not None for f in ("guided_json", "guided_regex", "guided_choice")) or \
+            (self.response_format is not None and self.response_format.type != "text")
+
     def guided_rename(self) -> dict[str, str]:
         """Engine field names of structured output -> the field this request used (``guided_regex``)."""
         field = next((f for f in ("guided_json", "guided_regex", "guided_choice") if getattr(self, f) is not None),
@@ -202,7 +222,9 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling, CompletionExtensions):
     """``POST /v1/completions``: a prompt as text, texts, token ids, or lists of token ids."""
 
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(**bounds(min_items=1))
+    prompt: (StrictStr | Annotated[list[StrictStr], Field(**bounds(max_items=MAX_PROMPTS))] | list[StrictInt]
+             | Annotated[list[list[StrictInt]], Field(**bounds(max_items=MAX_PROMPTS))]) = Field(
+        **bounds(min_items=1), description=f"one prompt, or a list of at most {MAX_PROMPTS}")
     max_tokens: StrictInt | None = Field(16, **bounds(minimum=1))
     logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))
     echo: StrictBool = False
@@ -241,7 +263,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Sampling, ChatExtensions):
-    """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat.py``)."""
+    """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat_template.py``)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
@@ -249,7 +271,7 @@ class ChatCompletionRequest(_Sampling, ChatExtensions):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))
     tools: list | None = None
-    tool_choice: StrictStr | None = None
+    tool_choice: StrictStr | dict | None = None
 
     @model_validator(mode="after")
     def _chat_rules(self):
@@ -257,8 +279,11 @@ class ChatCompletionRequest(_Sampling, ChatExtensions):
             raise APIError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
         if self.top_logprobs and not self.logprobs:  # top_logprobs: 0 alone is harmless (vLLM's rule)
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-        if self.tools or self.tool_choice not in (None, "none"):
+        if self.tools:
             raise APIError("tools are not supported by this engine", param="tools", code="unsupported_parameter")
+        if self.tool_choice not in (None, "none"):
+            raise APIError(f"tool_choice must be \"none\" or left out: this engine calls no tools, got "
+                           f"{self.tool_choice!r:.80}", param="tool_choice", code="unsupported_parameter")
         return self
 
     @property

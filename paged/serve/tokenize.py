@@ -9,6 +9,9 @@ tokenizer: ``/tokenizer_info`` gives the special tokens and the chat template,
 added by default, as ``/v1/completions`` adds them) or chat ``messages``
 (rendered by the same ``ChatRenderer`` as ``/v1/chat/completions``, so the
 count is exactly that endpoint's ``usage.prompt_tokens``).
+
+A body may hold megabytes of text, so tokenizing, the token strings and the
+answer's JSON are computed off the event loop (``offload.py``) when large.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import Response
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from paged.serve import offload
+from paged.serve.body import parse_body
 from paged.serve.errors import APIError
 from paged.serve.openapi import COMPONENTS, error_responses
 from paged.serve.protocol import ChatMessage
@@ -117,21 +123,15 @@ def _body(route: str, *models) -> dict:
         "examples": {name: {"value": v} for name, v in EXAMPLES[route].items()}}}}}
 
 
-def install(app, serving, model, parse_body) -> None:
-    """Add the three routes to ``app``.
-
-    Args:
-        app: the FastAPI app.
-        serving: the ``OpenAIServing`` (its tokenizer, chat renderer, model name and context length).
-        model: the ``LoadedModel`` (its special tokens and chat template, for ``/tokenizer_info``).
-        parse_body: the app's body parser (every malformed body gets its own 400).
-    """
+def install(app, served) -> None:
+    """Add the three routes to ``app``; ``served`` is the ``ServedModel`` (its tokenizer, chat renderer,
+    special tokens, chat template, name and context length)."""
 
     def tokenizer():
-        if serving.tokenizer is None:
+        if served.tokenizer is None:
             raise APIError("this model has no tokenizer.json, so there is no tokenizer to serve", 404,
                            code="tokenizer_missing")
-        return serving.tokenizer
+        return served.tokenizer
 
     def check_ids(ids: list[int]) -> None:
         vocab = tokenizer().get_vocab_size(with_added_tokens=True)
@@ -140,42 +140,50 @@ def install(app, serving, model, parse_body) -> None:
             raise APIError(f"tokens: ids must be in [0, {vocab}) for this tokenizer, got {bad[:5]}",
                            param="tokens", code="invalid_value")
 
+    async def json_off_loop(size: int, answer) -> Response:
+        """``answer()`` (a response model) serialized on the offload pool when ``size`` is large."""
+        body = await served.work.run(size, lambda: answer().model_dump_json())
+        return Response(body, media_type="application/json")
+
     errors = error_responses(400, 401, 413, _404="no model of that name, or the model has no tokenizer")
 
     @app.post("/tokenize", tags=["tokenizer"], summary="Token ids of a prompt or of chat messages",
               openapi_extra=_body("tokenize", *TokenizeRequest.models), responses=errors)
     async def tokenize(raw: Request) -> TokenizeResponse:
         req = await parse_body(raw, TokenizeRequest)
-        serving._check_model(req.model)
+        served.check(req.model)
         tok = tokenizer()
         if isinstance(req, TokenizeChatRequest):
-            if serving.chat is None:
-                raise APIError(serving.no_chat, param="messages", code="chat_template_missing")
+            if served.chat is None:
+                raise APIError(served.no_chat, param="messages", code="chat_template_missing")
             messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-            try:
-                _, ids = serving.chat.encode(messages, req.add_generation_prompt and not req.continue_final_message,
-                                             req.continue_final_message, req.add_special_tokens,
-                                             req.chat_template_kwargs)
-            except ValueError as e:
-                raise APIError(str(e), param="messages") from None
+            _, ids = await served.render_chat(messages, req.add_generation_prompt, req.continue_final_message,
+                                              req.add_special_tokens, req.chat_template_kwargs)
         else:
-            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens).ids
-        strs = [tok.decode([t], skip_special_tokens=False) for t in ids] if req.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=serving.max_model_len, tokens=ids, token_strs=strs)
+            (ids,) = await served.encode([req.prompt], req.add_special_tokens)
+
+        def answer() -> TokenizeResponse:  # each token's text: one batch call, which lets go of the GIL
+            strs = tok.decode_batch([[t] for t in ids], skip_special_tokens=False) if req.return_token_strs else None
+            return TokenizeResponse(count=len(ids), max_model_len=served.max_model_len, tokens=ids, token_strs=strs)
+        return await json_off_loop(len(ids), answer)
 
     @app.post("/detokenize", tags=["tokenizer"], summary="The text of token ids",
               openapi_extra=_body("detokenize", DetokenizeRequest), responses=errors)
     async def detokenize(raw: Request) -> DetokenizeResponse:
         req = await parse_body(raw, DetokenizeRequest)
-        serving._check_model(req.model)
-        check_ids(req.tokens)
-        return DetokenizeResponse(prompt=tokenizer().decode(req.tokens, skip_special_tokens=False))
+        served.check(req.model)
+        tokenizer()
+
+        def answer() -> DetokenizeResponse:
+            check_ids(req.tokens)
+            return DetokenizeResponse(prompt=offload.decode(served.tokenizer, req.tokens, False))
+        return await json_off_loop(len(req.tokens), answer)
 
     @app.get("/tokenizer_info", tags=["tokenizer"], summary="The tokenizer's special tokens and chat template",
              responses=error_responses(401, _404="the model has no tokenizer"))
     async def tokenizer_info() -> TokenizerInfo:
-        tok, specials = tokenizer(), model.special_tokens or {}
+        tok, specials = tokenizer(), served.special_tokens or {}
         return TokenizerInfo(tokenizer_class="PreTrainedTokenizerFast", bos_token=specials.get("bos_token") or None,
                              eos_token=specials.get("eos_token") or None, pad_token=specials.get("pad_token") or None,
-                             chat_template=model.chat_template, model_max_length=serving.max_model_len,
+                             chat_template=served.chat_template, model_max_length=served.max_model_len,
                              vocab_size=tok.get_vocab_size(with_added_tokens=True))

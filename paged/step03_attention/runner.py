@@ -20,8 +20,6 @@ from __future__ import annotations
 import torch
 
 from paged.kernels.cpu import fused_ops
-from paged.models.layers import prepack_linears
-from paged.models.quantized import rows_independent, use_kernel_only
 from paged.step02_block_table import KVCache
 from paged.step03_attention.attention import AttentionMetadata, PagedAttention
 from paged.step03_attention.plan import StepPlan
@@ -42,11 +40,10 @@ class ModelRunner:
                  batch_invariant: bool = False) -> None:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
         self.batch_invariant = batch_invariant
-        use_kernel_only(model, batch_invariant)  # quantized linears: one path for every row count
+        serving = model.prepare_for_serving(batch_invariant)  # quantized linears' path, packed weights
         # one token run as two rows (see _inputs), unless no linear has a one-row path of its own
-        self.two_copies = batch_invariant and not rows_independent(model)
+        self.two_copies = batch_invariant and not serving.rows_independent
         self.device = kv_cache.data.device
-        prepack_linears(model)  # serving from here on: oneDNN-packed weights on a CPU in bfloat16
         self._generators: dict[int, torch.Generator] = {}
         # seq id -> {position: prompt logprob entry}, gathered chunk by chunk until the sequence samples
         self._prompt_logprobs: dict[int, dict[int, dict[int, float]]] = {}

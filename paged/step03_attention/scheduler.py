@@ -366,7 +366,7 @@ class Scheduler:
     def _record(self, kind: str, req: Request, seq: Sequence | None = None, **detail) -> None:
         self._events.append(EngineEvent(kind, req.request_id, None if seq is None else seq.seq_id, detail))
 
-    def _record_growth(self, req: Request, seq: Sequence, first: int, cached: int = 0) -> None:
+    def _record_growth(self, req: Request, seq: Sequence, first: int, cached: int) -> None:
         """An ``allocated`` event for the blocks ``seq``'s table gained from index ``first`` on;
         its first ``cached`` of them came from the prefix cache."""
         blocks = seq.block_table.blocks

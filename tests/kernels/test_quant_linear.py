@@ -30,6 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paged.kernels import cpu
+from paged.models.kquants import K_FORMATS, k_scales_mins
 from paged.models.quantized import (BLOCK_FORMATS, QuantizedLinear, dequantize_blocks, pack_blocks,
                                     quantize_activations, row_layout)
 
@@ -190,3 +191,92 @@ def test_bad_arguments_are_refused(ext):
     with pytest.raises(ValueError, match="block type 5"):
         QuantizedLinear(packed, 5, n, k)
     assert set(BLOCK_FORMATS) == set(KINDS)
+
+
+# -- the K-quants: super-blocks of 256 weights (paged/models/kquants.py, csrc/cpu/quant_linear_k.h) ------------
+K_QUANTS = (int(T.Q2_K), int(T.Q3_K), int(T.Q4_K), int(T.Q5_K), int(T.Q6_K))
+K_KERNEL = (int(T.Q4_K), int(T.Q6_K))
+# where each K-quant keeps its float16 factors: d (and dmin) byte offsets in its super-block
+_K_HALVES = {int(T.Q2_K): (80, 82), int(T.Q3_K): (108,), int(T.Q4_K): (0, 2), int(T.Q5_K): (0, 2), int(T.Q6_K): (208,)}
+
+
+def k_quantized(kind: int, n: int, k: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    """A random ``[n, k]`` K-quant weight, as the file's bytes: every scale, min and q byte drawn at random
+    (any byte is valid there), the float16 factors drawn in ``scale * [0.002, 0.05]``."""
+    rng = np.random.default_rng(seed)
+    size = K_FORMATS[kind][1]
+    raw = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
+    for at in _K_HALVES[kind]:
+        halves = (rng.uniform(0.002, 0.05, n * k // 256) * scale).astype(np.float16)
+        raw[:, at:at + 2] = halves.view(np.uint8).reshape(-1, 2)
+    return torch.from_numpy(raw.reshape(-1).copy())
+
+
+def _k_magnitude(packed: torch.Tensor, kind: int, n: int, k: int) -> torch.Tensor:
+    """Per weight, float64: |d sc| q_max + |dmin m| (Q4_K), |d sc| 32 (Q6_K): the size of the kernel's terms."""
+    b = packed.reshape(-1, K_FORMATS[kind][1])
+    if kind == int(T.Q4_K):
+        d, dmin = (b[:, a:a + 2].contiguous().view(torch.float16).double() for a in (0, 2))
+        sc, mn = k_scales_mins(b[:, 4:16])
+        mag = (d * sc.double()).abs() * 15 + (dmin * mn.double()).abs()  # [S, 8] per 32 weights
+        return mag.repeat_interleave(32, dim=1).reshape(n, k)
+    d = b[:, 208:210].contiguous().view(torch.float16).double()
+    mag = (d * b[:, 192:208].contiguous().view(torch.int8).double()).abs() * 32  # [S, 16] per 16 weights
+    return mag.repeat_interleave(16, dim=1).reshape(n, k)
+
+
+@pytest.mark.parametrize("kind", K_QUANTS, ids=[K_FORMATS[k][0] for k in K_QUANTS])
+@pytest.mark.parametrize("n, k", [(1, 256), (5, 512), (7, 768)])
+def test_kquant_dequantize_is_ggufs_bitwise(ext, kind, n, k):
+    """Bitwise: the torch formulas (every K-quant) and the kernel's (Q4_K, Q6_K) give gguf's weights."""
+    packed = k_quantized(kind, n, k, seed=n * k + kind)
+    want = torch.from_numpy(gguf.quants.dequantize(packed.numpy(), T(kind)).reshape(n, k).astype(np.float32))
+    assert torch.equal(dequantize_blocks(packed, kind, n, k), want)
+    if kind in K_KERNEL:
+        assert torch.equal(ext.quant_dequantize(packed, kind, n, k), want)
+
+
+@settings(max_examples=30)
+@given(kind=st.sampled_from(K_KERNEL), m=st.integers(1, 6), n=st.integers(1, 9), supers=st.integers(1, 4),
+       seed=st.integers(0, 2**31), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       scale=st.sampled_from([1e-2, 1.0, 30.0]))
+def test_kquant_linear_equals_dequantize_then_multiply(ext, kind, m, n, supers, seed, dtype, scale):
+    """Toleranced, as for the block formats: against x̂ · Wᵀ in float64 within float32 rounding of its
+    terms (two per block of 32: 4 (2B + 8) u T), then one rounding to x's dtype."""
+    k = 256 * supers
+    packed = k_quantized(kind, n, k, seed, scale)
+    x = (torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+    y = ext.quant_linear(x, packed, kind, n, k)
+    assert y.dtype == dtype and y.shape == (m, n)
+    x_hat = quantize_activations(x)
+    want = x_hat.double() @ dequantize_blocks(packed, kind, n, k).double().T
+    terms = x_hat.abs().double() @ _k_magnitude(packed, kind, n, k).T
+    out_rounding = (BF16_ULP if dtype == torch.bfloat16 else U32) * want.abs()
+    assert ((y.double() - want).abs() <= 4 * (2 * k // 32 + 8) * U32 * terms + out_rounding).all()
+
+
+@pytest.mark.parametrize("kind", K_KERNEL, ids=["Q4_K", "Q6_K"])
+def test_kquant_rows_do_not_depend_on_the_batch_or_the_threads(ext, kind):
+    """Bitwise: each row alone equals its row in a batch of 5, and a layer split between two threads
+    (2048 x 1024) gives the one-thread bits."""
+    n, k = 2048, 1024
+    packed = k_quantized(kind, n, k, 3)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(3)).bfloat16()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        batch = ext.quant_linear(x, packed, kind, n, k)
+        torch.set_num_threads(1)
+        single = ext.quant_linear(x, packed, kind, n, k)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(batch, single)
+    for i in range(5):
+        assert torch.equal(ext.quant_linear(x[i:i + 1], packed, kind, n, k), batch[i:i + 1])
+
+
+def test_kquant_refuses_a_k_that_is_not_super_blocks(ext):
+    """Specific error: a K-quant weight needs K a multiple of 256."""
+    packed = k_quantized(int(T.Q4_K), 2, 256, 0)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        ext.quant_linear(torch.randn(1, 128), packed, int(T.Q4_K), 4, 128)

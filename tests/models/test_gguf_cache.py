@@ -23,7 +23,6 @@ from paged.demo import DEFAULT_MODEL_PATH
 from paged.models import ModelLoadError, load_model
 from paged.models.gguf_cache import KEEP, GGUFCache
 from paged.models.gguf_loader import convert_gguf
-from paged.models.loader import _build, _plan
 from tests.gguf_files import write_gguf
 from tests.hf_models import build_hf_model
 
@@ -51,7 +50,7 @@ def tiny(tiny_models, tmp_path):
 
 def fresh(path, dtype=torch.float32) -> dict[str, torch.Tensor]:
     """The weights of a conversion that no cache is involved in."""
-    return convert_gguf(path, dtype, _build, _plan).weights
+    return convert_gguf(path, dtype).weights
 
 
 def assert_weights_equal(loaded, weights: dict[str, torch.Tensor]) -> None:

@@ -21,7 +21,7 @@ import torch
 
 from paged.demo import DEFAULT_MODEL_PATH
 from paged.models import ModelLoadError, greedy_generate, load_model
-from paged.models.gguf_loader import unpermute_rows
+from paged.models.gguf_names import unpermute_rows
 from tests.gguf_files import permute_rows, write_gguf
 from tests.hf_models import build_hf_model, save_checkpoint
 
@@ -170,5 +170,5 @@ def test_refuses_an_unsupported_architecture_before_reading_tensors(tmp_path):
     path = write_gguf(tmp_path / "gpt2.gguf", hf.state_dict(), hf.config.to_dict(), arch="gpt2",
                       tensor_types={"blk.0.attn_norm.weight": T.I32})
     with pytest.raises(ModelLoadError, match=r"gpt2\.gguf: architecture 'gpt2' is not supported; "
-                                             r"supported: llama, mistral, qwen2"):
+                                             r"supported: gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3"):
         load_model(path)

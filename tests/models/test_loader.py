@@ -21,11 +21,11 @@ import paged.models.loader as loader_module
 from paged.models import (
     ContiguousAttention,
     LlamaForCausalLM,
-    ModelConfig,
     ModelLoadError,
     OPTForCausalLM,
     load_model,
 )
+from paged.models.hf_config import parse_hf_config
 from paged.models.layers import Embedding
 from tests.hf_models import build_hf_model, save_checkpoint, write_tokenizer
 
@@ -136,10 +136,10 @@ def test_loader_config_dialects_agree():
     """transformers 4 (top-level rope_theta / rope_scaling, torch_dtype) and 5 (rope_parameters, dtype)."""
     base = dict(model_type="llama", vocab_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                 intermediate_size=32, max_position_embeddings=64)
-    old = ModelConfig.from_hf({**base, "torch_dtype": "bfloat16", "rope_theta": 5e5,
-                               "rope_scaling": {"type": "linear", "factor": 4.0}})
-    new = ModelConfig.from_hf({**base, "dtype": "bfloat16",
-                               "rope_parameters": {"rope_type": "linear", "rope_theta": 5e5, "factor": 4.0}})
+    old = parse_hf_config({**base, "torch_dtype": "bfloat16", "rope_theta": 5e5,
+                           "rope_scaling": {"type": "linear", "factor": 4.0}})
+    new = parse_hf_config({**base, "dtype": "bfloat16",
+                           "rope_parameters": {"rope_type": "linear", "rope_theta": 5e5, "factor": 4.0}})
     assert old == new and old.rope_scaling == {"rope_type": "linear", "factor": 4.0}
     assert old.torch_dtype == torch.bfloat16 and old.rope_theta == 5e5 and old.head_dim == 8
 
@@ -164,7 +164,8 @@ BROKEN = {
     "bad_json": (lambda p: (p / "config.json").write_text("{"), r"config\.json: cannot read JSON"),
     "unknown_model_type": (
         lambda p: _set_config(p, model_type="gpt2"),
-        r"config\.json: model_type 'gpt2' is not supported; supported: llama, mistral, opt, qwen2",
+        r"config\.json: model_type 'gpt2' is not supported; supported: gemma2, gemma3_text, llama, mistral, opt, phi3, "
+        r"qwen2, qwen3",
     ),
     "unsupported_rope": (
         lambda p: _set_config(p, rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}),

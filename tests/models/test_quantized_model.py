@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from paged import LLM, SamplingParams
 from paged.models import load_model
 from paged.models.contiguous import ContiguousAttention
-from paged.models.quantized import DENSE_ROWS, QuantizedLinear, quantize_activations, use_kernel_only
-from tests.gguf_files import write_gguf
+from paged.models.quantized import DENSE_ROWS, QuantizedLinear, quantize_activations
+from tests.gguf_files import gguf_name, write_gguf
 from tests.hf_models import build_hf_model, save_checkpoint
 
 T = gguf.GGMLQuantizationType
@@ -61,7 +61,7 @@ def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
     assert len(linears) == 4 * layers + 1 and {m.format for m in linears} == {qtype.name}
     inside = {id(m.dense) for m in linears}
     assert all(id(m) in inside for m in quant.model.modules() if type(m) is torch.nn.Linear)
-    use_kernel_only(quant.model, True)  # a prompt of 11 rows would go to the dense layers otherwise
+    quant.model.prepare_for_serving(batch_invariant=True)  # 11 rows would go to the dense layers otherwise
     want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
     got = _logits(quant.model, PROMPT)
     bound = 1e-4 * want.abs().max()
@@ -74,7 +74,7 @@ def test_tied_head_reads_the_embedding_blocks(tmp_path):
     """A tied LM head is quantized from token_embd's blocks; the embedding lookup stays dense."""
     path = _gguf(tmp_path, T.Q8_0, kind="llama_tied_bias")  # biases: those linears stay dense
     quant = load_model(path, dtype="float32", quantization="gguf")
-    use_kernel_only(quant.model, True)
+    quant.model.prepare_for_serving(batch_invariant=True)
     assert isinstance(quant.model.lm_head, QuantizedLinear)
     assert type(quant.model.model.embed_tokens).__name__ == "Embedding"
     assert not isinstance(quant.model.model.layers[0].self_attn.qkv_proj, QuantizedLinear)  # it has a bias
@@ -90,7 +90,7 @@ def test_many_rows_take_the_dense_layers(tmp_path):
     assert torch.equal(_logits(quant.model, PROMPT), _logits(dense.model, PROMPT))
     short = PROMPT[:DENSE_ROWS]
     assert not torch.equal(_logits(quant.model, short), _logits(dense.model, short))
-    use_kernel_only(quant.model, True)
+    quant.model.prepare_for_serving(batch_invariant=True)
     kernel = _logits(quant.model, PROMPT)
     assert not torch.equal(kernel, _logits(dense.model, PROMPT))
 
@@ -124,3 +124,48 @@ def test_bad_choices_are_refused_before_loading(tmp_path):
         load_model(path, dtype="float16", quantization="gguf")
     with pytest.raises(ValueError, match="cannot be combined with tensor_parallel_size=2"):
         LLM(model=str(path), quantization="gguf", tensor_parallel_size=2)
+
+
+def test_prepare_for_serving_says_when_rows_are_independent(tmp_path):
+    """Exact: batch-invariant, a model whose every linear is quantized runs only kernels, whose rows do not
+    depend on the row count; otherwise its layers keep their dense path, and a dense model never has
+    independent rows. The choice is the model's own (``CausalLM.prepare_for_serving``)."""
+    path = _gguf(tmp_path, T.Q4_1)
+    quant = load_model(path, dtype="float32", quantization="gguf").model
+    linears = [m for m in quant.modules() if isinstance(m, QuantizedLinear)]
+    assert quant.prepare_for_serving(batch_invariant=True).rows_independent
+    assert all(m.dense_rows is None for m in linears)
+    assert not quant.prepare_for_serving(batch_invariant=False).rows_independent
+    assert all(m.dense_rows == DENSE_ROWS for m in linears)
+    assert not load_model(path, dtype="float32").model.prepare_for_serving(batch_invariant=True).rows_independent
+
+
+def test_kquant_layers_equal_dense_with_rounded_activations(tmp_path):
+    """Toleranced as above: a Qwen3 whose linears are Q4_K (down projections Q6_K) blocks, random bytes a
+    file could hold, runs those layers on the kernel; its logits are the dense load's with rounded
+    activations."""
+    import numpy as np
+
+    from paged.models.kquants import K_FORMATS
+
+    hf = build_hf_model("qwen3", hidden_size=256, intermediate_size=512, head_dim=64)
+    rng = np.random.default_rng(0)
+    raw = {}
+    for name, p in hf.state_dict().items():
+        if p.dim() == 2 and name != "model.embed_tokens.weight":
+            kind = T.Q6_K if "down_proj" in name else T.Q4_K
+            blocks = rng.integers(0, 256, (p.shape[0], p.shape[1] // 256, K_FORMATS[int(kind)][1]), dtype=np.uint8)
+            at = (208,) if kind == T.Q6_K else (0, 2)  # the float16 factors: small, finite
+            for a in at:
+                blocks[..., a:a + 2] = rng.uniform(0.001, 0.01, blocks.shape[:2]).astype(np.float16).view(
+                    np.uint8).reshape(*blocks.shape[:2], 2)
+            raw[gguf_name(name, "qwen3")] = (kind, blocks.reshape(p.shape[0], -1))
+    path = write_gguf(tmp_path / "k.gguf", hf.state_dict(), hf.config.to_dict(), arch="qwen3", raw_tensors=raw)
+    quant = load_model(path, dtype="float32", quantization="gguf")
+    formats = {m.format for m in quant.model.modules() if isinstance(m, QuantizedLinear)}
+    assert formats == {"Q4_K", "Q6_K"} and quant.model.prepare_for_serving(batch_invariant=True).rows_independent
+    want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
+    got = _logits(quant.model, PROMPT)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    plain = _logits(load_model(path, dtype="float32").model, PROMPT)
+    assert (plain - want).abs().max() > 1e-4 * want.abs().max()

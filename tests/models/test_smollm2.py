@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from paged import LLM, SamplingParams
 from paged.models import ContiguousAttention, load_model
 from paged.models.chat_template import read_chat_template
-from paged.serve.chat import ChatRenderer
+from paged.serve.chat_template import ChatRenderer
 from tests.gguf_files import SMOLLM2, needs_smollm2
 
 pytestmark = needs_smollm2

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 8
 NUM_BLOCKS = 200
 API_KEY = "test-key-1234"
+KV_VIEW_KEY = "test-operator-key-5678"  # the live KV view's data: the operator's key, not the clients'
 STARTUP_TIMEOUT_S = 300  # generous: the import of torch alone can take a minute on a loaded CPU
 
 
@@ -96,7 +97,7 @@ def server_args() -> list[str]:
 
 @pytest.fixture(scope="session")
 def server(model_path):
-    s = Server(model_path, server_args(), env={"PAGED_API_KEY": API_KEY})
+    s = Server(model_path, server_args(), env={"PAGED_API_KEY": API_KEY, "PAGED_KV_VIEW_KEY": KV_VIEW_KEY})
     yield s
     s.stop()
 

@@ -22,7 +22,7 @@ from paged.demo import DEFAULT_MODEL_PATH
 from paged.models import ModelLoadError
 from paged.models.chat_template import read_chat_template
 from paged.serve.app import build_app
-from paged.serve.chat import ChatRenderer
+from paged.serve.chat_template import ChatRenderer
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

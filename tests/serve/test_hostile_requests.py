@@ -66,6 +66,18 @@ CASES = [
     ("stop-token-id-2**70", "/v1/completions", {**BASE, "stop_token_ids": [2**70]}, "stop_token_ids"),
     ("logit-bias-arabic-digits", "/v1/completions", {**BASE, "logit_bias": {"\u0661\u0662": 1}}, "logit_bias"),
     ("stop-strings-100", "/v1/completions", {**BASE, "stop": [f"s{i}" for i in range(100)]}, "stop"),
+    ("prompts-20000", "/v1/completions", {**BASE, "prompt": [[5, 6, 7]] * 20_000}, "prompt"),
+    ("answer-n64-echo-logprobs20", "/v1/completions",
+     {**BASE, "prompt": [5] * 800, "n": 64, "echo": True, "logprobs": 20}, "logprobs"),
+    ("chat-answer-n64-top-logprobs20", "/v1/chat/completions",
+     {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "n": 64, "logprobs": True,
+      "top_logprobs": 20}, "top_logprobs"),
+    ("nan-temperature", "/v1/completions", b'{"model": "test-model", "prompt": "x", "temperature": NaN}',
+     "temperature"),
+    ("infinity-in-logit-bias", "/v1/completions", b'{"prompt": "x", "logit_bias": {"5": -Infinity}}', "logit_bias"),
+    ("lone-surrogate-in-stop", "/v1/completions", b'{"prompt": "x", "stop": ["ok", "\\udc00"]}', "stop"),
+    ("tool-choice-auto", "/v1/chat/completions",
+     {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"}, "tool_choice"),
 ]
 
 
@@ -114,11 +126,13 @@ def test_hostile_request_is_refused_alone_and_fast(server, path, body, param):
     assert wait_idle(server) == 0
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          None])
 def test_body_that_is_not_json_by_content_type_is_refused_415(server, content_type):
-    """A page may post these to any address without a CORS preflight; JSON it may not."""
+    """A page may post these (or a body with no type at all) to any address without a CORS preflight; JSON it
+    may not."""
     r = httpx.post(server.url + "/v1/completions", content=json.dumps(BASE), timeout=30,
-                   headers={**AUTH, "Content-Type": content_type})
+                   headers={**AUTH, **({"Content-Type": content_type} if content_type else {})})
     assert r.status_code == 415, r.text
     assert r.json()["error"]["code"] == "unsupported_media_type"
     ok = httpx.post(server.url + "/v1/completions", json={**BASE, "max_tokens": 1}, headers=AUTH, timeout=60)

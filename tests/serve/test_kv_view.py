@@ -10,11 +10,15 @@
   allows (fake clocks for time and cost), and always when the engine loop
   goes idle. A reader that holds the latest snapshot gets only the new
   events; the advised poll interval grows once the engine has been busy.
-* The server (``tests/serve/conftest.py``, with an API key) serves the page
-  openly, guards ``/kv/snapshot`` with the key, and the snapshot carries the
-  pools, queues and stats but no prompt text.
+* The server (``tests/serve/conftest.py``, with an API key and an operator
+  key) serves the page openly and ``/kv/snapshot`` only to the operator's
+  key, never to the API key (a client could confirm a guess at another
+  client's prompt from which blocks were already cached); the snapshot
+  carries the pools, queues and stats but no prompt text, and no request id a
+  client chose.
 """
 
+import asyncio
 import json
 import tempfile
 
@@ -26,7 +30,10 @@ from paged.models import load_model
 from paged.serve.kv_view import KVView
 from paged.step05_preemption import KVCache, PreemptingEngine, SamplingParams
 from tests.hf_models import build_hf_model, save_checkpoint
-from tests.serve.conftest import API_KEY
+from paged.serve.app import build_app
+from tests.serve.conftest import API_KEY, KV_VIEW_KEY
+
+OPERATOR = {"Authorization": f"Bearer {KV_VIEW_KEY}"}
 
 B = 4
 # (kind, request) in the order the scenario makes them happen
@@ -209,12 +216,46 @@ def test_reader_holding_the_latest_gets_events_only_and_busy_slows_the_poll(mode
     assert idle["busy"] is False and idle["poll_ms"] == 250 and idle["number"] == 3 and "pools" in idle
 
 
-def test_kv_page_is_open_and_snapshot_needs_the_key(server):
-    """The page needs no key (it holds no data); the data answers 401 without the key, 200 with it."""
+def test_kv_page_is_open_and_snapshot_needs_the_operator_key(server):
+    """The page needs no key (it holds no data); the data answers 401 without a key and with the clients' API
+    key, 200 with the operator's."""
     page = httpx.get(server.url + "/kv", timeout=10)
     assert page.status_code == 200 and "kv/snapshot" in page.text and "<script>" in page.text
     assert "/kv" in httpx.get(server.url + "/", timeout=10).json()["endpoints"]
     assert httpx.get(server.url + "/kv/snapshot", timeout=10).status_code == 401
+    by_client = httpx.get(server.url + "/kv/snapshot", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+    assert by_client.status_code == 401 and "--kv-view-key" in by_client.json()["error"]["message"]
+    assert httpx.get(server.url + "/kv/snapshot", headers=OPERATOR, timeout=10).status_code == 200
+
+
+def test_kv_snapshot_without_an_operator_key_is_refused_to_everyone():
+    """``build_app`` without ``kv_view_key``: 403 whatever the key (and the API key opens nothing here)."""
+    from paged import LLM
+
+    llm = LLM(dtype="float32", device="cpu", block_size=8, num_blocks=16, max_model_len=48, seed=0)
+    app = build_app(llm, "m", api_key="k")
+
+    async def get(headers):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as c:
+            return await c.get("/kv/snapshot", headers=headers)
+    for headers in ({}, {"Authorization": "Bearer k"}):
+        r = asyncio.run(get(headers))
+        assert r.status_code == 403 and r.json()["error"]["code"] == "kv_view_disabled", r.text
+
+
+def test_engine_ids_in_the_kv_view_are_never_the_clients_request_id(server, client):
+    """A client's ``request_id`` names its response (``cmpl-<request_id>``) but no engine request, so the
+    operator's view (events, queues) never shows a string a client chose."""
+    marker = "client-chosen-id-3f9a"
+    first = httpx.get(server.url + "/kv/snapshot", headers=OPERATOR, timeout=10).json()  # watching from here
+    r = httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60,
+                   json={"model": "test-model", "prompt": "def f(x):", "max_tokens": 4, "request_id": marker})
+    assert r.status_code == 200 and r.json()["id"] == f"cmpl-{marker}"
+    snap = httpx.get(server.url + f"/kv/snapshot?since={first['last_event']}", headers=OPERATOR, timeout=10)
+    events = snap.json()["events"]
+    assert any(e["kind"] == "admitted" for e in events), events  # the request was seen, under the server's id
+    assert marker not in snap.text
 
 
 def test_kv_snapshot_carries_ids_and_counts_never_text(server, client):
@@ -222,7 +263,7 @@ def test_kv_snapshot_carries_ids_and_counts_never_text(server, client):
     is a 400 naming it."""
     prompt = "def kv_view_marker_function(x):"
     client.completions.create(model="test-model", prompt=prompt, max_tokens=4)
-    resp = httpx.get(server.url + "/kv/snapshot", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+    resp = httpx.get(server.url + "/kv/snapshot", headers=OPERATOR, timeout=10)
     assert resp.status_code == 200
     snap = resp.json()
     assert set(snap["pools"]) == {"device", "host"}
@@ -230,9 +271,8 @@ def test_kv_snapshot_carries_ids_and_counts_never_text(server, client):
     assert set(snap["queue_lengths"]) == {"waiting", "running", "swapped"}
     assert "kv_view_marker" not in resp.text
     again = httpx.get(server.url + f"/kv/snapshot?have={snap['number']}&since={snap['last_event']}",
-                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).json()
+                      headers=OPERATOR, timeout=10).json()
     assert again["number"] >= snap["number"] and again["events"] == []
     assert again.get("unchanged") is (again["number"] == snap["number"] or None)
-    bad = httpx.get(server.url + "/kv/snapshot?since=soon", headers={"Authorization": f"Bearer {API_KEY}"},
-                    timeout=10)
+    bad = httpx.get(server.url + "/kv/snapshot?since=soon", headers=OPERATOR, timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "query.since"

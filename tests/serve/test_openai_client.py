@@ -25,6 +25,14 @@ def test_models_lists_the_served_name(client):
     assert ids == [MODEL]
 
 
+def test_models_show_the_served_name_and_no_path_on_the_server(server, client, model_path):
+    """``root`` is the served name: a client learns nothing of the server's disk."""
+    for card in (client.models.list().data[0], client.models.retrieve(MODEL)):
+        assert card.root == MODEL
+    listing = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {client.api_key}"}).text
+    assert model_path not in listing and "/" not in listing.replace("\\/", "")
+
+
 def test_health_and_root(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 

@@ -7,7 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from paged.serve.app import MAX_JSON_DEPTH, Guard, host_allowed, json_depth
+from paged.serve.body import MAX_JSON_DEPTH, json_depth
+from paged.serve.guard import Guard, host_allowed
 
 pytestmark = pytest.mark.step05
 
@@ -47,10 +48,27 @@ def test_guard_without_api_key_refuses_a_rebound_host_with_421():
 
 @pytest.mark.parametrize("content_type, status", [("application/json", 200), ("application/json; charset=utf-8", 200),
                                                   ("application/vnd.api+json", 200), ("text/plain", 415),
-                                                  ("application/x-www-form-urlencoded", 415)])
+                                                  ("application/x-www-form-urlencoded", 415), (None, 415)])
 def test_guard_refuses_a_body_that_is_not_json_by_content_type(content_type, status):
+    """A POST without a Content-Type is refused too: a web page can send one to any address without a preflight."""
     guard = Guard(_ok, api_key=None, max_body_bytes=1024, bind_host=None)
-    assert _post(guard, {"Content-Type": content_type}).status_code == status
+    r = _post(guard, {"Content-Type": content_type} if content_type else {})
+    assert r.status_code == status
+    if status == 415:
+        assert r.json()["error"]["code"] == "unsupported_media_type" and "Content-Type" in r.json()["error"]["message"]
+
+
+def test_guard_answers_503_with_retry_after_once_stopping():
+    """A request gets the stopping server's 503 and its Retry-After before any other check (here: the key)."""
+    from types import SimpleNamespace
+
+    from paged.serve.errors import RETRY_AFTER_S
+
+    guard = Guard(_ok, api_key="k", max_body_bytes=1024, bind_host=None,
+                  admission=SimpleNamespace(stopping="the server is stopping"))
+    r = _post(guard, {})
+    assert r.status_code == 503 and r.headers["retry-after"] == str(RETRY_AFTER_S)
+    assert r.json()["error"]["code"] == "server_shutting_down"
 
 
 def test_json_depth_counts_nesting_without_recursion():

@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from paged.serve.chat import ChatRenderer
+from paged.serve.chat_template import ChatRenderer
 from paged.serve.extensions import IGNORED, REFUSED, REFUSED_VALUES
 from tests.serve.conftest import API_KEY
 

@@ -75,9 +75,9 @@ def test_fused_rms_norm_equals_eager(dtype, width):
 def test_fused_rotary_equals_eager_bitwise(dtype):
     """In place on a strided view of a fused q|k|v output, the same roundings as the eager formula."""
     config = build_hf_model("llama").config
-    from paged.models.config import ModelConfig
+    from paged.models.hf_config import parse_hf_config
 
-    rotary = RotaryEmbedding(ModelConfig.from_hf(config.to_dict()))
+    rotary = RotaryEmbedding(parse_hf_config(config.to_dict()))
     rotary.reset_table(dtype)
     heads, d = 6, rotary.cos.shape[1] * 2
     qkv = _randn(9, heads + 2, d, dtype=dtype, scale=4.0)

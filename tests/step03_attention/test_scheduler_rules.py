@@ -347,3 +347,76 @@ def test_rule_a_stop_string_matches_only_text_decoded_for_good():
     assert (out.finish_reason, out.stop_reason, out.text) == ("stop", "\ufffd", " ok ")
     out = answer(tok.encode(text), "字")
     assert (out.finish_reason, out.text) == ("stop", " 漢")
+
+
+def test_rule_an_eviction_answer_that_is_no_reason_is_refused_naming_the_request():
+    """The loop carries out what the eviction component answers: ``"swap"``, ``"recompute"`` or a finish
+    reason. Anything else (None, a number, an empty string) is a TypeError that names the request."""
+    from paged.step03_attention.policies import EndRequest
+
+    class Answers(EndRequest):
+        def __init__(self, answer):
+            self.answer = answer
+
+        def choose(self, req, *, alone, kv):
+            return self.answer
+
+    for answer in (None, 42, ""):
+        h = Harness(step03, num_blocks=2, eviction=Answers(answer))
+        h.add(7, max_tokens=10, rid="A")
+        with pytest.raises(TypeError, match=f"must answer 'swap', 'recompute' or a finish reason, got {answer!r} "
+                                            "for request A"):
+            h.run(max_iterations=10)
+
+
+def test_rule_a_kv_manager_holds_a_whole_number_of_blocks():
+    """``num_blocks`` must be an int >= 1: a bool, a float or 0 is refused, saying so."""
+    from paged.step03_attention.kv_manager import KVManager
+
+    for bad in (True, 2.0, 0, -1):
+        with pytest.raises(ValueError, match=f"num_blocks must be >= 1, got {bad!r}"):
+            KVManager(bad, 4)
+    assert KVManager(3, 4).num_blocks == 3
+
+
+class _Recording:
+    """A stand-in for the engine's ``SamplingStates`` that records what the scheduler hands it."""
+
+    def __init__(self):
+        self.attached, self.collected = [], []
+
+    def attach(self, plan, requests):
+        self.attached.append((plan, [r.request_id for r in requests]))
+        return {}
+
+    def collect(self, requests, results):
+        self.collected.append(([r.request_id for r in requests], dict(results)))
+
+
+def test_rule_the_sampling_states_see_every_plan_and_its_results():
+    """The scheduler is the plan's one author: it hands each plan it decides to the sampling states (with
+    the running requests, whose contexts go into the plan) and, on update, the running requests and what
+    the workers sampled (prompt logprobs come back there)."""
+    rec = _Recording()
+    h = Harness(step03, num_blocks=8, sampling=rec)
+    h.add(3, max_tokens=2, rid="A")
+    h.add(3, max_tokens=2, rid="B")
+    first = h.tick()
+    assert rec.attached == [(first.plan, ["A", "B"])]
+    drawn = {s: r for s, r in h.runner.execute(first.plan).items()}
+    assert [ids for ids, _ in rec.collected] == [["A", "B"]] and set(rec.collected[0][1]) == set(drawn)
+
+
+def test_rule_stats_count_queues_blocks_and_each_filled_slot_once():
+    """``stats()`` (what /metrics shows): queue lengths, the pool's blocks, the slots holding a token (a
+    block shared by several tables counted once, as full as its fullest table), the empty slots of used
+    blocks and of free ones, preemptions by mode and the prompt tokens computed — exact, by hand: 16
+    blocks of 4; A (6 tokens, then 1 drawn) and W (waiting: the budget admits one prompt)."""
+    h = Harness(step03, num_blocks=16, max_num_batched_tokens=8)
+    h.add(6, max_tokens=3, rid="A")
+    h.add(5, max_tokens=3, rid="W")
+    h.tick()
+    assert h.scheduler.stats() == {
+        "running": 1, "waiting": 1, "swapped": 0, "preemptions": {"swap": 0, "recompute": 0},
+        "blocks_total": 16, "blocks_used": 2, "blocks_free": 14, "token_slots_filled": 6,
+        "internal_fragmentation_slots": 2, "free_slots": 56, "prompt_tokens_total": 6}

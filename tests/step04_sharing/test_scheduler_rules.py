@@ -338,3 +338,101 @@ def test_rule_a_request_for_prompt_logprobs_counts_its_cached_prefix_as_new_bloc
     assert h.tick().kinds("admitted") == [] and h.ids(h.waiting) == ["L"] and h.allocator.num_free == 1
     h.run(max_iterations=10)
     assert h.outputs["L"].num_cached_tokens == 0 and h.outputs["L"].error is None
+
+
+class ChosenProposals:
+    """A stand-in runner whose beams propose what the test chooses: ``propose(generated tokens)`` ->
+    ``{token: logprob}`` in the order given (ties and end tokens where the test wants them)."""
+
+    def __init__(self, scheduler, propose):
+        self.scheduler, self.propose = scheduler, propose
+
+    def execute(self, plan):
+        from paged.sampling.result import SampleResult
+
+        out = {}
+        for i, seq_id in enumerate(plan.seq_ids):
+            if plan.sample[i]:
+                seq = next(s for r in self.scheduler.running for s in r.seqs if s.seq_id == seq_id)
+                tops = self.propose(list(seq.output_token_ids))
+                first = next(iter(tops))
+                out[seq_id] = SampleResult(first, tops[first], tops)
+        return out
+
+
+def _beam(propose, max_tokens=2, **params):
+    h = Harness(step04, num_blocks=32, runner=lambda s: ChosenProposals(s, propose))
+    h.add(PROMPT, max_tokens=max_tokens, rid="beam", use_beam_search=True, **params)
+    h.run(max_iterations=20)
+    out = h.outputs["beam"]
+    assert out.finished and out.error is None and h.allocator.num_used == 0
+    return [o.token_ids for o in out.outputs]
+
+
+def test_rule_beam_ties_go_to_the_earlier_beam_then_the_lower_token():
+    """Chosen proposals that tie: the prompt's row proposes 9, 7 and 5 at the same log-probability (listed
+    out of order) and 11 below; width 2 takes 5 and 7. Both beams then propose 3 and 4 at the same score:
+    the earlier beam (5) takes both and the other is dropped. With width 1 the 2k = 2 kept proposals of
+    three tied ones are the two lowest tokens, so 5 is chosen, not the first listed."""
+    first = {9: -1.0, 7: -1.0, 5: -1.0, 11: -3.0}
+    after = {4: -0.5, 3: -0.5, 6: -2.0, 8: -2.0}
+    assert _beam(lambda t: first if not t else after, n=2, best_of=2) == [[5, 3], [5, 4]]
+    assert _beam(lambda t: {9: -1.0, 7: -1.0, 5: -1.0}, max_tokens=1, n=1, best_of=1, logprobs=3) == [[5]]
+
+
+def test_rule_a_beam_search_whose_every_pick_ends_finishes_at_once():
+    """When each of a beam's 2k best proposals ends the sequence (EOS, a stop token id), no beam lives on:
+    the search ends with those hypotheses, best first. Only the 2k best compete — a fifth proposal (here
+    asked for by ``logprobs=5``) that would have continued is not taken."""
+    ends = {EOS: -0.1, 99: -0.2, 98: -0.3, 97: -0.4, 5: -0.5}
+    assert _beam(lambda t: ends, max_tokens=4, n=2, best_of=2, stop_token_ids=[97, 98, 99], logprobs=5) == [
+        [EOS], [99]]
+
+
+def test_rule_sample_seeds_are_the_request_seed_then_golden_ratio_steps():
+    """The generator seed of parallel sample ``i`` is part of what a seeded request promises (the same
+    answers from one release to the next): sample 0 draws with the request's seed, sample ``i`` with
+    ``seed + i * 0x9E3779B97F4A7C15`` modulo 2**63."""
+    assert sample_seed(5, 0) == 5
+    assert [sample_seed(5, i) for i in (1, 2)] == [(5 + i * 0x9E3779B97F4A7C15) % 2**63 for i in (1, 2)]
+    assert sample_seed(2**63 - 1, 1) == (2**63 - 1 + 0x9E3779B97F4A7C15) % 2**63
+
+
+def test_rule_an_empty_append_copies_nothing_and_an_exact_fit_copy_succeeds():
+    """``append(0)`` on a table whose last block is shared and open takes no block and queues no copy
+    (nothing is written); ``append(1)`` there copies on write, and does so when exactly one block is free."""
+    bm = SharingKVManager(3, 4, enable_prefix_caching=False)
+    table = bm.new_table()
+    bm.allocate_prompt(table, [5, 6, 7, 8, 9])  # 2 blocks, the second partly filled
+    child = table.fork()
+    assert child.slots_for(0) == 0 and child.append(0) == [] and child.take_copies() == []
+    assert bm.allocator.num_free == 1 and child.slots_for(1) == 1
+    slots = child.append(1)
+    copies = child.take_copies()
+    assert len(copies) == 1 and copies[0][0] == table.blocks[1] and slots == [copies[0][1] * 4 + 1]
+    assert bm.allocator.num_free == 0
+
+
+def test_rule_a_one_token_prompt_decodes_without_a_prefix_lookup():
+    """Block size 1: a one-token prompt, then decodes. Each decode's block is a fresh one, recorded as
+    allocated, never as cached (a table that has K/V is not a new prompt to look up)."""
+    h = Harness(step04, num_blocks=8, block_size=1)
+    req = h.add([7], max_tokens=4, rid="A")
+    records = [ev.detail for it in h.run() for ev in it.events if ev.kind == "allocated"]
+    assert [r["cached"] for r in records] == [[]] * 4 and len({b for r in records for b in r["blocks"]}) == 4
+    assert h.outputs["A"].num_cached_tokens == 0 and req.seqs[0].finish_reason == "length"
+
+
+def test_rule_stats_count_a_shared_block_once_and_the_hit_rate():
+    """Step04's stats: three samples of one 9-token prompt map its 3 blocks (9 slots filled, counted once,
+    not three times); a second request with the same prompt finds its 2 full blocks cached: 2 hits of 3
+    lookups (the first request's lookup stopped at its first block, a miss)."""
+    h = Harness(step04, num_blocks=16)
+    h.add(PROMPT, max_tokens=3, rid="A", n=3, temperature=1.0, seed=1)
+    h.tick()  # the prompt, the forks, each sample's first token
+    s = h.scheduler.stats()
+    assert (s["blocks_used"], s["token_slots_filled"], s["prefix_cache_hit_rate"]) == (3, 9, 0.0)
+    h.run()
+    h.add(PROMPT, max_tokens=1, rid="B")
+    h.run()
+    assert h.scheduler.stats()["prefix_cache_hit_rate"] == 2 / 3 and h.outputs["B"].num_cached_tokens == 8

@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paged.models import load_model
-from paged.models.loader import DEFAULT_MODEL_PATH
+from paged.models.default import DEFAULT_MODEL_PATH
 from paged.step05_preemption import PreemptingEngine, SamplingParams
 from tests.engine_loop import drain
 from tests.gguf_files import SMOLLM2, needs_smollm2

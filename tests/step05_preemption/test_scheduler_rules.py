@@ -438,3 +438,119 @@ def test_rule_the_long_prefill_cap_is_an_int_of_zero_or_more():
     for bad in (-1, 1.5, True, "8"):
         with pytest.raises(ValueError, match="long_prefill_token_threshold must be an int >= 0"):
             ChunkedPrefill(bad)
+
+
+def test_rule_a_prompt_with_two_tokens_left_is_a_chunk_served_after_the_decodes():
+    """A prompt with exactly two tokens left to compute is still a prompt chunk, not a decode: with a budget
+    of 2, the decoding D (newer) gets its token first and P's chunk the one token left."""
+    h = Harness(step05, num_blocks=16, max_num_batched_tokens=6, chunking=ChunkedPrefill(3))
+    p = h.add(8, max_tokens=4, rid="P")
+    d = h.add(2, max_tokens=4, rid="D")
+    h.tick()  # P 3, D 2
+    h.tick()  # D 1, P 3: P has 2 left
+    assert p.seqs[0].num_pending == 2
+    h.scheduler.max_num_batched_tokens = 2
+    plan = h.tick().plan
+    assert plan.seq_ids == [d.seqs[0].seq_id, p.seqs[0].seq_id] and plan.query_lens == [1, 1]
+
+
+def test_rule_a_cap_of_one_token_computes_a_prompt_one_token_an_iteration():
+    """``long_prefill_token_threshold=1``: a 2-token prompt runs as 1 + 1 (the cap holds for a chunk of any
+    size above a decode's one token)."""
+    h = Harness(step05, num_blocks=16, chunking=ChunkedPrefill(1))
+    h.add(2, max_tokens=1, rid="P")
+    assert [h.tick().plan.query_lens for _ in range(2)] == [[1], [1]] and h.outputs["P"].finished
+
+
+@pytest.mark.parametrize("tokens, blocks, bytes_per_block, device, expected", [
+    (10, 1, 5e9, "cpu", "swap"),  # recompute 10 * 2 * 5e9 / 5e10 = 2.0 s == swap 2 * 1 * 5e9 / 5e9: a tie swaps
+    (10, 1, 5.25e9, "cpu", "recompute"),  # swap 2.1 s > 2.0 s
+    (10, 1, 4.75e9, "cpu", "swap"),  # swap 1.9 s < 2.0 s
+    (10, 2, 2.4e9, "cpu", "swap"),  # swap 2 * 2 * 2.4e9 / 5e9 = 1.92 s
+    (10, 2, 2.6e9, "cpu", "recompute"),  # 2.08 s
+    (10, 1, 5e9, "tpu", "swap"),  # an unknown device is priced as a CPU
+    (10, 1, 1.25e10, "cuda", "recompute"),  # cuda: recompute 10 * 2 * 5e9 / 1e14 = 1e-3 s, swap 1.0 s
+])
+def test_rule_auto_prices_recompute_against_swap_at_the_devices_rates(tokens, blocks, bytes_per_block, device,
+                                                                       expected):
+    """``choose`` in ``auto`` mode, for one lone sequence of a 5e9-parameter model, at the boundary: recompute
+    costs ``tokens x 2 x params / FLOP/s``, a swap ``2 x blocks x bytes / bandwidth`` (out and back in), at
+    the rates of ``RATES`` (an unknown device takes the CPU's); recompute only when strictly cheaper."""
+    from paged.step05_preemption.policy import choose
+
+    assert choose("auto", 1, tokens, blocks, 8, 5_000_000_000, bytes_per_block, device) == expected
+
+
+def test_rule_a_victim_swaps_when_the_host_pool_has_exactly_its_blocks():
+    """Swap needs the victim's distinct blocks free in the host pool, no more: 3 blocks and 3 free swap,
+    3 blocks and 2 free recompute."""
+    from paged.step05_preemption.policy import choose
+
+    assert choose("swap", 1, 10, 3, 3, 1, 1, "cpu") == "swap" and choose("swap", 1, 10, 3, 2, 1, 1, "cpu") == "recompute"
+
+
+def test_rule_preemption_defaults_and_what_it_weighs():
+    """``Preemption()`` is ``auto`` over default costs; its answer for a victim weighs the cost's device
+    (a 1e9-parameter model on a GPU recomputes a few tokens faster than it moves a 4 MiB block twice, on a
+    CPU not)."""
+    from paged.step05_preemption.policy import Preemption
+
+    assert Preemption().mode == "auto" and Preemption().cost == Cost()
+    answers = {}
+    for device in ("cpu", "cuda"):
+        h = Harness(step05, num_blocks=3, swap_blocks=8, preemption_mode="auto",
+                    cost=Cost(10**9, 2**22, device))
+        h.add(4, max_tokens=6, rid="A")
+        h.add(4, max_tokens=6, rid="B")
+        answers[device] = [ev.detail["mode"] for ev in _until_preempted(h).events if ev.kind == "preempted"]
+    assert answers == {"cpu": ["swap"], "cuda": ["recompute"]}
+
+
+def test_rule_a_swapping_kv_manager_defaults_to_no_host_pool_and_caching():
+    """``SwappingKVManager(N, B)``: no host block, prefix caching on; ``free_order`` reaches its device pool."""
+    from paged.step05_preemption import SwappingKVManager
+
+    kv = SwappingKVManager(4, 4)
+    assert kv.host.num_blocks == 0 and kv.caching
+    assert SwappingKVManager(4, 4, free_order=[2, 0, 3, 1]).allocator.free_blocks() == [2, 0, 3, 1]
+
+
+def test_rule_stats_count_the_swapped_queue_and_the_host_pool():
+    """Step05's stats add the host pool's blocks and count the swapped queue and each preemption by mode."""
+    h = _pressure("swap")
+    _until_preempted(h)
+    s = h.scheduler.stats()
+    assert (s["swapped"], s["preemptions"], s["swap_blocks_total"]) == (2, {"swap": 2, "recompute": 0}, 16)
+    assert s["swap_blocks_used"] == h.host.num_used > 0
+
+
+def test_rule_a_swapped_group_returns_when_its_blocks_and_next_tokens_fit_exactly():
+    """Pool 5: A, B and the group G (``n=3``, 2-token prompt: one block shared by its three samples) start.
+    G's samples then need a block each for copy-on-write, none is left: G, the newest, is swapped out
+    (one host block). Next iteration A has finished; B holds 1 block, so 4 are free — exactly G's one
+    block plus one per sample for its next token — and G comes back and runs in that iteration."""
+    h = Harness(step05, num_blocks=5, swap_blocks=32, preemption_mode="swap", max_num_batched_tokens=6)
+    h.add(2, max_tokens=2, rid="A")
+    h.add(2, max_tokens=5, rid="B")
+    g = h.add(2, max_tokens=8, rid="G", n=3, temperature=1.0, seed=2)
+    h.tick()
+    assert h.tick().kinds("preempted") == ["G"] and h.ids(h.swapped) == ["G"]
+    it = h.tick()
+    assert it.running_before == ["B"] and it.kinds("swapped_in") == ["G"] and len(it.plan.blocks_to_swap_in) == 1
+    assert all(s.seq_id in it.plan.seq_ids for s in g.seqs)
+
+
+def test_rule_a_swapped_group_wider_than_the_budget_left_waits_whole():
+    """Budget 4, groups of three samples: while B's three sequences take 3 of the 4 tokens, the swapped group
+    G (three sequences, one token each) does not fit the 1 left; it is not split, and stays swapped out
+    until it runs whole (alone, when B is done; it is ended later, outgrowing the pool alone)."""
+    h = Harness(step05, num_blocks=6, swap_blocks=32, preemption_mode="swap", max_num_batched_tokens=4)
+    h.add(1, max_tokens=3, rid="A", n=3, temperature=1.0, seed=0)
+    h.add(1, max_tokens=7, rid="B", n=3, temperature=1.0, seed=1)
+    h.add(1, max_tokens=10, rid="G", n=3, temperature=1.0, seed=2)
+    history = h.run()
+    waits = [it for it in history if it.swapped_before == ["G"] and it.running_before == ["B"]]
+    assert waits and all(not it.kinds("swapped_in") and len(it.plan.seq_ids) == 3 for it in waits)
+    back = [it for it in history if it.kinds("swapped_in") == ["G"]]
+    assert len(back) == 1 and back[0].running_before == [] and len(back[0].plan.seq_ids) == 3
+    assert h.outputs["G"].finished and h.allocator.num_used == 0 and h.host.num_used == 0

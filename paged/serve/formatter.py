@@ -1,206 +1,19 @@
-"""The JSON the server answers with, as typed models: OpenAI's completion / chat objects, chunks, logprobs.
+"""Engine outputs -> the response models of ``schemas.py``: choices, whole responses, stream chunks, logprobs.
 
-Every body the server sends is one of the pydantic models below, built and
-then serialized, so the OpenAPI document (``GET /openapi.json``, generated
-from these same models) describes exactly what clients receive.
-
-``Formatter`` builds them from engine outputs — pure functions, no I/O. It
-knows the endpoint (``"completion"`` or ``"chat"``), the response id, the
-model name and the tokenizer used to spell token ids.
+``Formatter`` knows one request: the endpoint (``"completion"`` or ``"chat"``),
+the response id, the model name and the tokenizer used to spell token ids. Its
+methods are pure (no I/O): the caller serializes what they return, as JSON
+(``generation.py``) or as server-sent events (``streaming.py``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Literal
 
-from fastapi.responses import Response
-from pydantic import BaseModel, Field
-
-# "kv_cache_exhausted": step03's engine, which cannot preempt, ends a request that finds no free block
-FinishReason = Literal["stop", "length", "kv_cache_exhausted"]
-
-
-# -- shared pieces ----------------------------------------------------------------
-class Usage(BaseModel):
-    """Token counts of a request (all prompts, all returned choices)."""
-
-    prompt_tokens: int = Field(ge=0)
-    completion_tokens: int = Field(ge=0)
-    total_tokens: int = Field(ge=0)
-
-
-class ErrorDetail(BaseModel):
-    message: str = Field(description="what was wrong and, for a bound, what the bound is")
-    type: str = Field(description="invalid_request_error, authentication_error, not_found_error, server_error...")
-    param: str | None = Field(description="the request field at fault, e.g. max_tokens or messages.0.role")
-    code: str | None
-
-
-class ErrorResponse(BaseModel):
-    """Every 4xx/5xx answer, and the last event of a stream the engine failed under."""
-
-    error: ErrorDetail
-
-
-# -- logprobs -----------------------------------------------------------------------
-class CompletionLogprobs(BaseModel):
-    """Per generated token: its text, its logprob, the top alternatives, and where it starts in the text."""
-
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
-    text_offset: list[int]
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] = Field(description="the token's exact UTF-8 bytes (a fragment of a character is possible)")
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
-
-
-class ChatLogprobs(BaseModel):
-    content: list[TokenLogprob]
-    refusal: list[TokenLogprob] | None = Field(None, description="always null: this server never refuses")
-
-
-# -- whole responses ------------------------------------------------------------------
-class CompletionChoice(BaseModel):
-    index: int = Field(ge=0, description="prompt * n + choice, as OpenAI numbers them")
-    text: str
-    logprobs: CompletionLogprobs | None
-    finish_reason: FinishReason
-    stop_reason: str | int | None = Field(description="the stop string or stop token id that ended it, if any")
-
-
-class CompletionResponse(BaseModel):
-    """``POST /v1/completions`` without ``stream``."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-    refusal: str | None = Field(None, description="always null: this server never refuses")
-
-
-class ChatChoice(BaseModel):
-    index: int = Field(ge=0)
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None
-    finish_reason: FinishReason
-    stop_reason: str | int | None
-
-
-class ChatCompletionResponse(BaseModel):
-    """``POST /v1/chat/completions`` without ``stream``."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-# -- stream chunks ----------------------------------------------------------------------
-class CompletionChunkChoice(BaseModel):
-    index: int = Field(ge=0)
-    text: str
-    logprobs: CompletionLogprobs | None
-    finish_reason: FinishReason | None
-
-
-class CompletionChunk(BaseModel):
-    """One event of a streamed completion; the last one carries only ``usage`` when asked for."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChunkChoice]
-    usage: Usage | None = None
-
-
-class Delta(BaseModel):
-    """A chunk's new text; only the first chunk of a choice names the role (``OpeningDelta``)."""
-
-    content: str | None = None
-
-
-class OpeningDelta(Delta):
-    role: Literal["assistant"] = "assistant"
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = Field(ge=0)
-    delta: OpeningDelta | Delta
-    logprobs: ChatLogprobs | None
-    finish_reason: FinishReason | None
-
-
-class ChatCompletionChunk(BaseModel):
-    """One event of a streamed chat completion (the first one opens with the role)."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-# -- the other routes -----------------------------------------------------------------------
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str
-    root: str = Field(description="the checkpoint folder")
-    max_model_len: int = Field(ge=1)
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class Health(BaseModel):
-    status: Literal["ok"] = "ok"
-
-
-class Index(BaseModel):
-    name: str
-    model: str
-    endpoints: list[str]
-
-
-# Characters that end a line for str.splitlines() (and httpx's line reader) but not for SSE, which
-# JSON leaves raw inside strings; escaped, they decode to the same text and keep an event one line.
-_SPLITLINES_ONLY = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
-
-
-def sse(event: BaseModel) -> str:
-    """One server-sent event carrying ``event`` as JSON, on one line for any line reader."""
-    return f"data: {event.model_dump_json().translate(_SPLITLINES_ONLY)}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def json_response(body: BaseModel, status_code: int = 200) -> Response:
-    """``body`` serialized by pydantic, as an ``application/json`` response."""
-    return Response(body.model_dump_json(), status_code=status_code, media_type="application/json")
+from paged.serve.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+                                 ChatCompletionResponse, ChatLogprobs, CompletionChoice, CompletionChunk,
+                                 CompletionChunkChoice, CompletionLogprobs, CompletionResponse, Delta, OpeningDelta,
+                                 TokenLogprob, TopLogprob, Usage)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -332,21 +145,18 @@ class Formatter:
 
     # -- stream chunks ------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, logprobs=None, finish_reason: str | None = None,
-              role: bool = False, counts: tuple[int, int] | None = None) -> str:
-        """One SSE chunk for choice ``index`` (``role``: the chat stream's opening chunk; ``counts``:
+              role: bool = False, counts: tuple[int, int] | None = None) -> CompletionChunk | ChatCompletionChunk:
+        """One stream chunk for choice ``index`` (``role``: the chat stream's opening chunk; ``counts``:
         ``(prompt, completion)`` tokens so far, sent as ``usage`` for vLLM's ``continuous_usage_stats``)."""
         counts = usage(*counts) if counts is not None else None
         if self.kind == "chat":
             delta = OpeningDelta(content="") if role else Delta(content=text)
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
-            return sse(ChatCompletionChunk(**self._head(), choices=[choice], usage=counts))
+            return ChatCompletionChunk(**self._head(), choices=[choice], usage=counts)
         choice = CompletionChunkChoice(index=index, text=text or "", logprobs=logprobs, finish_reason=finish_reason)
-        return sse(CompletionChunk(**self._head(), choices=[choice], usage=counts))
+        return CompletionChunk(**self._head(), choices=[choice], usage=counts)
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> CompletionChunk | ChatCompletionChunk:
+        """The stream's last chunk when ``include_usage`` was asked for: no choices, the request's counts."""
         model = ChatCompletionChunk if self.kind == "chat" else CompletionChunk
-        return sse(model(**self._head(), choices=[], usage=usage(prompt_tokens, completion_tokens)))
-
-    def error_chunk(self, message: str, type: str = "server_error", param: str | None = None,
-                    code: str | None = None) -> str:
-        return sse(ErrorResponse(error=ErrorDetail(message=message, type=type, param=param, code=code)))
+        return model(**self._head(), choices=[], usage=usage(prompt_tokens, completion_tokens))

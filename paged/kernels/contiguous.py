@@ -1,0 +1,46 @@
+"""``causal_attention``: plain causal attention over one sequence's contiguous keys and values.
+
+The specification every attention path is measured against (docs/architecture.md,
+the one oracle): the kernels' fallback (``paged.kernels.cpu``), the models'
+``ContiguousAttention``, step03's reference path and the tests all call this one
+function. It sits with the kernels, the bottom of the ladder, so each of them
+imports it without climbing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_attention(
+    q: torch.Tensor,  # [T_q, H, D]   queries of the last T_q positions
+    k: torch.Tensor,  # [T_k, H_kv, D] every key of the sequence, oldest first
+    v: torch.Tensor,  # [T_k, H_kv, D]
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:  # [T_q, H, D]
+    """Query ``i`` sits at position ``p = T_k - T_q + i`` and sees keys ``0..p``, or with a sliding
+    ``window`` W keys ``p - W + 1 .. p`` only (transformers' and llama.cpp's window: W keys, itself
+    included).
+
+    Grouped-query attention by repeating each KV head ``H // H_kv`` times. ``softcap`` (Gemma 2)
+    turns each score ``s = scale * q·k`` into ``softcap * tanh(s / softcap)`` before the mask and a
+    float32 softmax, written out as transformers' eager attention does it; without it, SDPA.
+    """
+    t_q, h, _ = q.shape
+    t_k, h_kv, _ = k.shape
+    k = k.repeat_interleave(h // h_kv, dim=1)  # [T_k, H, D]
+    v = v.repeat_interleave(h // h_kv, dim=1)
+    key_pos = torch.arange(t_k, device=q.device)[None, :]  # [1, T_k]
+    query_pos = torch.arange(t_k - t_q, t_k, device=q.device)[:, None]  # [T_q, 1]
+    mask = key_pos <= query_pos  # [T_q, T_k]
+    if window is not None:
+        mask &= key_pos > query_pos - window
+    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, T, D]
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(0, 1)
+    scores = torch.tanh(q @ k.transpose(1, 2) * scale / softcap) * softcap  # [H, T_q, T_k]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v).transpose(0, 1)

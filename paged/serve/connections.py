@@ -1,0 +1,192 @@
+"""The socket layer: idle and slow connections are shed, and connections are capped with a clean 503.
+
+uvicorn closes a connection idle *between* requests (its keep-alive timeout)
+but not one that never sends a request, nor one that sends its request head a
+byte at a time, and it caps nothing: 2 000 silent sockets stayed open for good,
+and at the process's descriptor limit every new client was refused while the
+event loop logged a traceback for each failed ``accept``. So the server runs
+uvicorn's own h11 protocol with three additions (``SheddingProtocol``), all
+in the transport, before a request reaches the app:
+
+* **idle timeout** (``--idle-timeout``): a connection that sends no byte of a
+  first request within it is closed;
+* **header timeout** (``--header-timeout``): a request head (the request line
+  and the headers) must be complete within it of its first byte, else a 408
+  and the connection is closed; the body is read by the guard, whose size is
+  bounded, and the time after the head is the request's own;
+* **connection cap** (``--max-connections``): a connection beyond it is
+  answered at once with a 503 (OpenAI's error JSON, ``Retry-After``) and
+  closed. The cap is kept below the process's descriptor limit (raised to
+  its hard limit when the cap needs it), so ``accept`` does not run out
+  (``connection_limits``).
+
+What is shed is logged as one line per burst (``BurstLog``: counts per
+reason, at most one line every ``BURST_S`` seconds), and so are the event
+loop's ``accept`` failures, should the descriptors still run out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+from collections import Counter
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+logger = logging.getLogger("paged.serve")
+
+DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_IDLE_TIMEOUT_S = 10.0
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+MAX_BACKLOG = 511  # connections the kernel queues (nginx's default), fewer when descriptors are short
+FD_RESERVE = 64  # descriptors the process holds besides its connections (model files, pipes, the loop's own)
+BURST_S = 10.0  # a burst's counts are logged once, this long after its first event
+RETRY_OVER_CAP_S = 1  # a refused client may try again this soon: connections come and go quickly
+
+
+def raw_response(status: int, reason: str, message: str, code: str, headers: dict | None = None) -> bytes:
+    """A whole HTTP/1.1 response carrying OpenAI's error JSON, closing the connection (no h11 state needed)."""
+    body = json.dumps({"error": {"message": message, "type": "service_unavailable" if status == 503 else
+                                 "invalid_request_error", "param": None, "code": code}}).encode()
+    head = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/json", f"Content-Length: {len(body)}",
+            "Connection: close", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def connection_limits(wanted: int) -> tuple[int, int]:
+    """``(cap, backlog)``: ``wanted`` connections, or fewer when the descriptor limit cannot hold them (raised to
+    its hard limit first when that helps), and the listen backlog that leaves room for.
+
+    asyncio accepts up to a backlog's worth of connections in one go before the cap can refuse any, so the
+    limit must hold the cap, the backlog and the process's own descriptors (``FD_RESERVE``) at once.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = wanted + MAX_BACKLOG + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return wanted, MAX_BACKLOG
+    backlog = min(MAX_BACKLOG, soft // 8)
+    return max(1, min(wanted, soft - backlog - FD_RESERVE)), backlog
+
+
+class BurstLog:
+    """Counts of shed connections, logged as one line per burst instead of one per socket."""
+
+    def __init__(self, window_s: float = BURST_S, log=logger.warning) -> None:
+        self.window_s = window_s
+        self.log = log
+        self.counts: Counter = Counter()
+        self._handle = None
+
+    def note(self, loop, reason: str) -> None:
+        self.counts[reason] += 1
+        if self._handle is None:
+            self._handle = loop.call_later(self.window_s, self.flush)
+
+    def flush(self) -> None:
+        self._handle = None
+        if self.counts:
+            total = sum(self.counts.values())
+            self.log("shed %d connection(s) in the last %.0f s: %s", total, self.window_s,
+                     ", ".join(f"{n} {reason}" for reason, n in self.counts.most_common()))
+            self.counts.clear()
+
+
+class Shedding:
+    """The limits every connection of one server is held to, and the burst log they share.
+
+    Args:
+        max_connections: connections served at once; beyond it a 503 (see ``connection_limits``).
+        idle_timeout: seconds a new connection may wait before the first byte of a request.
+        header_timeout: seconds a request head may take from its first byte to its end.
+        burst_log: the ``BurstLog`` (a fresh one by default).
+    """
+
+    def __init__(self, max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
+                 header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, burst_log: BurstLog | None = None) -> None:
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.header_timeout = header_timeout
+        self.burst_log = burst_log or BurstLog()
+        self.over_cap = raw_response(503, "Service Unavailable", f"the server has {max_connections} connections "
+                                     "open (--max-connections); try again shortly", "too_many_connections",
+                                     {"Retry-After": RETRY_OVER_CAP_S})
+        self.too_slow = raw_response(408, "Request Timeout", f"the request head (request line and headers) did "
+                                     f"not arrive within {header_timeout:g} s of its first byte (--header-timeout)",
+                                     "request_timeout")
+
+    def protocol(self, *args, **kwargs) -> SheddingProtocol:
+        """uvicorn's ``http=`` factory: one ``SheddingProtocol`` per connection."""
+        return SheddingProtocol(*args, shedding=self, **kwargs)
+
+    def exception_handler(self, loop, context: dict) -> None:
+        """The event loop's handler: a failed ``accept`` (no descriptor left) is counted, anything else logged
+        as asyncio would."""
+        if context.get("message", "").startswith("socket.accept() out of system resource"):
+            self.burst_log.note(loop, "not accepted: no file descriptor left")
+        else:
+            loop.default_exception_handler(context)
+
+
+class SheddingProtocol(H11Protocol):
+    """uvicorn's h11 protocol, with the idle and header timeouts and the connection cap of ``Shedding``."""
+
+    def __init__(self, *args, shedding: Shedding, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.shedding = shedding
+        self.refused = False
+        self._timer = None  # the idle or head deadline, while one runs
+        self._reading_head = False
+
+    def connection_made(self, transport) -> None:
+        if len(self.connections) >= self.shedding.max_connections:
+            self.refused = True
+            transport.write(self.shedding.over_cap)
+            transport.close()
+            self.shedding.burst_log.note(self.loop, "over --max-connections")
+            return
+        super().connection_made(transport)
+        self._timer = self.loop.call_later(self.shedding.idle_timeout, self._shed, b"",
+                                           "idle before a first request")
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        if self.conn.their_state is h11.IDLE and not self._reading_head:  # the first byte of a request head
+            self._reading_head = True
+            self._cancel_timer()
+            self._timer = self.loop.call_later(self.shedding.header_timeout, self._shed, self.shedding.too_slow,
+                                               "request head slower than --header-timeout")
+        super().data_received(data)
+        if self._reading_head and self.conn.their_state is not h11.IDLE:  # h11 has the whole head
+            self._reading_head = False
+            self._cancel_timer()
+
+    def connection_lost(self, exc) -> None:
+        self._cancel_timer()
+        if not self.refused:
+            super().connection_lost(exc)
+
+    def eof_received(self) -> None:
+        if not self.refused:
+            super().eof_received()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _shed(self, answer: bytes, reason: str) -> None:
+        self._timer = None
+        if answer:
+            self.transport.write(answer)
+        self.transport.close()
+        self.shedding.burst_log.note(self.loop, reason)

@@ -1,0 +1,180 @@
+"""What the server answers with, as typed models: OpenAI's completion and chat objects, chunks, logprobs, errors.
+
+Every body the server sends is one of the pydantic models below, built and
+then serialized, so the OpenAPI document (``GET /openapi.json``, generated
+from these same models) describes exactly what clients receive. The request
+side is ``protocol.py``; ``formatter.py`` builds these from engine outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+# "kv_cache_exhausted": step03's engine, which cannot preempt, ends a request that finds no free block
+FinishReason = Literal["stop", "length", "kv_cache_exhausted"]
+
+
+# -- shared pieces ----------------------------------------------------------------
+class Usage(BaseModel):
+    """Token counts of a request (all prompts, all returned choices)."""
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="what was wrong and, for a bound, what the bound is")
+    type: str = Field(description="invalid_request_error, authentication_error, not_found_error, server_error...")
+    param: str | None = Field(description="the request field at fault, e.g. max_tokens or messages.0.role")
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx answer, and the last event of a stream the engine failed under."""
+
+    error: ErrorDetail
+
+
+# -- logprobs -----------------------------------------------------------------------
+class CompletionLogprobs(BaseModel):
+    """Per generated token: its text, its logprob, the top alternatives, and where it starts in the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] = Field(description="the token's exact UTF-8 bytes (a fragment of a character is possible)")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+    refusal: list[TokenLogprob] | None = Field(None, description="always null: this server never refuses")
+
+
+# -- whole responses ------------------------------------------------------------------
+class CompletionChoice(BaseModel):
+    index: int = Field(ge=0, description="prompt * n + choice, as OpenAI numbers them")
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason
+    stop_reason: str | int | None = Field(description="the stop string or stop token id that ended it, if any")
+
+
+class CompletionResponse(BaseModel):
+    """``POST /v1/completions`` without ``stream``."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: str | None = Field(None, description="always null: this server never refuses")
+
+
+class ChatChoice(BaseModel):
+    index: int = Field(ge=0)
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason
+    stop_reason: str | int | None
+
+
+class ChatCompletionResponse(BaseModel):
+    """``POST /v1/chat/completions`` without ``stream``."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+# -- stream chunks ----------------------------------------------------------------------
+class CompletionChunkChoice(BaseModel):
+    index: int = Field(ge=0)
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class CompletionChunk(BaseModel):
+    """One event of a streamed completion; the last one carries only ``usage`` when asked for."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class Delta(BaseModel):
+    """A chunk's new text; only the first chunk of a choice names the role (``OpeningDelta``)."""
+
+    content: str | None = None
+
+
+class OpeningDelta(Delta):
+    role: Literal["assistant"] = "assistant"
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = Field(ge=0)
+    delta: OpeningDelta | Delta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One event of a streamed chat completion (the first one opens with the role)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+# -- the other routes -----------------------------------------------------------------------
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    root: str = Field(description="the model's name, as served (never a path on the server)")
+    max_model_len: int = Field(ge=1)
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Index(BaseModel):
+    name: str
+    model: str
+    endpoints: list[str]

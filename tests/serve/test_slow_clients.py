@@ -1,0 +1,235 @@
+"""Idle and slow connections are shed and connections are capped (``paged/serve/connections.py``).
+
+In-process, the protocol runs under a real uvicorn on a free loopback port in front of an app that
+answers ``ok``, with short limits:
+
+* a connection that sends nothing is closed once the idle timeout has passed;
+* a request head sent a byte at a time gets a 408 (OpenAI's error JSON) and is closed once the header
+  timeout has passed — also the second head on a kept-alive connection — while a head sent in two
+  parts within the timeout is served;
+* a connection beyond the cap gets a 503 with ``Retry-After`` at once and is closed; once one closes,
+  a new one is served;
+* a burst of shed connections, or of failed ``accept`` s, is one log line;
+* the cap stays below the descriptor limit.
+
+Then the command line: ``python -m paged.serve`` with ``--idle-timeout``, ``--header-timeout`` and
+``--max-connections`` sheds the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from paged.serve.connections import FD_RESERVE, BurstLog, Shedding, connection_limits
+from tests.serve.conftest import Server, server_args
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+SLACK_S = 1.5  # how much later than its timeout a shed may come on a loaded machine
+
+
+async def ok_app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+class Running:
+    """uvicorn with ``shedding`` serving ``ok_app`` on its own thread."""
+
+    def __init__(self, shedding: Shedding) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        config = uvicorn.Config(ok_app, host="127.0.0.1", port=self.port, http=shedding.protocol, lifespan="off",
+                                log_level="warning", backlog=64)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+
+    def connect(self) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        return s
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def read_answer(s: socket.socket) -> bytes:
+    """One whole ``ok`` answer (the connection stays open)."""
+    data = b""
+    while not data.endswith(b"\r\n\r\nok"):
+        data += s.recv(65536)
+    return data
+
+
+def read_all(s: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (at most 10 s)."""
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
+@pytest.fixture
+def running(request):
+    r = Running(request.param)
+    yield r
+    r.stop()
+
+
+def shedding(**kw) -> Shedding:
+    return Shedding(**{"max_connections": 100, "idle_timeout": 30.0, "header_timeout": 30.0, **kw})
+
+
+@pytest.mark.parametrize("running", [shedding(idle_timeout=0.5)], indirect=True)
+def test_a_silent_connection_is_closed_after_the_idle_timeout(running):
+    silent, t0 = running.connect(), time.monotonic()
+    assert read_all(silent) == b""  # closed, nothing said: it asked nothing
+    assert 0.4 < time.monotonic() - t0 < 0.5 + SLACK_S
+    prompt = running.connect()
+    prompt.sendall(REQUEST)
+    assert prompt.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("running", [shedding(header_timeout=1.0)], indirect=True)
+def test_a_request_head_a_byte_at_a_time_gets_408_after_the_header_timeout(running):
+    slow, t0 = running.connect(), time.monotonic()
+    slow.settimeout(0.2)
+    answer = b""
+    for byte in REQUEST:
+        try:
+            slow.send(bytes([byte]))
+            answer += slow.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError:
+            break
+        if answer:
+            break
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    took = time.monotonic() - t0
+    assert 0.9 < took < 1.0 + SLACK_S, took
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "request_timeout" and "--header-timeout" in error["message"]
+    halves = running.connect()  # a head in two parts, within the timeout, is served
+    halves.sendall(REQUEST[:10])
+    time.sleep(0.3)
+    halves.sendall(REQUEST[10:])
+    assert halves.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("running", [shedding(header_timeout=1.0)], indirect=True)
+def test_the_next_head_on_a_kept_alive_connection_is_timed_too(running):
+    s = running.connect()
+    s.sendall(REQUEST)
+    assert read_answer(s).startswith(b"HTTP/1.1 200")
+    s.sendall(REQUEST[:5])  # and then nothing more
+    t0 = time.monotonic()
+    assert read_all(s).startswith(b"HTTP/1.1 408")
+    assert 0.9 < time.monotonic() - t0 < 1.0 + SLACK_S
+
+
+@pytest.mark.parametrize("running", [shedding(max_connections=3)], indirect=True)
+def test_connections_beyond_the_cap_get_503_at_once_and_closed(running):
+    held = [running.connect() for _ in range(3)]
+    time.sleep(0.2)
+    extra, t0 = running.connect(), time.monotonic()
+    answer = read_all(extra)
+    assert time.monotonic() - t0 < SLACK_S
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
+    assert json.loads(body)["error"]["code"] == "too_many_connections"
+    held.pop().close()
+    time.sleep(0.2)
+    assert httpx.get(f"http://127.0.0.1:{running.port}/", timeout=10).status_code == 200
+    for s in held:
+        s.close()
+
+
+def test_a_burst_of_shed_connections_is_one_log_line():
+    lines: list[str] = []
+    burst = BurstLog(window_s=0.5, log=lambda fmt, *args: lines.append(fmt % args))
+    running = Running(Shedding(max_connections=2, idle_timeout=30.0, header_timeout=30.0, burst_log=burst))
+    try:
+        held = [running.connect() for _ in range(2)]
+        time.sleep(0.2)
+        refused = [running.connect() for _ in range(30)]
+        for s in refused:
+            read_all(s)
+        time.sleep(0.8)
+        assert len(lines) == 1 and "30 over --max-connections" in lines[0], lines
+        for s in held + refused:
+            s.close()
+    finally:
+        running.stop()
+
+
+def test_failed_accepts_are_counted_not_logged_one_by_one():
+    """The event loop's 'out of system resource' errors (no descriptor left) go to the burst log."""
+    import asyncio
+
+    lines: list[str] = []
+    s = Shedding(burst_log=BurstLog(window_s=0.1, log=lambda fmt, *args: lines.append(fmt % args)))
+
+    async def burst():
+        loop = asyncio.get_running_loop()
+        for _ in range(2000):
+            s.exception_handler(loop, {"message": "socket.accept() out of system resource",
+                                       "exception": OSError(24, "Too many open files")})
+        await asyncio.sleep(0.3)
+
+    asyncio.run(burst())
+    assert lines == ["shed 2000 connection(s) in the last 0 s: 2000 not accepted: no file descriptor left"]
+
+
+def test_the_cap_and_backlog_stay_below_the_descriptor_limit():
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert connection_limits(10)[0] == 10
+    cap, backlog = connection_limits(10**9)
+    assert 0 < backlog and cap + backlog + FD_RESERVE <= resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= soft  # raised, never lowered
+
+
+# -- the command line -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def limited(model_path):
+    s = Server(model_path, server_args() + ["--idle-timeout", "1", "--header-timeout", "2",
+                                            "--max-connections", "8"])
+    yield s
+    s.stop()
+
+
+def test_the_server_sheds_by_its_options(limited):
+    """``--idle-timeout 1``: a silent socket is closed; ``--max-connections 8``: the ninth gets a 503; the
+    log says so in one line."""
+    port = limited.port
+    silent, t0 = socket.create_connection(("127.0.0.1", port), timeout=10), time.monotonic()
+    assert read_all(silent) == b"" and time.monotonic() - t0 < 1 + SLACK_S
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+    time.sleep(0.3)
+    r = httpx.get(limited.url + "/health", timeout=10)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_connections"
+    for s in held:
+        s.close()
+    time.sleep(0.3)
+    assert httpx.get(limited.url + "/health", timeout=10).status_code == 200
+    deadline = time.monotonic() + 15  # the burst log writes its line BURST_S after the burst began
+    while "shed " not in limited.output() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    shed = [line for line in limited.output().splitlines() if "shed " in line]
+    assert len(shed) == 1 and "over --max-connections" in shed[0] and "idle before a first request" in shed[0]
