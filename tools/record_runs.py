@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from paged.models import load_model  # noqa: E402
-from paged.models.loader import DEFAULT_MODEL_PATH  # noqa: E402
+from paged.models.default import DEFAULT_MODEL_PATH  # noqa: E402
 from paged.sampling.sampling_params import SamplingParams  # noqa: E402
 from paged.step04_sharing.snapshot import take_snapshot  # noqa: E402
 

@@ -268,7 +268,7 @@ def figure9_demo() -> list[Snapshot]:
     import torch
 
     from paged.models import load_model
-    from paged.models.loader import DEFAULT_MODEL_PATH
+    from paged.models.default import DEFAULT_MODEL_PATH
 
     model = load_model(DEFAULT_MODEL_PATH, dtype=torch.float32)
     tok = model.tokenizer
