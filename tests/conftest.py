@@ -14,6 +14,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, is_hypothesis_test, settings
@@ -94,8 +95,14 @@ def pytest_configure(config):
         except ValueError as err:
             raise pytest.UsageError(str(err)) from None
         config._lab_failures = []
-        # one failure per test, shrunk, rather than a group of every distinct bug found
-        settings.register_profile("lab", settings(settings(), report_multiple_bugs=False))
+        origin = Path(config._lab[2])
+        config._lab_file = (labs.ROOT / origin).resolve() if origin.suffix == ".py" else None
+        config.option.durations = None  # a learner reads the summary, not which test was slow
+        # one failure per test, shrunk, rather than a group of every distinct bug found; no "explain"
+        # phase: it replaces arguments that do not matter by "# or any other generated value", and a
+        # learner needs the whole example to replay it
+        settings.register_profile("lab", settings(settings(), report_multiple_bugs=False,
+                                                  phases=[p for p in Phase if p is not Phase.explain]))
         settings.load_profile("lab")
 
 
@@ -121,44 +128,17 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if call.excinfo is None or not report.failed or not getattr(item.config, "_lab", None):
         return
-    from pathlib import Path
+    from tests import lab_report
 
-    error = call.excinfo.value
-    test_file = Path(str(item.fspath)).resolve()
-    frames = [e for e in call.excinfo.traceback if Path(str(e.path)).resolve() == test_file]
-    where = frames[-1] if frames else None
-    chain = " → ".join(dict.fromkeys(e.name for e in frames))
-    mine = next((e for e in reversed(call.excinfo.traceback) if "/labs/" in str(e.path)), None)
-    message = [line for line in str(error).strip().splitlines() if line.strip()][:4]
-    item.config._lab_failures.append({
-        "test": item.nodeid,
-        "where": f"{chain} (line {where.lineno + 1}): {str(where.statement).strip()}" if where else "?",
-        "error": f"{type(error).__name__}: " + "\n    ".join(message),
-        "mine": f"{Path(str(mine.path)).name}:{mine.lineno + 1} in {mine.name}" if mine else None,
-        "example": [n for n in getattr(error, "__notes__", []) if n.strip()],
-    })
+    item.config._lab_failures.append(lab_report.describe(item, call))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not getattr(config, "_lab", None):
         return
+    from tests import lab_report
+
     key, lab, origin = config._lab
-    write = terminalreporter.write_line
     terminalreporter.section(f"lab {key}: {lab.title}")
-    write(f"functions from {origin}: {', '.join(name for _, _, name in lab.targets)}")
-    failures = config._lab_failures
-    if not failures and exitstatus == 0:
-        write(f"every invariant holds: lab {key} passes.")
-        return
-    for f in failures:
-        write("")
-        write(f"FAILED {f['test']}")
-        write(f"  invariant or rule that broke: {f['where']}")
-        write(f"  {f['error']}")
-        if f["mine"]:
-            write(f"  raised in your code: {f['mine']}")
-        if f["example"]:
-            write("  smallest counterexample (Hypothesis, shrunk):")
-            for note in f["example"]:
-                for line in note.splitlines():
-                    write(f"    {line}")
+    lab_report.write_summary(terminalreporter.write_line, key, origin,
+                             [name for _, _, name in lab.targets], config._lab_failures, exitstatus == 0)

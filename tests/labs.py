@@ -8,9 +8,10 @@ A lab names, for one step, the one or two functions that carry its idea (``targe
 and the tests of that step that exercise them (``tests``). ``pytest --lab 02`` (see
 ``tests/conftest.py``) sets each function of ``labs/step02.py`` in place of the
 reference one on the class or module that owns it, for the whole run, keeps only the
-lab's tests, and ends with a summary: for each failing test, the invariant or rule
-that broke (the function of the test where the assertion failed, and its message) and
-Hypothesis's smallest counterexample.
+lab's tests, and ends with a summary (``tests/lab_report.py``): for each failing test,
+what must hold in words, what broke with its numbers, and Hypothesis's smallest
+example in full. ``tests/lab_mistakes/`` holds the mistakes learners make, each planted
+in an otherwise right answer; ``--check`` runs them too.
 
 There is one implementation, the reference in ``paged/``; a lab file holds only the
 learner's version of a few functions. ``--lab-source reference`` runs the reference's
@@ -20,8 +21,10 @@ that the stubs fail and the reference passes.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +72,8 @@ LABS: dict[str, Lab] = {
         "sharing blocks: fork, and copy-on-write on the first write",
         (("paged.step04_sharing.cow_table", "CowBlockTable.fork", "fork"),
          ("paged.step04_sharing.cow_table", "CowBlockTable.append", "append")),
-        ("tests/step04_sharing/test_sharing_stateful.py",
+        ("tests/step04_sharing/test_cow_table.py",
+         "tests/step04_sharing/test_sharing_stateful.py",
          "tests/step04_sharing/test_scheduler_rules.py::test_rule_a_group_computes_its_prompt_once_and_forks"),
     ),
     "05": Lab(
@@ -135,12 +139,33 @@ def install(step: str, source: str = "labs") -> tuple[str, Lab, str]:
         if missing:
             raise ValueError(f"lab {key}: {path} defines no {', '.join(missing)} (the functions it must hold: "
                              f"{', '.join(name for _, name in owners)})")
-        functions = [getattr(module, name) for _, name in owners]
+        functions = [_returns_something(getattr(module, name), vars(owner)[attr], f"{path.name}: {name}")
+                     for (owner, attr), name in owners]
         origin = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
     for ((owner, attr), _), function in zip(owners, functions):
         _replaced.append((owner, attr, vars(owner)[attr]))
         setattr(owner, attr, function)
     return key, lab, origin
+
+
+def _returns_something(function, reference, name: str):
+    """``function``, refusing to return None where the reference it replaces returns a value.
+
+    A stub or a forgotten ``return`` gives None, and the caller fails far away (``'NoneType' object
+    is not iterable`` in the scheduler); this says at once which function and what it must return.
+    """
+    returns = inspect.signature(reference).return_annotation
+    if returns in (None, "None", inspect.Signature.empty):
+        return function
+
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        result = function(*args, **kwargs)
+        if result is None:
+            raise TypeError(f"{name} returned None; it must return {returns} (a `return` missing?)")
+        return result
+
+    return checked
 
 
 _replaced: list = []  # (owner, name, the reference's function), most recent last
@@ -160,12 +185,24 @@ def selected(nodeid: str, lab: Lab) -> bool:
 
 def _pytest_args(key: str, source: str) -> list[str]:
     files = sorted({t.split("::")[0] for t in LABS[key].tests})
-    return [*files, f"--lab={key}", f"--lab-source={source}", "-p", "no:cacheprovider", "-q", "--tb=no"]
+    # schemathesis's pytest plugin (the server's fuzz tests use schemathesis without it) blanks every
+    # argument of Hypothesis's failing example ("batch=,"): a lab needs the arguments in full
+    return [*files, f"--lab={key}", f"--lab-source={source}", "-p", "no:cacheprovider", "-p", "no:schemathesis",
+            "-q", "--tb=no"]
+
+
+MISTAKES = ROOT / "tests" / "lab_mistakes"  # a learner's answer with one planted mistake per file
+
+
+def mistakes(key: str) -> list[Path]:
+    """The planted-mistake files of lab ``key`` (``tests/lab_mistakes/stepNN_*.py``)."""
+    return sorted(MISTAKES.glob(f"step{key}_*.py"))
 
 
 def check(keys: list[str]) -> dict:
-    """Every lab of ``keys`` twice in this one process: with its stubs (stopping at the first
-    failure) and with the reference. Returns ``{key: {"labs" | "reference": {"rc", "output"}}}``.
+    """Every lab of ``keys`` in this one process: with its stubs, with each planted mistake (both
+    stopping at the first failure) and with the reference. Returns ``{key: {"labs" | "reference":
+    {"rc", "output"}, "mistakes": {file stem: {"rc", "output"}}}}``.
 
     What ``tests/test_labs.py`` reads: one interpreter, so torch, Hypothesis and the test modules
     are imported once instead of once per run.
@@ -177,14 +214,18 @@ def check(keys: list[str]) -> dict:
 
     results: dict = {}
     for key in keys:
-        for source, extra in (("labs", ["-x"]), ("reference", [])):
+        runs = [("labs", "labs", ["-x"]), ("reference", "reference", [])]
+        runs += [(path.stem, str(path), ["-x"]) for path in mistakes(key)]
+        for name, source, extra in runs:
             out = io.StringIO()
             try:
                 with contextlib.redirect_stdout(out):
                     rc = int(pytest.main([*_pytest_args(key, source), *extra]))
             finally:
                 uninstall()  # the next run starts from the reference, whatever happened
-            results.setdefault(key, {})[source] = {"rc": rc, "output": out.getvalue()}
+            where = results.setdefault(key, {"mistakes": {}})
+            (where if name in ("labs", "reference") else where["mistakes"])[name] = {
+                "rc": rc, "output": out.getvalue()}
     return results
 
 

@@ -109,3 +109,40 @@ def test_plots_leave_the_matplotlib_backend_alone(tmp_path, index):
         assert (tmp_path / "plot.png").read_bytes().startswith(b"\x89PNG"), name
     finally:
         matplotlib.use(before)
+
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "docs" / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_has_parameters_and_two_predictions_an_assert_checks(path):
+    """Each notebook: a Parameters cell near the top; at least two Predict cells (``name = ...``), each
+    followed by a cell that checks it with ``check(name, ...)``; ``check`` raises AssertionError on a wrong
+    prediction, accepts a right one, and with no prediction (``...``) prints the answer."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    params = next((i for i, s in enumerate(code) if "def check(" in s), None)
+    assert params is not None and params <= 1, f"{path.name}: no Parameters cell among the first two code cells"
+    names = [line.split("=")[0].strip() for s in code for line in s.splitlines()
+             if line.rstrip().split("#")[0].strip().endswith("= ...")]
+    assert len(names) >= 2, f"{path.name}: {len(names)} Predict cells, at least 2 wanted"
+    for name in names:
+        where = next(i for i, s in enumerate(code) if f"{name} = ..." in s)
+        assert any(f"check({name}," in s for s in code[where + 1:]), f"{path.name}: nothing checks {name}"
+    space = {}
+    exec(code[params], space)  # the Parameters cell: constants and ``check``, nothing else
+    with pytest.raises(AssertionError, match="you predicted 3, the run says 4: why"):
+        space["check"](3, 4, "why")
+    space["check"](4, 4, "why")
+    space["check"](..., 4, "why")
+
+
+def test_iteration_figure_text_is_what_a_run_draws_today():
+    """docs/figures/step03_iterations.txt equals, exactly, the text ``tools/iteration_figure.py`` draws from a
+    new run of the step 03 engine (greedy, float32, the reference path: the same tokens every run)."""
+    import iteration_figure
+    import record_runs
+
+    committed = (TOOLS.parent / "docs" / "figures" / "step03_iterations.txt").read_text()
+    assert committed == iteration_figure.render_text(record_runs.run_step03(record_runs.demo_model())), (
+        "regenerate with: make iteration-figure")

@@ -3,7 +3,8 @@
 The paper explains the mapping with two pictures: Figure 6, one request whose
 7-token prompt and 2 generated tokens live in physical blocks 7, 1 and 3
 (``B = 4``); Figure 7, two requests interleaved in the same pool. Here those
-pictures are not drawn by hand: ``figure6()`` and ``figure7()`` run the
+pictures are not drawn by hand: ``figure6()`` (at each of its three stages)
+and ``figure7()`` run the
 paper's scenario through ``Sequence`` / ``BlockTable`` / ``BlockAllocator``
 (the allocator's free list is set so it hands out the paper's block numbers),
 and ``render_text`` / ``plot`` draw whatever state the tables are in.
@@ -68,18 +69,45 @@ def render_text(requests: list[Request], num_blocks: int) -> str:
 # --8<-- [end:render_text]
 
 
+def _size(requests: list[Request], num_blocks: int) -> tuple[float, float]:
+    """The (width, height) in inches of one panel."""
+    b = requests[0][1].block_size
+    rows_left = sum(t.num_blocks + 1 for _, t, _ in requests) + len(requests)
+    return 2 * b * 0.95 + 4.6, max(rows_left, num_blocks) * 0.42 + 0.9
+
+
 def plot(requests: list[Request], num_blocks: int, path: str | Path, title: str = "") -> None:
     """Draw logical blocks → physical blocks as a PNG (matplotlib, imported here only; no pyplot,
     so the caller's backend is left alone)."""
     from matplotlib.figure import Figure
+
+    fig = Figure(figsize=_size(requests, num_blocks))
+    _draw(fig.subplots(), requests, num_blocks, title)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+
+
+def plot_stages(stages: list[tuple[str, list[Request]]], num_blocks: int, path: str | Path, title: str = "") -> None:
+    """Several states of the same tables, one panel each, top to bottom (Figure 6's three stages)."""
+    from matplotlib.figure import Figure
+
+    widths, heights = zip(*(_size(requests, num_blocks) for _, requests in stages))
+    fig = Figure(figsize=(max(widths), sum(heights) * 0.82 + 0.4))
+    axes = fig.subplots(len(stages), 1)
+    fig.subplots_adjust(top=0.95, bottom=0.0, hspace=0.12)
+    for ax, (caption, requests) in zip(axes, stages):
+        _draw(ax, requests, num_blocks, caption)
+    if title:
+        fig.suptitle(title, fontsize=11, x=0.01, ha="left")
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+
+
+def _draw(ax, requests: list[Request], num_blocks: int, title: str) -> None:
+    """One panel: each request's logical blocks, the physical pool, an arrow per table entry."""
     from matplotlib.patches import Rectangle
 
     b = requests[0][1].block_size
     colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
     rows_left = sum(t.num_blocks + 1 for _, t, _ in requests) + len(requests)
-    height = max(rows_left, num_blocks) * 0.42 + 0.9
-    fig = Figure(figsize=(2 * b * 0.95 + 4.6, height))
-    ax = fig.subplots()
     cell, x_phys = 0.95, b * 0.95 + 2.2
 
     def row(x, y, words, color, label):
@@ -117,7 +145,6 @@ def plot(requests: list[Request], num_blocks: int, path: str | Path, title: str 
     ax.axis("off")
     if title:
         ax.set_title(title, fontsize=10)
-    fig.savefig(path, dpi=150, bbox_inches="tight")
 
 
 # --8<-- [start:figures]
@@ -137,15 +164,26 @@ def _step(seq: Sequence, token_id: int) -> None:
     seq.block_table.append(1)
 
 
-def figure6() -> tuple[BlockAllocator, list[Request]]:
-    """Figure 6: a 7-token prompt, then "fathers" and "brought"; B = 4, 8 blocks."""
+def figure6(stage: int = 3) -> tuple[BlockAllocator, list[Request]]:
+    """Figure 6: a 7-token prompt, then "fathers" and "brought"; B = 4, 8 blocks.
+
+    ``stage`` 1 stops after the prompt's prefill, 2 after "fathers", 3 (the default) after "brought":
+    the paper's three stages.
+    """
     ids, vocab = _vocab(FIG6_PROMPT + ["fathers", "brought"])
     allocator = BlockAllocator(8, free_order=[7, 1, 3, 0, 2, 4, 5, 6])
     seq = Sequence(0, ids[:7], BlockTable(allocator, 4))
     seq.block_table.append(7)  # prompt: ceil(7 / 4) = 2 blocks (7, 1)
-    _step(seq, ids[7])  # "fathers" fills logical block 1
-    _step(seq, ids[8])  # "brought" needs logical block 2 (physical 3)
+    if stage >= 2:
+        _step(seq, ids[7])  # "fathers" fills logical block 1
+    if stage >= 3:
+        _step(seq, ids[8])  # "brought" needs logical block 2 (physical 3)
     return allocator, [("Request A", seq.block_table, [vocab[t] for t in seq.token_ids])]
+
+
+FIG6_STAGES = ("① prefill: the 7-token prompt takes 2 blocks",
+               "② decode: “fathers” fills block 1's last slot",
+               "③ decode: “brought” needs a new block, 3")
 
 
 def figure7() -> tuple[BlockAllocator, list[Request]]:
@@ -171,14 +209,15 @@ def main(out_dir: str = "docs/figures") -> int:
     """Write ``step02_figure6`` / ``step02_figure7`` as ``.txt`` and ``.png`` into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, build, title in [
-        ("figure6", figure6, "Figure 6 · block table translation (B = 4)"),
-        ("figure7", figure7, "Figure 7 · two requests in one pool (B = 4)"),
-    ]:
-        allocator, requests = build()
-        (out / f"step02_{name}.txt").write_text(render_text(requests, allocator.num_blocks))
-        plot(requests, allocator.num_blocks, out / f"step02_{name}.png", title)
-        print(f"wrote {out / f'step02_{name}'}.txt and .png")
+    stages = [(caption, figure6(k + 1)) for k, caption in enumerate(FIG6_STAGES)]
+    (out / "step02_figure6.txt").write_text("\n".join(f"{caption}\n{render_text(requests, allocator.num_blocks)}"
+                                                      for caption, (allocator, requests) in stages))
+    plot_stages([(caption, requests) for caption, (_, requests) in stages], 8, out / "step02_figure6.png",
+                "Figure 6 · block table translation, in three stages (B = 4)")
+    allocator, requests = figure7()
+    (out / "step02_figure7.txt").write_text(render_text(requests, allocator.num_blocks))
+    plot(requests, allocator.num_blocks, out / "step02_figure7.png", "Figure 7 · two requests in one pool (B = 4)")
+    print(f"wrote {out}/step02_figure6 and step02_figure7 (.txt and .png)")
     return 0
 
 

@@ -7,7 +7,7 @@
   place, its count being 1 again. Run through a ``SharingKVManager``'s tables whose free
   list hands out 7, 1, 3 as in the paper.
 * **Figure 9** (beam search): a real ``SharingEngine`` runs beam search
-  (``k = 4``, ``B = 4``) on a tiny random model; an engine observer reads
+  (``k = 4``, ``B = 4``) on the demo model, tokens drawn as their text; an engine observer reads
   the tables of the live candidates after every iteration, and the figure
   shows the first beam update that drops a candidate and the iteration
   before it.
@@ -49,6 +49,9 @@ class Snapshot:
     cached_free: list[int] = field(default_factory=list)  # free but still findable (LRU, oldest first)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) this iteration
     note: str = ""
+    # blocks no table maps any more that the picture still draws (a copy's source or destination freed in the
+    # same iteration, a cached prefix block after its requests ended): block -> the tokens it holds
+    unmapped: dict[int, list[str]] = field(default_factory=dict)
 
 
 def snapshot(title: str, named: list[tuple[str, CowBlockTable, list[str]]], allocator, block_size: int,
@@ -73,14 +76,20 @@ def render_text(snap: Snapshot) -> str:
         lines.append(f"{name:<14} blocks {str(blocks):<22} #filled {filled}")
         for i, block in enumerate(blocks):
             mapped.setdefault(block, []).append((name, i, words[i * b: i * b + filled[i]]))
-    width = max((len(w) for _, _, _, words in snap.tables for w in words), default=1)
-    if snap.ref_counts:
+    width = max([len(w) for _, _, _, words in snap.tables for w in words]
+                + [len(w) for words in snap.unmapped.values() for w in words], default=1)
+    if snap.ref_counts or snap.unmapped:
         lines += ["", f"physical block │ {'tokens':<{(width + 3) * b - 3}} │ ref │ mapped by (logical block)"]
     for block in sorted(snap.ref_counts):  # used blocks only
         cells = mapped[block][0][2] if block in mapped else []
         row = " │ ".join(f"{c:<{width}}" for c in cells + ["·"] * (b - len(cells)))
         who = ", ".join(f"{name} ({i})" for name, i, _ in mapped.get(block, []))
         lines.append(f"      block {block:>2} │ {row} │ {snap.ref_counts[block]:>3} │ {who}")
+    for block in sorted(set(snap.unmapped) - set(snap.ref_counts)):  # free, but the picture draws it
+        cells = snap.unmapped[block]
+        row = " │ ".join(f"{c:<{width}}" for c in cells + ["·"] * (b - len(cells)))
+        why = "free, findable in the prefix cache" if block in snap.cached_free else "free again (candidate dropped)"
+        lines.append(f"      block {block:>2} │ {row} │ {0:>3} │ {why}")
     free = snap.free if len(snap.free) <= 12 else f"{len(snap.free)} blocks"
     lines.append(f"free blocks: {free}")
     if snap.cached_free:
@@ -144,26 +153,34 @@ def figure10() -> list[Snapshot]:
     named = [(n, tables[n], prompts[n]) for n in prompts]
     both = snapshot("Figure 10 · two requests sharing a cached prefix", named, bm.allocator, 4,
                     note="\n".join(notes))
+    words = {block: prompts[name][i * 4:(i + 1) * 4] for name, t in tables.items() for i, block in enumerate(t.blocks)}
     for t in tables.values():
         t.free()
     done = snapshot("Figure 10 · both requests finished", [], bm.allocator, 4,
                     note="the prefix blocks wait on the free list, findable, until the pool needs them")
+    done.unmapped = {block: words[block] for block in done.cached_free}
     return [both, done]
 # --8<-- [end:figure10]
 
 
 # --8<-- [start:figure9]
-def figure9(model, k: int = 4, prompt_len: int = 6, max_tokens: int = 16) -> list[Snapshot]:
+def figure9(model, k: int = 4, prompt_len: int = 6, max_tokens: int = 16, prompt: list[int] | None = None,
+            word=None) -> list[Snapshot]:
     """Beam search in a real ``SharingEngine``: the tables before and after a beam update that drops one.
 
     The first such update is chosen where the candidates already form a tree
-    (some block is shared by more than one candidate but not by all).
+    (some block is shared by more than one candidate but not by all). ``prompt`` (token ids; default
+    ``prompt_len`` ids of a fixed pattern) is what the candidates extend; ``word(token id)`` labels a
+    token in the picture (default ``t<id>``). A copy whose source or destination is free again after the
+    beam update (its candidate was dropped) is kept in ``unmapped``, so the picture can draw it.
     """
+    word = word or (lambda t: f"t{t}")
     from paged.step04_sharing import SamplingParams, SharingEngine
 
     engine = SharingEngine(model, block_size=4, num_blocks=32, enable_prefix_caching=False,
                            attention_backend="reference", free_order=list(range(32)))
-    prompt = [3 + 7 * i % (model.config.vocab_size - 3) for i in range(prompt_len)]
+    if prompt is None:
+        prompt = [3 + 7 * i % (model.config.vocab_size - 3) for i in range(prompt_len)]
     engine.add_request("beam", prompt, SamplingParams(use_beam_search=True, n=k, temperature=0.0,
                                                       max_tokens=max_tokens, ignore_eos=True))
     seen = []
@@ -172,7 +189,7 @@ def figure9(model, k: int = 4, prompt_len: int = 6, max_tokens: int = 16) -> lis
         if not engine.scheduler.running:
             return
         live = [s for s in engine.scheduler.running[0].seqs if not s.is_finished]
-        named = [(f"candidate {s.seq_id}", s.block_table, [f"t{t}" for t in s.token_ids]) for s in live]
+        named = [(f"candidate {s.seq_id}", s.block_table, [word(t) for t in s.token_ids]) for s in live]
         seen.append((set(s.seq_id for s in live), snapshot(
             f"Figure 9 · beam search (k = {k}), after iteration {len(seen) + 1}", named, engine.scheduler.kv.allocator, 4,
             plan.blocks_to_copy)))
@@ -181,16 +198,33 @@ def figure9(model, k: int = 4, prompt_len: int = 6, max_tokens: int = 16) -> lis
     while engine.has_unfinished():
         engine.step()
     engine.remove_observer(observe)
-    for (ids_before, before), (ids_after, after) in zip(seen, seen[1:]):
+    for i, ((ids_before, before), (ids_after, after)) in enumerate(zip(seen, seen[1:])):
         tree = any(1 < c < k for c in before.ref_counts.values())  # a block shared by some candidates
         if tree and len(ids_before) == k and ids_before - ids_after and ids_after - ids_before:
             dropped = sorted(ids_before - ids_after)
+            before.unmapped = _copied_but_free(before, seen[i - 1][1] if i else None)
+            after.unmapped = _copied_but_free(after, before)
             after.note = (f"dropped since the last iteration: {', '.join(f'candidate {i}' for i in dropped)} "
                           f"(their blocks' counts went down; blocks at 0 are free again); new candidates "
                           f"{', '.join(str(i) for i in sorted(ids_after - ids_before))} are forks")
             return [before, after]
     raise RuntimeError("no beam update dropped a candidate of a branching tree; use more max_tokens")
 # --8<-- [end:figure9]
+
+
+def _copied_but_free(snap: Snapshot, prior: Snapshot | None) -> dict[int, list[str]]:
+    """The blocks of ``snap``'s copies that no table maps any more (a dropped candidate's copy, a source left
+    by every writer), with their tokens as the ``prior`` snapshot saw them (a copy: its source's)."""
+    held = {}
+    for _, blocks, n, words in (prior.tables if prior else []):
+        for i, block in enumerate(blocks):
+            held.setdefault(block, words[i * snap.block_size:min(n, (i + 1) * snap.block_size)])
+    out = {}
+    for src, dst in snap.copies:
+        for block in (src, dst):
+            if block not in snap.ref_counts:
+                out[block] = held.get(block, held.get(src, []))
+    return out
 
 
 def _names(items) -> str:
@@ -209,7 +243,8 @@ def explain_figure9(before: Snapshot, after: Snapshot) -> str:
             f"among the best extensions and {'was' if len(dropped) == 1 else 'were'} dropped"]
     text[-1] += (f": block{s_(len(freed))} {_names([str(b) for b in freed])}, which only "
                  f"{'it' if len(dropped) == 1 else 'they'} mapped, {'is' if len(freed) == 1 else 'are'} "
-                 "free again." if freed else "; every block it mapped is still mapped by another candidate.")
+                 "free again." if freed else f"; every block {'it' if len(dropped) == 1 else 'they'} mapped is still "
+                 "mapped by another candidate.")
     if new:
         text.append(f"{_names(new).capitalize()} {'is a fork' if len(new) == 1 else 'are forks'} of a "
                     "candidate chosen more than once, mapping its blocks.")
@@ -224,14 +259,28 @@ def explain_figure9(before: Snapshot, after: Snapshot) -> str:
     return " ".join(text) + "\n"
 
 
-def main(out_dir: str = "docs/figures") -> int:
-    """Write ``step04_figure8/9/10.txt`` and Figure 9's paragraph into ``out_dir`` (Figure 9 builds a tiny random model)."""
-    from paged.models.random_llama import load_random_llama
+FIG9_PROMPT = "def fib(n):"
 
+
+def figure9_demo() -> list[Snapshot]:
+    """Figure 9 as the docs show it: beam search on the bundled demo model (a small code model), its
+    prompt ``FIG9_PROMPT``, every token drawn as the text it decodes to (a space as ␣)."""
+    import torch
+
+    from paged.models import load_model
+    from paged.models.default import DEFAULT_MODEL_PATH
+
+    model = load_model(DEFAULT_MODEL_PATH, dtype=torch.float32)
+    tok = model.tokenizer
+    word = lambda t: tok.decode([t]).replace(" ", "␣").replace("\n", "⏎") or "‹s›"  # noqa: E731
+    return figure9(model, prompt=tok.encode(FIG9_PROMPT).ids, word=word)
+
+
+def main(out_dir: str = "docs/figures") -> int:
+    """Write ``step04_figure8/9/10.txt`` and Figure 9's paragraph into ``out_dir`` (Figure 9 runs the demo model)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = load_random_llama(max_position_embeddings=64)
-    for name, snaps in [("figure8", figure8()), ("figure9", figure9(model)), ("figure10", figure10())]:
+    for name, snaps in [("figure8", figure8()), ("figure9", figure9_demo()), ("figure10", figure10())]:
         (out / f"step04_{name}.txt").write_text("\n".join(render_text(s) for s in snaps))
         print(f"wrote {out / f'step04_{name}.txt'}")
         if name == "figure9":  # the page's paragraph under the figure, from the same run

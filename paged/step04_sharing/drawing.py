@@ -6,7 +6,9 @@ Each snapshot (real block tables and reference counts, read by
 * left, one row per sequence: its block table, one box per logical block naming
   the physical block it maps;
 * right, one row per used physical block: the tokens it holds and its reference
-  count; a block mapped by more than one table is drawn grey, it is shared;
+  count; a block mapped by more than one table is drawn grey, it is shared; a
+  free block the figure is about (a copy whose candidate was dropped, a prefix
+  block still in the cache) is hatched, with why it is drawn;
 * an arrow per table entry, from the logical block to the physical one;
 * under them, the free list, the copy-on-writes of the iteration and the note.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from paged.step04_sharing.diagram import Snapshot, figure8, figure9, figure10
+from paged.step04_sharing.diagram import Snapshot, figure8, figure9_demo, figure10
 
 COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
 SHARED = "#bbbbbb"
@@ -29,8 +31,8 @@ CELL_W, ROW_H = 1.0, 1.0  # one token cell, one row (axis units)
 
 
 def _rows(snap: Snapshot) -> int:
-    """Rows of boxes in a panel: one per table or per used block, whichever is more."""
-    return max(len(snap.tables), len(snap.ref_counts))
+    """Rows of boxes in a panel: one per table or per drawn block (used, or kept in ``unmapped``)."""
+    return max(len(snap.tables), len(snap.ref_counts) + len(snap.unmapped))
 
 
 def _footer(snap: Snapshot) -> list[str]:
@@ -53,7 +55,8 @@ def draw_panel(ax, snap: Snapshot) -> None:
     x_phys = 3.2 + widest_table * 1.3 + 2.4  # left edge of the physical blocks' token cells
     top = rows * ROW_H
     used = sorted(snap.ref_counts)
-    y_of_block = {block: top - (i + 1) * ROW_H for i, block in enumerate(used)}
+    drawn = used + sorted(b for b in snap.unmapped if b not in snap.ref_counts)  # used blocks, then the free ones
+    y_of_block = {block: top - (i + 1) * ROW_H for i, block in enumerate(drawn)}
     words_of: dict[int, list[str]] = {}
     for r, (name, blocks, n, words) in enumerate(snap.tables):
         y, color = top - (r + 1) * ROW_H, COLORS[r % len(COLORS)]
@@ -69,19 +72,29 @@ def draw_panel(ax, snap: Snapshot) -> None:
                             arrowprops=dict(arrowstyle="->", color=color, lw=0.9), zorder=1)
     if snap.tables:
         ax.text(3.2, top + 0.35, "block tables", fontsize=8, color="#444")
-    if used:
+    if drawn:
         ax.text(x_phys, top + 0.35, "physical blocks (grey: shared)", fontsize=8, color="#444")
         ax.text(x_phys + b * CELL_W + 0.2, top + 0.35, "ref", fontsize=8, color="#444")
-    for block in used:
-        y, shared = y_of_block[block], snap.ref_counts[block] > 1
+    for block in drawn:
+        y, count = y_of_block[block], snap.ref_counts.get(block, 0)
+        shared, free = count > 1, block not in snap.ref_counts
         ax.text(x_phys - 0.2, y + 0.4, f"{block}", ha="right", va="center", fontsize=8, fontweight="bold")
-        cells = words_of.get(block, [])
+        cells = words_of.get(block, snap.unmapped.get(block, []))
         for j in range(b):
             word = cells[j] if j < len(cells) else ""
-            ax.add_patch(_box(x_phys + j * CELL_W, y, CELL_W, SHARED if shared and word else "white"))
-            ax.text(x_phys + (j + 0.5) * CELL_W, y + 0.4, word, ha="center", va="center", fontsize=6.5)
-        ax.text(x_phys + b * CELL_W + 0.4, y + 0.4, str(snap.ref_counts[block]), ha="center", va="center",
+            box = _box(x_phys + j * CELL_W, y, CELL_W, SHARED if shared and word else "white")
+            if free:
+                box.set_hatch("//")
+                box.set_edgecolor("#c8c8c8")
+            ax.add_patch(box)
+            ax.text(x_phys + (j + 0.5) * CELL_W, y + 0.4, word, ha="center", va="center", fontsize=6.5,
+                    color="#777" if free else "black")
+        ax.text(x_phys + b * CELL_W + 0.4, y + 0.4, str(count), ha="center", va="center",
                 fontsize=8, fontweight="bold" if shared else "normal")
+        if free:
+            why = ("free, still findable in the prefix cache" if block in snap.cached_free
+                   else "free again: its candidate was dropped")
+            ax.text(x_phys + b * CELL_W + 1.5, y + 0.4, why, va="center", fontsize=7, color="#777")
     for src, dst in snap.copies:  # copy-on-write: dashed arrow from the copied block to its copy
         if src in y_of_block and dst in y_of_block:
             x_right = x_phys + b * CELL_W + 0.9
@@ -91,7 +104,7 @@ def draw_panel(ax, snap: Snapshot) -> None:
     for k, line in enumerate(_footer(snap)):
         ax.text(0.0, -0.5 - 0.6 * k, line, fontsize=7.5, va="center", color="#333")
     ax.set_title(snap.title, fontsize=9.5, loc="left")
-    ax.set_xlim(-0.2, x_phys + b * CELL_W + 2.2)
+    ax.set_xlim(-0.2, x_phys + b * CELL_W + (7.5 if snap.unmapped else 2.2))
     ax.set_ylim(-0.5 - 0.6 * len(_footer(snap)), top + 0.8)
     ax.axis("off")
 
@@ -114,7 +127,8 @@ def draw(snaps: list[Snapshot], path: str | Path) -> None:
     from matplotlib.figure import Figure
 
     heights = [_rows(s) + 1.5 + 0.6 * len(_footer(s)) for s in snaps]
-    width = max(max((len(bl) for _, bl, _, _ in s.tables), default=1) * 1.3 + s.block_size * 1.25 for s in snaps)
+    width = max(max((len(bl) for _, bl, _, _ in s.tables), default=1) * 1.3 + s.block_size * 1.25
+                + (5.3 if s.unmapped else 0) for s in snaps)
     fig = Figure(figsize=(max(7.0, 0.62 * (width + 8.0)), 0.36 * sum(heights) + 0.3))
     axes = fig.subplots(len(snaps), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
     for ax, snap in zip(axes, snaps):
@@ -123,13 +137,10 @@ def draw(snaps: list[Snapshot], path: str | Path) -> None:
 
 
 def main(out_dir: str = "docs/figures") -> int:
-    """Write ``step04_figure8/9/10.png`` into ``out_dir`` (Figure 9 builds a tiny random model)."""
-    from paged.models.random_llama import load_random_llama
-
+    """Write ``step04_figure8/9/10.png`` into ``out_dir`` (Figure 9 runs the demo model)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, snaps in [("figure8", figure8()), ("figure9", figure9(load_random_llama(max_position_embeddings=64))),
-                        ("figure10", figure10())]:
+    for name, snaps in [("figure8", figure8()), ("figure9", figure9_demo()), ("figure10", figure10())]:
         draw(snaps, out / f"step04_{name}.png")
         print(f"wrote {out / f'step04_{name}.png'}")
     return 0

@@ -33,13 +33,16 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.entries: list[int] = []  # shadow block-table entries
 
     def _unchanged_after(self, error, call, *args):
+        """The call must raise ``error`` and leave the free list and every count as they were."""
         before = _state(self.allocator)
         with pytest.raises(error):
             call(*args)
-        assert _state(self.allocator) == before
+        assert _state(self.allocator) == before, f"{call.__name__}{args} raised, but changed the free list or a count"
 
     @rule()
     def allocate(self):
+        """allocate() hands out a free block that no entry holds, with count 1; with no block free
+        it raises OutOfBlocksError."""
         if self.allocator.num_free == 0:
             self._unchanged_after(OutOfBlocksError, self.allocator.allocate)
             return
@@ -49,6 +52,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 14))
     def allocate_many(self, n):
+        """allocate_many(n) takes n distinct free blocks, or none (OutOfBlocksError) when fewer are free."""
         if n > self.allocator.num_free:  # all or nothing
             self._unchanged_after(OutOfBlocksError, self.allocator.allocate_many, n)
             return
@@ -59,6 +63,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.entries)
     @rule(data=st.data())
     def share(self, data):
+        """incref(b): one more entry maps block b."""
         block = data.draw(st.sampled_from(self.entries))
         self.allocator.incref(block)
         self.entries.append(block)
@@ -66,13 +71,18 @@ class AllocatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.entries)
     @rule(data=st.data())
     def drop_entry(self, data):
+        """decref(b) drops one reference and returns True exactly when it was the last (b is free again)."""
         block = data.draw(st.sampled_from(self.entries))
         self.entries.remove(block)
-        assert self.allocator.decref(block) == (block not in self.entries)
+        became_free = self.allocator.decref(block)
+        assert became_free == (block not in self.entries), (
+            f"decref({block}) returned {became_free!r}; {self.entries.count(block)} entries still map it, "
+            f"so it must return {block not in self.entries}")
 
     @precondition(lambda self: self.entries)
     @rule(data=st.data())
     def free_unshared(self, data):
+        """free(b) releases a block held by one entry; it refuses (BlockAllocatorError) a shared one."""
         block = data.draw(st.sampled_from(self.entries))
         if self.entries.count(block) > 1:  # shared: free() refuses, decref is the way
             self._unchanged_after(BlockAllocatorError, self.allocator.free, block)
@@ -82,6 +92,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def misuse_free_block(self, data):
+        """free, decref or incref of a block that is already free raises DoubleFreeError."""
         free = self.allocator.free_blocks()
         if not free:
             return
@@ -92,12 +103,14 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(block=st.sampled_from([-1, 12, 13, 10**6, "0", None]),
           op=st.sampled_from(["free", "decref", "incref", "ref_count"]))
     def misuse_unknown_id(self, block, op):
+        """An id that is not a block of the pool raises InvalidBlockError."""
         if isinstance(block, int) and 0 <= block < self.allocator.num_blocks:
             return
         self._unchanged_after(InvalidBlockError, getattr(self.allocator, op), block)
 
     @rule()
     def negative_count(self):
+        """allocate_many(-1) raises ValueError."""
         self._unchanged_after(ValueError, self.allocator.allocate_many, -1)
 
     @rule()
@@ -105,20 +118,27 @@ class AllocatorMachine(RuleBasedStateMachine):
         """A request ending drops all its entries: then every block is free."""
         while self.entries:
             self.allocator.decref(self.entries.pop())
-        assert self.allocator.num_free == self.allocator.num_blocks
+        assert self.allocator.num_free == self.allocator.num_blocks, (
+            f"every entry dropped, yet only {self.allocator.num_free} of {self.allocator.num_blocks} blocks are free")
 
     @invariant()
     def counts_match_entries(self):
+        """After every call, each block's reference count equals the number of entries that point at it."""
         a = self.allocator
         for b in range(a.num_blocks):
-            assert a.ref_count(b) == self.entries.count(b)
+            assert a.ref_count(b) == self.entries.count(b), (
+                f"block {b} has reference count {a.ref_count(b)}, but {self.entries.count(b)} entries point at it")
 
     @invariant()
     def free_exactly_when_unreferenced(self):
+        """After every call, a block is on the free list exactly when no entry points at it, and
+        free + used = total."""
         a = self.allocator
         free = a.free_blocks()
         assert len(free) == len(set(free)), "a block is on the free list twice"
-        assert set(free) == set(range(a.num_blocks)) - set(self.entries)
+        unreferenced = set(range(a.num_blocks)) - set(self.entries)
+        assert set(free) == unreferenced, (
+            f"free list {sorted(free)}, but the blocks no entry points at are {sorted(unreferenced)}")
         assert a.num_free + a.num_used == a.num_blocks
         assert a.num_used == len(set(self.entries))
 
@@ -154,7 +174,8 @@ def test_allocator_errors_say_what_was_wrong_and_the_limit():
     for call, error, message in cases:
         with pytest.raises(error) as caught:
             call()
-        assert str(caught.value) == message
+        assert str(caught.value) == message, (
+            f"the {error.__name__} says {str(caught.value)!r}; it must say, word for word, {message!r}")
     assert a.allocate_many(3) == [1, 2, 0]
     a.incref(2)
     counts = a.ref_counts()  # a copy, block i at index i (the KV viewer reads it)
@@ -166,4 +187,5 @@ def test_allocator_errors_say_what_was_wrong_and_the_limit():
     ]:
         with pytest.raises(error) as caught:
             call()
-        assert str(caught.value) == message
+        assert str(caught.value) == message, (
+            f"the {error.__name__} says {str(caught.value)!r}; it must say, word for word, {message!r}")

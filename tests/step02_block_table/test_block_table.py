@@ -15,7 +15,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from paged.step01_allocator import BlockAllocator, DoubleFreeError, OutOfBlocksError
 from paged.step02_block_table import BlockTable
-from tests.invariants import check_allocator
+from tests.invariants import check_allocator, failing
 from tests.strategies import block_sizes, seq_lens, shuffled_free_list
 
 
@@ -30,15 +30,21 @@ def snapshot(table: BlockTable, allocator: BlockAllocator):
 
 
 def check_shape(table: BlockTable) -> None:
-    """ceil(len / B) blocks, #filled = B except the last, slots = block * B + offset."""
-    b = table.block_size
-    assert table.num_blocks == ceil_div(table.num_tokens, b)
+    """A table of n tokens has ceil(n / B) blocks, all full but the last, and the token at position p
+    sits in slot blocks[p // B] * B + p % B."""
+    b, n = table.block_size, table.num_tokens
+    assert table.num_blocks == ceil_div(n, b), (
+        f"{n} tokens with B = {b} need ceil({n} / {b}) = {ceil_div(n, b)} blocks; the table has "
+        f"{table.num_blocks}: {table.blocks}")
     filled = [table.filled(i) for i in range(table.num_blocks)]
     assert all(f == b for f in filled[:-1])
     assert all(1 <= f <= b for f in filled)
-    assert sum(filled) == table.num_tokens
-    for p in range(table.num_tokens):
-        assert table.slot(p) == table.blocks[p // b] * b + p % b
+    assert sum(filled) == n
+    for p in range(n):
+        want = table.blocks[p // b] * b + p % b
+        assert table.slot(p) == want, (
+            f"slot({p}) = {table.slot(p)}; position {p} is in logical block {p // b} (physical "
+            f"{table.blocks[p // b]}) at offset {p % b}, so its slot is {table.blocks[p // b]} * {b} + {p % b} = {want}")
 
 
 # -- the stateful machine ------------------------------------------------------
@@ -55,6 +61,7 @@ class BlockTableMachine(RuleBasedStateMachine):
 
     @rule(target=tables, data=st.data())
     def new_sequence(self, data):
+        """A new, empty sequence over the shared pool (the first one draws B and the pool)."""
         if self.allocator is None:
             self.block_size = data.draw(block_sizes, label="B")
             n = data.draw(st.integers(1, 24), label="num_blocks")
@@ -66,6 +73,8 @@ class BlockTableMachine(RuleBasedStateMachine):
 
     @rule(table=tables, data=st.data())
     def append(self, table, data):
+        """append(n) returns n slots and takes exactly the blocks slots_for(n) predicted (none while
+        the last block has room); when the pool is short it raises OutOfBlocksError and changes nothing."""
         if table not in self.live:
             return
         n = data.draw(st.one_of(st.just(1), seq_lens(self.block_size, max_blocks=3)), label="n")
@@ -75,18 +84,25 @@ class BlockTableMachine(RuleBasedStateMachine):
         if predicted > self.allocator.num_free:
             with pytest.raises(OutOfBlocksError):
                 table.append(n)
-            assert snapshot(table, self.allocator) == before
+            assert snapshot(table, self.allocator) == before, "a refused append changed the table or the pool"
             return
         start = table.num_tokens
         slots = table.append(n)
-        assert len(slots) == n
-        assert table.num_blocks == len(before[0]) + predicted
+        assert len(slots) == n, f"append({n}) returned {len(slots)} slots"
+        assert table.num_blocks == len(before[0]) + predicted, (
+            f"append({n}) to a table of {start} tokens (B = {self.block_size}, blocks {before[0]}) took "
+            f"{table.num_blocks - len(before[0])} new block(s); it needs {predicted}: a new block only when the last is full")
         assert table.blocks[: len(before[0])] == before[0], "existing entries moved"
-        assert slots == [table.slot(p) for p in range(start, start + n)]
+        b = self.block_size
+        want = [table.blocks[p // b] * b + p % b for p in range(start, start + n)]
+        assert slots == want, (f"append({n}) at positions {start}..{start + n - 1} returned slots {slots}; "
+                               f"blocks[p // B] * B + p % B gives {want} (table {table.blocks}, B = {b})")
+        check_shape(table)  # slot(p) of every position, by the same formula
         self.issued[id(table)] += slots
 
     @rule(table=consumes(tables))
     def free(self, table):
+        """free() empties the table and puts each of its blocks back on the free list."""
         if table not in self.live:
             return
         held = set(table.blocks)
@@ -99,22 +115,27 @@ class BlockTableMachine(RuleBasedStateMachine):
 
     @invariant()
     def tables_are_well_formed(self):
+        """After every call, each table has ceil(n / B) blocks, and its slots are the ones append gave."""
         for table in self.live:
             check_shape(table)
             assert self.issued[id(table)] == [table.slot(p) for p in range(table.num_tokens)]
 
     @invariant()
     def slots_never_collide(self):
+        """After every call, no two live tokens share a slot."""
         slots = [s for t in self.live for s in self.issued[id(t)]]
         assert len(slots) == len(set(slots)), "two live tokens share a slot"
 
     @invariant()
     def allocator_matches_tables(self):
+        """After every call, reference counts equal the table entries, and free + used = total."""
         if self.allocator is not None:
             check_allocator(self.allocator, self.live)
 
     def teardown(self):
-        # Freeing every table returns every block.
+        """Freeing every table returns every block."""
+        if failing():
+            return
         for table in self.live:
             table.free()
         if self.allocator is not None:
@@ -269,4 +290,5 @@ def test_block_table_errors_say_what_was_wrong():
     for call, error, message in cases:
         with pytest.raises(error) as caught:
             call()
-        assert str(caught.value) == message
+        assert str(caught.value) == message, (
+            f"the {error.__name__} says {str(caught.value)!r}; it must say, word for word, {message!r}")

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from paged.step02_block_table.diagram import figure6, figure7, main, render_text
+from paged.step02_block_table.diagram import FIG6_STAGES, figure6, figure7, main, render_text
 
 FIGURES = Path(__file__).resolve().parents[2] / "docs" / "figures"
 
@@ -25,14 +25,23 @@ def test_diagram_figure7_matches_the_paper():
     assert sorted(allocator.free_blocks()) == [0, 4, 6]
 
 
+def test_diagram_figure6_stages_are_the_papers_three():
+    """After the prompt: blocks 7, 1 with #filled 4, 3; after "fathers": 4, 4; after "brought": 7, 1, 3
+    with #filled 4, 4, 1 (exact)."""
+    tables = [figure6(stage)[1][0][1] for stage in (1, 2, 3)]
+    assert [t.blocks for t in tables] == [[7, 1], [7, 1], [7, 1, 3]]
+    assert [[t.filled(i) for i in range(t.num_blocks)] for t in tables] == [[4, 3], [4, 4], [4, 4, 1]]
+
+
 def test_diagram_committed_text_figures_are_current():
-    """docs/figures/step02_figure{6,7}.txt equal what the code draws today."""
-    for name, build in [("figure6", figure6), ("figure7", figure7)]:
-        allocator, requests = build()
-        committed = (FIGURES / f"step02_{name}.txt").read_text()
-        assert committed == render_text(requests, allocator.num_blocks), (
-            "regenerate with: python -m paged.step02_block_table.diagram docs/figures"
-        )
+    """docs/figures/step02_figure{6,7}.txt equal what the code draws today (Figure 6: its three stages)."""
+    stages = [(caption, figure6(k + 1)) for k, caption in enumerate(FIG6_STAGES)]
+    want = {"figure6": "\n".join(f"{caption}\n{render_text(requests, allocator.num_blocks)}"
+                                 for caption, (allocator, requests) in stages),
+            "figure7": render_text(figure7()[1], 8)}
+    for name, text in want.items():
+        assert (FIGURES / f"step02_{name}.txt").read_text() == text, (
+            "regenerate with: python -m paged.step02_block_table.diagram docs/figures")
 
 
 def test_diagram_render_text_shows_every_block_once():

@@ -12,6 +12,8 @@ mix of decode tokens, whole prompts and prompt chunks over a cached prefix.
   (``FLOAT64``), the C++ kernel and SDPA's causal path reorder the sums.
 """
 
+from typing import NamedTuple
+
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -24,12 +26,24 @@ from paged.step03_attention import (
     blockwise_attention,
     reference_attention,
 )
+from tests.attention_rows import assert_rows_close
 from tests.oracle import contiguous_attention
 from tests.strategies import block_sizes, gqa_heads, seq_lens, shuffled_free_list
 from tests.tolerances import FLOAT64
 
 D = 16
 SCALE = D**-0.5
+
+
+class Batch(NamedTuple):
+    """One drawn batch, printed whole in a failing example (a lab replays it from the printout)."""
+
+    block_size: int
+    heads: int
+    kv_heads: int
+    context_lens: list[int]  # keys each sequence's last query sees
+    query_lens: list[int]  # rows per sequence: 1 = a decode row, more = prompt rows (causal)
+    free_order: list[int]  # the allocator's shuffled free list
 
 
 @st.composite
@@ -42,7 +56,7 @@ def batches(draw, max_seqs=4):
     q = [draw(st.sampled_from([1, c, max(1, c // 2)])) for c in ctx]
     total_blocks = sum(-(-c // b) for c in ctx) + 2
     order = draw(shuffled_free_list(total_blocks))
-    return b, h, h_kv, ctx, q, order
+    return Batch(b, h, h_kv, ctx, q, order)
 
 
 def _paged_batch(b, h, h_kv, ctx, q_lens, order, dtype=torch.float64):
@@ -82,23 +96,27 @@ def test_reference_equals_contiguous_bitwise(batch):
 
 @given(batches())
 def test_blockwise_equals_contiguous_toleranced(batch):
+    """The block-wise attention of every row (decode rows, whole prompts, prompt chunks over a cached
+    prefix) equals contiguous attention over the same keys and values, within FLOAT64 (the online
+    softmax sums the same float64 terms in another order)."""
     cache, meta, query, _, _, expected = _paged_batch(*batch)
     out = blockwise_attention(query, cache.key(0), cache.value(0), meta.block_tables,
                               meta.context_lens, meta.query_lens, SCALE)
-    torch.testing.assert_close(out, expected, **FLOAT64)
+    assert_rows_close(out, expected, batch.context_lens, batch.query_lens, **FLOAT64, what="block-wise attention")
 
 
 @pytest.mark.parametrize("backend", ["reference", "blockwise", "cpu"])
 @given(batch=batches())
 def test_paged_attention_mixed_batch_equals_contiguous(backend, batch):
-    """Write + attend in one call, as the model does; bitwise for reference, else FLOAT64."""
+    """Write + attend in one call, as the model does, for a batch mixing decode rows and prompt rows:
+    bitwise for reference, else within FLOAT64 row by row."""
     cache, meta, query, new_k, new_v, expected = _paged_batch(*batch)
     attn = PagedAttention(cache, meta, backend)
     out = attn(0, query, new_k, new_v, SCALE)
     if backend == "reference":
         assert torch.equal(out, expected)
     else:
-        torch.testing.assert_close(out, expected, **FLOAT64)
+        assert_rows_close(out, expected, batch.context_lens, batch.query_lens, **FLOAT64, what=f"the {backend} path's attention")
 
 
 def test_reference_rejects_inconsistent_lengths():

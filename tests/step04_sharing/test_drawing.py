@@ -4,7 +4,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.text import Annotation
 
-from paged.step04_sharing.diagram import figure8
+from paged.step04_sharing.diagram import figure8, figure10
 from paged.step04_sharing.drawing import draw, draw_panel
 
 
@@ -26,3 +26,15 @@ def test_draw_writes_a_png_and_keeps_the_backend(tmp_path):
     draw(figure8(), tmp_path / "f8.png")
     assert matplotlib.get_backend() == before
     assert (tmp_path / "f8.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_figure10_last_panel_draws_the_cached_prefix_blocks():
+    """Exact: after both requests end, the panel still draws the 4 blocks the prefix cache can find, with the
+    words they hold, each with reference count 0 (it was an empty frame)."""
+    done = figure10()[1]
+    assert sorted(done.unmapped) == sorted(done.cached_free) == [3, 5, 8, 10]
+    ax = Figure().subplots()
+    draw_panel(ax, done)
+    texts = [t.get_text() for t in ax.texts]
+    assert {"Translate", "loutre", "otter", "love"} <= set(texts)
+    assert texts.count("free, still findable in the prefix cache") == 4

@@ -25,7 +25,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initial
 from paged.step02_block_table import KVCache
 from paged.step03_attention import reference_attention
 from paged.step04_sharing import SharingKVManager, copy_blocks
-from tests.invariants import check_allocator
+from tests.invariants import check_allocator, failing
 from tests.oracle import contiguous_attention
 
 H, H_KV, D = 2, 1, 8
@@ -64,6 +64,8 @@ class SharingMachine(RuleBasedStateMachine):
 
     @rule(target=seqs, prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
     def new_sequence(self, prompt):
+        """A new sequence's prompt gets its blocks (cached ones mapped), or, when the pool is short,
+        nothing changes."""
         if self.bm.blocks_needed_for_prompt(prompt) > self.bm.num_free:
             before = self.bm.allocator.free_blocks()
             table = self.bm.new_table()
@@ -85,6 +87,7 @@ class SharingMachine(RuleBasedStateMachine):
 
     @rule(seq=seqs, new=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=5))
     def append(self, seq, new):
+        """Appending tokens to a sequence writes only blocks it alone maps (copy-on-write first)."""
         if seq not in self.live:
             return
         table, tokens = self.live[seq]
@@ -94,8 +97,25 @@ class SharingMachine(RuleBasedStateMachine):
         tokens += new
         self._write(table, tokens, start, table.append(len(new)))
 
+    @rule(seq=seqs)
+    def append_nothing(self, seq):
+        """``append(0)`` (a sequence with no new token this iteration) changes nothing: no block
+        taken, no copy queued, no slot returned — even when its last block is shared."""
+        if seq not in self.live:
+            return
+        table, _ = self.live[seq]
+        before = list(table.blocks), self.bm.allocator.free_blocks(), self.bm.allocator.ref_counts()
+        slots = table.append(0)
+        assert slots == [], f"append(0) returned slots {slots}; no token, no slot"
+        assert not table.pending_copies, (
+            f"append(0) queued the copy {table.pending_copies[0]}: copy-on-write must wait for a token to write")
+        after = list(table.blocks), self.bm.allocator.free_blocks(), self.bm.allocator.ref_counts()
+        assert after == before, (f"append(0) changed the table {before[0]} -> {after[0]} or the pool; "
+                                 "with no token to write it must change nothing")
+
     @rule(target=seqs, seq=seqs)
     def fork(self, seq):
+        """A fork maps its parent's blocks (each one more reference) and has its parent's tokens."""
         if seq not in self.live:
             return None
         table, tokens = self.live[seq]
@@ -105,34 +125,45 @@ class SharingMachine(RuleBasedStateMachine):
 
     @rule(seq=consumes(seqs))
     def free(self, seq):
+        """Freeing a sequence drops one reference on each of its blocks."""
         if seq in self.live:
             table, _ = self.live.pop(seq)
             table.free()
 
     @invariant()
     def reference_counts_match_table_entries(self):
+        """After every call, every block's reference count equals the number of table entries that
+        map it, and a block is free exactly when no table maps it."""
         if not hasattr(self, "bm"):
             return
         check_allocator(self.bm.allocator, [table for table, _ in self.live.values()])
 
     @invariant()
     def paged_attention_equals_shadow_bitwise(self):
+        """After every call, each sequence reads back exactly its own tokens' K/V: its paged attention
+        equals contiguous attention over them, bitwise (a write into a block another sequence maps
+        changes that sequence's answer)."""
         if not hasattr(self, "bm"):
             return
         for name, (table, tokens) in self.live.items():
-            assert table.num_tokens == len(tokens)
+            assert table.num_tokens == len(tokens), (
+                f"sequence {name}'s table holds {table.num_tokens} tokens; it was given {len(tokens)}")
             k = torch.stack([kv_of(tuple(tokens[: p + 1]))[0] for p in range(len(tokens))])
             v = torch.stack([kv_of(tuple(tokens[: p + 1]))[1] for p in range(len(tokens))])
             q = torch.randn(1, H, D, dtype=torch.float64, generator=torch.Generator().manual_seed(name))
             out = reference_attention(q, self.cache.key(0), self.cache.value(0),
                                       torch.tensor([table.blocks]), torch.tensor([len(tokens)]), None, SCALE)
-            assert torch.equal(out, contiguous_attention(q, k, v, SCALE)), (name, table)
+            assert torch.equal(out, contiguous_attention(q, k, v, SCALE)), (
+                f"sequence {name} (blocks {table.blocks}, {len(tokens)} tokens) reads K/V that are not its own: "
+                "a block it maps was written by another sequence")
 
     def teardown(self):
-        if hasattr(self, "bm"):
+        """When every sequence is freed, every block is free."""
+        if hasattr(self, "bm") and not failing():
             for table, _ in self.live.values():
                 table.free()
-            assert self.bm.num_free == self.bm.allocator.num_blocks
+            assert self.bm.num_free == self.bm.allocator.num_blocks, (
+                f"every sequence freed, yet {self.bm.allocator.num_used} block(s) still used: a reference leaked")
 
 
 TestSharingMachine = SharingMachine.TestCase

@@ -57,8 +57,18 @@ def _slices(full: torch.Tensor, parts, r, w, dim=0):
     return torch.cat(out, dim)
 
 
+def _found(full: torch.Tensor, part: torch.Tensor) -> str:
+    """Where ``part``'s first row sits in ``full`` (``"0..7"``), or "" when it is not one of its rows."""
+    if part.dim() != 2 or part.shape[1] != full.shape[1]:
+        return ""
+    hits = [i for i in range(full.shape[0]) if torch.equal(full[i], part[0])]
+    return f"{hits[0]}..{hits[0] + part.shape[0] - 1}" if hits else ""
+
+
 @pytest.mark.parametrize("kind, world", [("llama", 2), ("llama_tied_bias", 4), ("opt_350m", 2), ("llama_vocab157", 2)])
 def test_each_rank_loads_exactly_its_slices_bitwise(paths, kind, world):
+    """Rank r of W holds, bitwise, rows r/W of each part of a column-parallel weight, columns r/W of a
+    row-parallel one, its block of vocabulary rows, and every other tensor whole."""
     full = load_model(paths[kind], dtype=torch.float64)
     cfg, params = full.config, dict(full.model.named_parameters())
     for r in range(world):
@@ -80,7 +90,9 @@ def test_each_rank_loads_exactly_its_slices_bitwise(paths, kind, world):
                 want = _slices(f, parts, r, world)
             else:
                 want = f
-            assert torch.equal(p, want), (kind, r, name)
+            assert torch.equal(p, want), (
+                f"{kind}, rank {r} of {world}: {name} {tuple(p.shape)} is not the checkpoint's slice for this rank "
+                + (f"(its rows equal the checkpoint's rows {_found(f, p)})" if _found(f, p) else ""))
         attn = next(m for m in shard.modules() if hasattr(m, "num_heads"))
         assert attn.num_heads == cfg.num_heads // world
         assert getattr(attn, "num_kv_heads", attn.num_heads) == cfg.num_kv_heads // world
