@@ -169,10 +169,8 @@ def test_layering_check_sees_an_upward_import_inside_a_function(tmp_path):
 
 
 # -- no import circles ----------------------------------------------------------------------------
-# Circles still owed, each a frozenset of modules: step06's hosts.py takes WorkerError from worker_group.py
-# (inside a function) while worker_group.py takes LOST_AFTER_S from hosts.py. Empty when that is undone;
-# the test below fails on any other circle, and on this one's absence until the line goes.
-OWED_CIRCLES = [frozenset({"paged.step06_tensor_parallel.hosts", "paged.step06_tensor_parallel.worker_group"})]
+# Circles still owed, each a frozenset of modules (none): the test below fails on any circle.
+OWED_CIRCLES: list[frozenset[str]] = []
 
 
 def import_graph(folder: Path) -> dict[str, set[str]]:

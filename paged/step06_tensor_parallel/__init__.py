@@ -24,7 +24,7 @@ _OWN = {
     "TPGroup": "group",
     "TensorParallelEngine": "engine",
     "VocabParallelEmbedding": "sharding",
-    "WorkerError": "worker_group",
+    "WorkerError": "group",
     "WorkerGroup": "worker_group",
     "check_shardable": "sharding",
     "connect": "group",

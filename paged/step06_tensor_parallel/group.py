@@ -188,3 +188,15 @@ def connect(rank: int, world_size: int, store, device_type: str,
         opts._timeout = timeout
         pg = dist.ProcessGroupNCCL(dist.PrefixStore("paged/nccl", store), rank, world_size, opts)
     return TPGroup(rank, world_size, pg, cpu_pg, timeout)
+
+
+class WorkerError(RuntimeError):
+    """A tensor-parallel worker failed; every process of the engine has been stopped.
+
+    Attributes:
+        rank: the rank at fault, or None when none could be named (a collective timed out).
+    """
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank

@@ -47,6 +47,7 @@ from multiprocessing import connection
 import torch
 import torch.distributed as dist
 
+from paged.step06_tensor_parallel.group import WorkerError
 from paged.step06_tensor_parallel.worker_loop import exit_with_parent, main_module_hidden, store_worker
 
 HOST_KEY = "paged/host/{rank}"  # a remote rank's {"node", "address", "hostname", "pid"}, once it joined
@@ -110,7 +111,6 @@ def wait_for_nodes(store, nodes: Nodes, world_size: int, timeout: timedelta) -> 
         WorkerError: some did not join within ``timeout``; names the node, its ranks and the command
             that starts it.
     """
-    from paged.step06_tensor_parallel.worker_group import WorkerError
 
     remote = [r for n in range(1, nodes.nnodes) for r in nodes.ranks_of(n, world_size)]
     deadline, joined = time.monotonic() + timeout.total_seconds(), {}

@@ -33,7 +33,8 @@ from paged.step06_tensor_parallel.group import DEFAULT_TIMEOUT, connect
 from paged.step06_tensor_parallel.hosts import Heartbeats, Nodes, address_towards, wait_for_nodes
 from paged.step06_tensor_parallel.sharding import check_shardable, load_shard
 from paged.step06_tensor_parallel.worker_loop import main_module_hidden, share_cpu_cores, worker_main
-from paged.step06_tensor_parallel.worker_group import WorkerError, WorkerGroup, _Worker
+from paged.step06_tensor_parallel.group import WorkerError
+from paged.step06_tensor_parallel.worker_group import WorkerGroup, _Worker
 
 DEFAULT_INIT_TIMEOUT = timedelta(minutes=30)  # start-up, including every rank loading its shard
 DEFAULT_JOIN_TIMEOUT = timedelta(minutes=10)  # across hosts: the other nodes' ranks joining the store

@@ -34,24 +34,12 @@ from multiprocessing import connection
 
 import torch
 
-from paged.step06_tensor_parallel.group import TPGroup, is_communication_error
+from paged.step06_tensor_parallel.group import TPGroup, WorkerError, is_communication_error
 from paged.step06_tensor_parallel.hosts import LOST_AFTER_S
 from paged.step06_tensor_parallel.worker_loop import ERROR_KEY
 
 FAULT_GRACE_S = 5.0  # after a failed collective: time for the worker at fault to report or die
 STOP_TIMEOUT_S = 10.0  # a graceful stop, before the workers are terminated
-
-
-class WorkerError(RuntimeError):
-    """A tensor-parallel worker failed; every process of the engine has been stopped.
-
-    Attributes:
-        rank: the rank at fault, or None when none could be named (a collective timed out).
-    """
-
-    def __init__(self, message: str, rank: int | None = None) -> None:
-        super().__init__(message)
-        self.rank = rank
 
 
 @dataclass
