@@ -74,14 +74,21 @@ inline int64_t partition_blocks(const DecodeArgs& a) {
   return blocks >= max_blocks ? 0 : blocks;
 }
 
+// Sequence s's decode item for KV head kvh over its blocks [j0, j1).
+template <typename T, int NC>
+void decode_blocks(const DecodeArgs& a, int64_t s, int64_t kvh, int64_t j0, int64_t j1, Scratch& w) {
+  const T* query = static_cast<const T*>(a.query) + s * a.q_stride_s + kvh * (a.num_heads / a.num_kv_heads) * a.q_stride_h;
+  decode_item<T, NC>(a, query, a.block_tables + s * a.max_blocks, a.context_lens[s], kvh, j0, j1, w);
+}
+
 // One item per (sequence, KV head), each over the whole sequence.
 template <typename T, int NC>
 void run_whole_sequences(const DecodeArgs& a) {
-  const int64_t H_kv = a.num_kv_heads;
+  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
   for_each_item<Scratch>(a, a.num_seqs * H_kv, [&](int64_t i, Scratch& w) {
     const int64_t s = i / H_kv, kvh = i % H_kv;
-    decode_item<T, NC>(a, s, kvh, 0, (a.context_lens[s] + a.block_size - 1) / a.block_size, w);
-    write_out<T, NC>(a, s, kvh, w);
+    decode_blocks<T, NC>(a, s, kvh, 0, (a.context_lens[s] + a.block_size - 1) / a.block_size, w);
+    write_out<T, NC>(a, static_cast<T*>(a.out) + s * a.out_stride_s + kvh * G * a.out_stride_h, w);
   });
 }
 
@@ -106,7 +113,7 @@ void run_split_context(const DecodeArgs& a, int64_t pb) {
       l[at] = 0.0f;  // an empty partition weighs nothing
     }
     if (j0 >= j1) return;
-    decode_item<T, NC>(a, s, kvh, j0, j1, w);
+    decode_blocks<T, NC>(a, s, kvh, j0, j1, w);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t at = (s * a.num_heads + kvh * G + g) * parts + p;
       m[at] = w.m[g];
@@ -140,20 +147,7 @@ void run(const DecodeArgs& a) {
 
 template <typename T>
 bool dispatch_head_dim(const DecodeArgs& a) {
-  switch (a.head_dim) {
-    case 16: run<T, 1>(a); return true;
-    case 32: run<T, 2>(a); return true;
-    case 48: run<T, 3>(a); return true;
-    case 64: run<T, 4>(a); return true;
-    case 80: run<T, 5>(a); return true;
-    case 96: run<T, 6>(a); return true;
-    case 112: run<T, 7>(a); return true;
-    case 128: run<T, 8>(a); return true;
-    case 160: run<T, 10>(a); return true;
-    case 192: run<T, 12>(a); return true;
-    case 256: run<T, 16>(a); return true;
-    default: return false;
-  }
+  return avx512::with_head_dim(a.head_dim, [&](auto nc) { run<T, decltype(nc)::value>(a); });
 }
 
 #endif  // __AVX512F__
