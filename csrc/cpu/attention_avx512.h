@@ -60,6 +60,10 @@ constexpr bool kPairs = kFastBF16 && std::is_same_v<T, c10::BFloat16>;
 
 // A key row held in registers: NC float vectors, or for bfloat16 NC / 2
 // vectors of 32 raw bfloat16 values plus a widened 16-value tail if NC is odd.
+// dot: lane l sums its products chunk after chunk in one chain (VDPBF16PS
+// pairs, or float products), then sum16 adds the 16 lanes. (One chain per lane,
+// not two: the prefill kernel computes the same sums 16 rows at a time, where a
+// second chain would cost an add per lane and score.)
 template <typename T, int NC>
 struct KeyRow {
   __m512 k[NC];
@@ -68,14 +72,9 @@ struct KeyRow {
   }
   // q: the G query heads (float, pre-scaled), D apart
   float dot(const float* q, int64_t) const {
-    __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(q), k[0]);  // two chains: half the latency
-    __m512 s1 = _mm512_setzero_ps();
-    if constexpr (NC > 1) s1 = _mm512_mul_ps(_mm512_loadu_ps(q + 16), k[1]);
-    for (int c = 2; c < NC; c += 2) {
-      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), k[c], s0);
-      if (c + 1 < NC) s1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * (c + 1)), k[c + 1], s1);
-    }
-    return sum16(_mm512_add_ps(s0, s1));
+    __m512 s = _mm512_mul_ps(_mm512_loadu_ps(q), k[0]);
+    for (int c = 1; c < NC; ++c) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), k[c], s);
+    return sum16(s);
   }
 };
 
@@ -91,32 +90,36 @@ struct KeyRow<c10::BFloat16, NC> {
   }
   // q: raw bfloat16 query row (the scale is applied to the score)
   float dot(const c10::BFloat16* q, float scale) const {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    for (int c = 0; c < NP; ++c) {
-      const __m512bh qc = (__m512bh)_mm512_loadu_si512(q + 32 * c);
-      if (c % 2 == 0) s0 = _mm512_dpbf16_ps(s0, qc, (__m512bh)k[c]);
-      else s1 = _mm512_dpbf16_ps(s1, qc, (__m512bh)k[c]);
-    }
-    if constexpr (NC % 2) s1 = _mm512_fmadd_ps(load16(q + 32 * NP), tail, s1);
-    return sum16(_mm512_add_ps(s0, s1)) * scale;
+    __m512 s = _mm512_setzero_ps();
+    for (int c = 0; c < NP; ++c) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(q + 32 * c), (__m512bh)k[c]);
+    if constexpr (NC % 2) s = _mm512_fmadd_ps(load16(q + 32 * NP), tail, s);
+    return sum16(s) * scale;
   }
 };
 #endif
 
 // acc[g, :] = acc[g, :] * alpha[g] + sum_t p[g, t] * V[t, :] for GT rows,
-// the GT x NC accumulator tile kept in registers across the block's tokens.
+// the GT x NC accumulator tile kept in registers across the block's tokens;
+// p[g, t] is at p[g * p_row + t * p_tok]. A tile whose alphas are all 1 (the
+// running max did not move, the common case past a sequence's first blocks)
+// skips the multiplication: x * 1 is x, the same bits.
 template <typename T, int NC, int GT>
-inline void accumulate_tile(const T* v_block, int64_t row, int64_t n, const float* p,
-                            int64_t stride, const float* alpha, float* acc, int64_t D) {
+inline void accumulate_tile(const T* v_block, int64_t row, int64_t n, const float* p, int64_t p_row,
+                            int64_t p_tok, const float* alpha, float* acc, int64_t D) {
   __m512 a[GT][NC];
+  bool rescale = false;
+  for (int g = 0; g < GT; ++g) rescale |= alpha[g] != 1.0f;
   for (int g = 0; g < GT; ++g) {
     const __m512 al = _mm512_set1_ps(alpha[g]);
-    for (int c = 0; c < NC; ++c) a[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + 16 * c), al);
+    for (int c = 0; c < NC; ++c) {
+      a[g][c] = _mm512_loadu_ps(acc + g * D + 16 * c);
+      if (rescale) a[g][c] = _mm512_mul_ps(a[g][c], al);
+    }
   }
   for (int64_t t = 0; t < n; ++t) {
     const T* v = v_block + t * row;
     __m512 pt[GT];
-    for (int g = 0; g < GT; ++g) pt[g] = _mm512_set1_ps(p[g * stride + t]);
+    for (int g = 0; g < GT; ++g) pt[g] = _mm512_set1_ps(p[g * p_row + t * p_tok]);
     if constexpr (kPairs<T>) {
       constexpr int NP = NC / 2;
       for (int c = 0; c < NP; ++c) {
@@ -147,15 +150,17 @@ inline void accumulate_tile(const T* v_block, int64_t row, int64_t n, const floa
 template <int NC>
 constexpr int kHeadTile = NC >= 16 ? 1 : 16 / NC;
 
-// accumulate_tile over rows [r0, r1) of w, all of which see the block's first n tokens.
+// accumulate_tile over `rows` rows (row r: p at p + r * p_row, alpha[r],
+// acc + r * D), all of which see the block's first n tokens.
 template <typename T, int NC>
-inline void accumulate_rows(const T* v_block, int64_t row, int64_t n, Scratch& w, int64_t r0, int64_t r1) {
+inline void accumulate_rows(const T* v_block, int64_t row, int64_t n, const float* p, int64_t p_row, int64_t p_tok,
+                            const float* alpha, float* acc, int64_t rows) {
   constexpr int D = 16 * NC, GT = kHeadTile<NC>;
-  int64_t r = r0;
-  for (; r + GT <= r1; r += GT)
-    accumulate_tile<T, NC, GT>(v_block, row, n, &w.scores[r * w.stride], w.stride, &w.alpha[r], &w.acc[r * D], D);
-  for (; r < r1; ++r)  // leftover rows one at a time
-    accumulate_tile<T, NC, 1>(v_block, row, n, &w.scores[r * w.stride], w.stride, &w.alpha[r], &w.acc[r * D], D);
+  int64_t r = 0;
+  for (; r + GT <= rows; r += GT)
+    accumulate_tile<T, NC, GT>(v_block, row, n, p + r * p_row, p_row, p_tok, alpha + r, acc + r * D, D);
+  for (; r < rows; ++r)  // leftover rows one at a time
+    accumulate_tile<T, NC, 1>(v_block, row, n, p + r * p_row, p_row, p_tok, alpha + r, acc + r * D, D);
 }
 
 // One block's online-softmax update of one row, 16 tokens per instruction:
@@ -254,7 +259,7 @@ void decode_item(const DecodeArgs& a, const T* query, const int32_t* table, int6
     }
     // 2. online softmax of each head's scores; 3. acc = acc * alpha + p V
     for (int64_t g = 0; g < G; ++g) fold_scores(&w.scores[g * stride], n, w.m[g], w.l[g], w.alpha[g]);
-    accumulate_rows<T, NC>(v_block, row, n, w, 0, G);
+    accumulate_rows<T, NC>(v_block, row, n, w.scores.data(), stride, 1, w.alpha.data(), w.acc.data(), G);
   }
 }
 

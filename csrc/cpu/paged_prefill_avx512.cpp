@@ -5,8 +5,8 @@
 // K/V, causally: the query at position p sees keys 0 .. p. Run as decode
 // queries, token by token, a prompt of n tokens reads its K/V about n^2 / 2
 // times; here a work item is a tile of query tokens x one KV head, and it walks
-// the KV blocks once: each block is loaded once per tile, and the G query heads
-// of the KV head share each load.
+// the KV blocks once: each block is read once per tile, and the G query heads
+// of the KV head share each read.
 //
 // Batch invariance. A token's output must not depend on what it is computed
 // with (a whole prompt, a chunk of 7, a cache hit, a 1-token decode), so every
@@ -14,34 +14,36 @@
 // without split-context) does for that token with context p + 1:
 //   * its online softmax walks logical blocks 0, 1, 2, ... whose boundaries
 //     sit at absolute positions j * B, the last one cut at p (n = min(B, p + 1
-//     - j B) tokens, as decode's n = min(B, ctx - j B));
-//   * a score is the same chain of VDPBF16PS / FMA products per lane and the
-//     same sum16 tree over lanes as decode's KeyRow::dot, computed 16 tokens
-//     at a time from the block's keys transposed (token t in lane t), so the
-//     tree becomes 15 vertical adds (sum16_lanes);
-//   * the softmax update (fold_scores), the V accumulation (accumulate_rows)
-//     and the output (store_row) are decode's own functions
-//     (attention_avx512.h).
-// Which rows share a tile, the tile size and the thread change nothing in a
-// row's arithmetic. tests/kernels/test_cpu_prefill.py checks every row
-// bitwise against the decode kernel run for that token alone.
+//     - j * B) tokens, as decode's n = min(B, ctx - j * B));
+//   * a score is decode's KeyRow::dot: per lane of 16, one chain of VDPBF16PS
+//     (or float) products over the head dim's chunks, then sum16's tree over
+//     the lanes. Here 16 query rows share a vector, lane r being row r: the
+//     query is transposed into columns once per tile, a key's 32-bit values
+//     are broadcast, and sum16's tree becomes 15 vertical adds (sum16_lanes);
+//   * the softmax update is decode's fold_scores 16 rows at a time (fold16:
+//     the max is exact in any order, the sum keeps fold_scores's tree, alpha
+//     is the same std::exp); the V accumulation (accumulate_rows) and the
+//     output (store_row) are decode's own functions (attention_avx512.h).
+// Which rows share a tile or a vector, the tile size and the thread change
+// nothing in a row's arithmetic. tests/kernels/test_cpu_prefill.py checks
+// every row bitwise against the decode kernel run for that token alone.
 //
 // Two implementations (bindings.cpp picks avx512 when it applies):
 //   scalar  paged_attention_scalar.cpp: each query token as a decode query
 //           over the keys up to its position; any dtype (float64 for tight
 //           tests), any head dim. The specification.
-//   avx512  this file: float32 and bfloat16, head dims of attention_avx512.h.
-//           Per tile and block: the block's keys transposed into columns
-//           (load_key_columns, once per tile), the scores of every row of the
-//           tile (scores16), each row's softmax update, then V accumulated in
-//           register tiles of rows: the rows that see the whole block together,
-//           those of the diagonal block (which see part of it) query by query.
-//           A tile of one query (a decode token in a mixed batch) runs
-//           decode_item itself: the same bits, without the transpose.
+//   avx512  this file: float32 and bfloat16, the head dims of
+//           attention_avx512.h. Per tile: the query columns (once); per block:
+//           the scores and the softmax update of every row that sees the block
+//           (16 rows per vector, token by token), then V accumulated in
+//           register tiles of rows: all rows that see the whole block
+//           together, those of the diagonal block (which see part of it) query
+//           by query. A tile of one query (a decode token in a mixed batch)
+//           runs decode_item itself: the same bits, without the transposes.
 //
 // Scheduling: items (sequence, query tile, KV head), the costliest (latest
 // tiles of long sequences) first, over torch's threads with a dynamic OpenMP
-// schedule.
+// schedule. Cost, measured: python -m paged.bench prefill_kernel.
 
 #include "paged_attention.h"
 
@@ -63,96 +65,108 @@ using avx512::kPairs;
 using avx512::Scratch;
 using detail::for_each_item;
 
-// Columns of a block's transposed keys: lane t of column w is token t's
-// 32-bit element w: a bfloat16 pair (16 per 32-value chunk) where the dot
-// products take pairs (kPairs), else a float, including the widened 16-value
-// tail of a bfloat16 row whose head dim is an odd number of 16s.
+// Query columns of up to 16 rows: lane r of column w is row r's 32-bit
+// element w: a bfloat16 pair of the raw query (16 per 32-value chunk) where
+// the dot products take pairs (kPairs), else a float of the scaled query,
+// including the widened 16-value tail of a bfloat16 row whose head dim is an
+// odd number of 16s.
 template <typename T, int NC>
-struct KeyColumns {
-  static constexpr int kPairCols = kPairs<T> ? 16 * (NC / 2) : 0;
-  static constexpr int kCols = kPairs<T> ? kPairCols + 16 * (NC % 2) : 16 * NC;
-};
+constexpr int kQueryCols = kPairs<T> ? 16 * (NC / 2) + 16 * (NC % 2) : 16 * NC;
 
-// Scratch of one thread: the tile's rows (r = query in tile * G + head) and
-// one block's key columns, 16 tokens per group.
+// Scratch of one thread. Row r of a tile is head g of query i (r = (i - i0) G + g);
+// rows are handled 16 at a time, lane r % 16 of group r / 16.
 struct PrefillScratch {
-  Scratch rows;
-  std::vector<const void*> q;  // raw query row of each row
-  std::vector<float> columns;  // [B / 16 groups][columns][16]
+  int64_t padded;              // rows of a tile rounded up to 16
+  Scratch rows;                // q, acc, m, l, alpha of each row (its scores are unused)
+  std::vector<float> columns;  // [groups][query columns][16]
+  std::vector<float> p;        // [B rounded up to 16][padded]: scores, then exp(score - m), token-major
   explicit PrefillScratch(const PrefillArgs& a)
-      : rows(a, std::max<int64_t>(1, a.query_tile) * (a.num_heads / a.num_kv_heads)),
-        q(rows.m.size()),
-        columns(rows.stride / 16 * 16 * (a.head_dim / 16 + 1) * 16) {}
+      : padded((std::max<int64_t>(1, a.query_tile) * (a.num_heads / a.num_kv_heads) + 15) / 16 * 16),
+        rows(a, padded),
+        columns(padded * (a.head_dim / 16 + 1) * 16),
+        p(rows.stride * padded) {}
 };
 
-// The first n tokens of a block (token t at k_block + t * row) as key columns;
-// lanes of tokens >= n are zero.
-template <typename T, int NC>
-void load_key_columns(const T* k_block, int64_t row, int64_t n, float* columns) {
-  using KC = KeyColumns<T, NC>;
+// Columns of rows [r0, r0 + 16) of the tile; query(r) is row r's raw query,
+// w.q its scaled one. Lanes of rows >= rows are zero.
+template <typename T, int NC, typename Query>
+void load_query_columns(Query query, const Scratch& w, int64_t r0, int64_t rows, float* columns) {
   __m512 r[16];
-  for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int64_t m = std::min<int64_t>(16, n - t0);
-    float* out = columns + t0 / 16 * KC::kCols * 16;
-    const T* k = k_block + t0 * row;
-    // chunk c of 16 columns, from 16 32-bit values of each token's row at `at`
-    auto chunk = [&](int c, auto load) {
-      for (int t = 0; t < 16; ++t) r[t] = t < m ? load(k + t * row) : _mm512_setzero_ps();
-      avx512::transpose16(r);
-      for (int w = 0; w < 16; ++w) _mm512_storeu_ps(out + (16 * c + w) * 16, r[w]);
-    };
-    if constexpr (kPairs<T>) {
-      for (int c = 0; c < NC / 2; ++c)
-        chunk(c, [&](const T* x) { return _mm512_castsi512_ps(_mm512_loadu_si512(x + 32 * c)); });
-      if constexpr (NC % 2) chunk(NC / 2, [&](const T* x) { return avx512::load16(x + 32 * (NC / 2)); });
-    } else {
-      for (int c = 0; c < NC; ++c) chunk(c, [&](const T* x) { return avx512::load16(x + 16 * c); });
-    }
+  auto chunk = [&](int c, auto load) {  // columns 16c .. 16c + 15 from 16 32-bit values of each row
+    for (int64_t i = 0; i < 16; ++i) r[i] = r0 + i < rows ? load(r0 + i) : _mm512_setzero_ps();
+    avx512::transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_storeu_ps(columns + (16 * c + i) * 16, r[i]);
+  };
+  if constexpr (kPairs<T>) {
+    for (int c = 0; c < NC / 2; ++c)
+      chunk(c, [&](int64_t x) { return _mm512_castsi512_ps(_mm512_loadu_si512(query(x) + 32 * c)); });
+    if constexpr (NC % 2) chunk(NC / 2, [&](int64_t x) { return avx512::load16(query(x) + 32 * (NC / 2)); });
+  } else {
+    for (int c = 0; c < NC; ++c) chunk(c, [&](int64_t x) { return _mm512_loadu_ps(&w.q[x * 16 * NC + 16 * c]); });
   }
 }
 
-// Scores of one query row with the 16 tokens of one group of key columns:
-// lane t is KeyRow<T, NC>::dot of the row with token t, bit for bit. Lane l of
-// decode's s0 / s1 becomes the vector S[l] over tokens; sum16 over lanes
-// becomes sum16_lanes over S.
+// Scores of 16 query rows (their columns) with key row k: lane r of out is
+// KeyRow<T, NC>::dot of row r with k, bit for bit. Lane l of decode's chain
+// becomes the vector x[l] over rows, and sum16's tree over lanes the same tree
+// over the x[l] (sum16_lanes).
 template <typename T, int NC>
-inline __m512 scores16(const float* columns, const T* q_raw, const float* q_scaled, float scale) {
-  __m512 S[16];
+inline void scores16(const float* columns, const T* k, float scale, float* out) {
+  __m512 x[16];
   for (int l = 0; l < 16; ++l) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    auto col = [&](int w) { return _mm512_loadu_ps(columns + (16 * w + l) * 16); };  // column 16 w + l
     if constexpr (kPairs<T>) {
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
       constexpr int NP = NC / 2;
-      for (int c = 0; c < NP; ++c) {
-        const __m512bh qc = (__m512bh)_mm512_castps_si512(avx512::broadcast32(q_raw + 32 * c + 2 * l));
-        const __m512bh kc = (__m512bh)_mm512_castps_si512(_mm512_loadu_ps(columns + (16 * c + l) * 16));
-        if (c % 2 == 0) s0 = _mm512_dpbf16_ps(s0, qc, kc);
-        else s1 = _mm512_dpbf16_ps(s1, qc, kc);
-      }
-      if constexpr (NC % 2)
-        s1 = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(q_raw[32 * NP + l])),
-                             _mm512_loadu_ps(columns + (16 * NP + l) * 16), s1);
+      x[l] = _mm512_setzero_ps();
+      for (int c = 0; c < NP; ++c)
+        x[l] = _mm512_dpbf16_ps(x[l], (__m512bh)_mm512_castps_si512(col(c)),
+                                (__m512bh)_mm512_castps_si512(avx512::broadcast32(k + 32 * c + 2 * l)));
+      if constexpr (NC % 2) x[l] = _mm512_fmadd_ps(col(NP), _mm512_set1_ps(static_cast<float>(k[32 * NP + l])), x[l]);
 #endif
     } else {
-      s0 = _mm512_mul_ps(_mm512_set1_ps(q_scaled[l]), _mm512_loadu_ps(columns + l * 16));
-      if constexpr (NC > 1) s1 = _mm512_mul_ps(_mm512_set1_ps(q_scaled[16 + l]), _mm512_loadu_ps(columns + (16 + l) * 16));
-      for (int c = 2; c < NC; ++c) {
-        const __m512 p = _mm512_set1_ps(q_scaled[16 * c + l]), k = _mm512_loadu_ps(columns + (16 * c + l) * 16);
-        if (c % 2 == 0) s0 = _mm512_fmadd_ps(p, k, s0);
-        else s1 = _mm512_fmadd_ps(p, k, s1);
-      }
+      x[l] = _mm512_mul_ps(col(0), _mm512_set1_ps(static_cast<float>(k[l])));
+      for (int c = 1; c < NC; ++c) x[l] = _mm512_fmadd_ps(col(c), _mm512_set1_ps(static_cast<float>(k[16 * c + l])), x[l]);
     }
-    S[l] = _mm512_add_ps(s0, s1);
   }
-  const __m512 sum = avx512::sum16_lanes(S);
-  return kPairs<T> ? _mm512_mul_ps(sum, _mm512_set1_ps(scale)) : sum;
+  const __m512 sum = avx512::sum16_lanes(x);
+  _mm512_storeu_ps(out, kPairs<T> ? _mm512_mul_ps(sum, _mm512_set1_ps(scale)) : sum);
+}
+
+// fold_scores for 16 rows at once, lane r being row r: p[t * p_tok] (16 rows'
+// scores of token t) become exp(score - m) where t < n[r]; the max is exact in
+// any order, and the sum of p over t keeps fold_scores's tree (lane t % 16 of
+// its chunk sums, then sum16), so every lane gets fold_scores's bits.
+// alpha = exp(m_old - m) by std::exp, as there, for the lanes whose max moved.
+// (Unmasked loads then a blend, not masked loads: those would wait for the
+// scores' stores to reach the cache.)
+inline void fold16(float* p, int64_t p_tok, __m512i n, int64_t n_max, float* m, float* l, float* alpha) {
+  auto seen = [&](int64_t t) { return _mm512_cmpgt_epi32_mask(n, _mm512_set1_epi32(int32_t(t))); };
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < n_max; ++t) mx = _mm512_mask_max_ps(mx, seen(t), mx, _mm512_loadu_ps(p + t * p_tok));
+  const __m512 m_old = _mm512_loadu_ps(m), m_new = _mm512_max_ps(m_old, mx);
+  __m512 sums[16];
+  for (int i = 0; i < 16; ++i) sums[i] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n_max; ++t) {
+    const __mmask16 k = seen(t);
+    const __m512 e = avx512::exp16(_mm512_sub_ps(_mm512_maskz_mov_ps(k, _mm512_loadu_ps(p + t * p_tok)), m_new));
+    _mm512_storeu_ps(p + t * p_tok, e);  // lanes not seen: never read
+    sums[t % 16] = _mm512_mask_add_ps(sums[t % 16], k, sums[t % 16], e);
+  }
+  alignas(64) float mo[16], mn[16], al[16];
+  _mm512_store_ps(mo, m_old);
+  _mm512_store_ps(mn, m_new);
+  for (int r = 0; r < 16; ++r) al[r] = mn[r] == mo[r] ? 1.0f : std::exp(mo[r] - mn[r]);
+  const __m512 a = _mm512_load_ps(al);
+  _mm512_storeu_ps(alpha, a);
+  _mm512_storeu_ps(l, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l), a), avx512::sum16_lanes(sums)));
+  _mm512_storeu_ps(m, m_new);
 }
 
 // Queries [i0, i1) of sequence s (query i at position first + i) for KV head kvh.
 template <typename T, int NC>
 void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int64_t i1, PrefillScratch& ps) {
-  constexpr int D = 16 * NC;
-  constexpr int64_t kGroup = KeyColumns<T, NC>::kCols * 16;  // floats per 16 tokens of key columns
+  constexpr int D = 16 * NC, kCols = kQueryCols<T, NC>;
   Scratch& w = ps.rows;
   const int64_t G = a.num_heads / a.num_kv_heads, B = a.block_size, row = a.num_kv_heads * D;
   const int64_t first = a.context_lens[s] - a.query_lens[s], start = a.query_starts[s];
@@ -161,21 +175,26 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
   T* out = static_cast<T*>(a.out) + start * a.out_stride_s + kvh * G * a.out_stride_h;
   const float scale = static_cast<float>(a.scale);
 
-  if (i1 - i0 == 1) {  // one token: decode's item, the same bits without the transpose
+  if (i1 - i0 == 1) {  // one token: decode's item, the same bits without the transposes
     const int64_t ctx = first + i0 + 1;
     avx512::decode_item<T, NC>(a, query + i0 * a.q_stride_s, table, ctx, kvh, 0, (ctx + B - 1) / B, w);
     avx512::write_out<T, NC>(a, out + i0 * a.out_stride_s, w);
     return;
   }
-  for (int64_t i = i0; i < i1; ++i) {
-    avx512::start_rows<T, NC>(query + i * a.q_stride_s, a.q_stride_h, scale, (i - i0) * G, G, w);
-    for (int64_t g = 0; g < G; ++g) ps.q[(i - i0) * G + g] = query + i * a.q_stride_s + g * a.q_stride_h;
+  const int64_t rows = (i1 - i0) * G, P = ps.padded;
+  for (int64_t i = i0; i < i1; ++i) avx512::start_rows<T, NC>(query + i * a.q_stride_s, a.q_stride_h, scale, (i - i0) * G, G, w);
+  for (int64_t r = rows; r < (rows + 15) / 16 * 16; ++r) {  // padding lanes: fold16 leaves them as they are
+    w.m[r] = -std::numeric_limits<float>::infinity();
+    w.l[r] = 0.0f;
   }
+  auto query_row = [&](int64_t r) { return query + (i0 + r / G) * a.q_stride_s + (r % G) * a.q_stride_h; };
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) load_query_columns<T, NC>(query_row, w, r0, rows, &ps.columns[r0 * kCols]);
+
   const T* key_cache = static_cast<const T*>(a.key_cache) + kvh * D;
   const T* value_cache = static_cast<const T*>(a.value_cache) + kvh * D;
   const int64_t last = first + i1 - 1;  // position of the tile's last query
   for (int64_t j = 0; j * B <= last; ++j) {
-    const int64_t ia = std::max(i0, j * B - first);                    // first query that sees block j
+    const int64_t ia = std::max(i0, j * B - first);                               // first query that sees block j
     const int64_t i_full = std::min(i1, std::max(ia, (j + 1) * B - 1 - first));  // first that sees all of it
     const T* k_block = key_cache + static_cast<int64_t>(table[j]) * B * row;
     const T* v_block = value_cache + static_cast<int64_t>(table[j]) * B * row;
@@ -184,23 +203,31 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
       avx512::prefetch_rows(key_cache + next, row, n_next, D * int64_t(sizeof(T)));
       avx512::prefetch_rows(value_cache + next, row, n_next, D * int64_t(sizeof(T)));
     }
-    load_key_columns<T, NC>(k_block, row, std::min(B, last + 1 - j * B), ps.columns.data());
-
-    // scores and softmax update of every row that sees the block, each over its n tokens
-    for (int64_t r = (ia - i0) * G; r < (i1 - i0) * G; ++r) {
-      const int64_t n = std::min(B, first + i0 + r / G + 1 - j * B);
-      float* sc = &w.scores[r * w.stride];
-      for (int64_t t = 0; t < n; t += 16)
-        _mm512_storeu_ps(sc + t, scores16<T, NC>(&ps.columns[t / 16 * kGroup], static_cast<const T*>(ps.q[r]),
-                                                 &w.q[r * D], scale));
-      avx512::fold_scores(sc, n, w.m[r], w.l[r], w.alpha[r]);
+    // scores and softmax update, 16 rows at a time, of every row that sees the block
+    for (int64_t r0 = (ia - i0) * G / 16 * 16; r0 < rows; r0 += 16) {
+      alignas(64) int32_t n[16];  // tokens of the block row r0 + lane sees (0: none)
+      int64_t n_max = 0;
+      for (int64_t r = 0; r < 16; ++r) {
+        const int64_t i = i0 + (r0 + r) / G;
+        n[r] = r0 + r < rows && i >= ia ? int32_t(std::min(B, first + i + 1 - j * B)) : 0;
+        n_max = std::max<int64_t>(n_max, n[r]);
+      }
+      const float* columns = &ps.columns[r0 * kCols];
+      for (int64_t t = 0; t < n_max; ++t) scores16<T, NC>(columns, k_block + t * row, scale, &ps.p[t * P + r0]);
+      fold16(&ps.p[r0], P, _mm512_load_si512(n), n_max, &w.m[r0], &w.l[r0], &w.alpha[r0]);
     }
-    // acc = acc * alpha + p V: the diagonal queries one by one, then all that see the whole block
-    for (int64_t i = ia; i < i_full; ++i)
-      avx512::accumulate_rows<T, NC>(v_block, row, first + i + 1 - j * B, w, (i - i0) * G, (i - i0 + 1) * G);
-    if (i_full < i1) avx512::accumulate_rows<T, NC>(v_block, row, B, w, (i_full - i0) * G, (i1 - i0) * G);
+    // acc = acc * alpha + p V over the widened values: the diagonal queries one by one, then
+    // all that see the whole block
+    for (int64_t i = ia; i < i_full; ++i) {
+      const int64_t r = (i - i0) * G;
+      avx512::accumulate_rows<T, NC>(v_block, row, first + i + 1 - j * B, &ps.p[r], 1, P, &w.alpha[r], &w.acc[r * D], G);
+    }
+    if (i_full < i1) {
+      const int64_t r = (i_full - i0) * G;
+      avx512::accumulate_rows<T, NC>(v_block, row, B, &ps.p[r], 1, P, &w.alpha[r], &w.acc[r * D], rows - r);
+    }
   }
-  for (int64_t r = 0; r < (i1 - i0) * G; ++r)
+  for (int64_t r = 0; r < rows; ++r)
     avx512::store_row<T, NC>(out + (i0 + r / G) * a.out_stride_s + (r % G) * a.out_stride_h, &w.acc[r * D], w.l[r]);
 }
 
