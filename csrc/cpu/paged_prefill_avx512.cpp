@@ -216,8 +216,7 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
       for (int64_t t = 0; t < n_max; ++t) scores16<T, NC>(columns, k_block + t * row, scale, &ps.p[t * P + r0]);
       fold16(&ps.p[r0], P, _mm512_load_si512(n), n_max, &w.m[r0], &w.l[r0], &w.alpha[r0]);
     }
-    // acc = acc * alpha + p V over the widened values: the diagonal queries one by one, then
-    // all that see the whole block
+    // acc = acc * alpha + p V: the diagonal queries one by one, then all that see the whole block
     for (int64_t i = ia; i < i_full; ++i) {
       const int64_t r = (i - i0) * G;
       avx512::accumulate_rows<T, NC>(v_block, row, first + i + 1 - j * B, &ps.p[r], 1, P, &w.alpha[r], &w.acc[r * D], G);
