@@ -24,7 +24,7 @@ import inspect
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from paged.step03_attention import AttentionMetadata, PagedAttention
@@ -38,12 +38,13 @@ BACKENDS = ["reference", "blockwise", "cpu",
 
 
 def _batch(backend, batch, batch_invariant):
-    """The batch of test_attention_paths (float64; float32 with head dim 32 for the CUDA
-    kernels), its metadata in the given mode."""
+    """The batch of test_attention_paths (float64; float32 with head dim 32 and B in 8, 16,
+    32 for the CUDA kernels), its metadata in the given mode."""
     b, h, h_kv, ctx, q_lens, order = batch
     if backend == "emulated-cuda":
         import tests.step03_attention.test_attention_paths as paths
 
+        assume(b in (8, 16, 32))  # the block sizes csrc/cuda is compiled for
         d, paths.D = paths.D, 32  # the CUDA kernels take head dims from 32, in float32
         try:
             cache, meta, query, new_k, new_v, expected = _paged_batch(b, h, h_kv, ctx, q_lens, order, torch.float32)
