@@ -106,31 +106,73 @@ void load_query_columns(Query query, const Scratch& w, int64_t r0, int64_t rows,
   }
 }
 
-// Scores of 16 query rows (their columns) with key row k: lane r of out is
-// KeyRow<T, NC>::dot of row r with k, bit for bit. Lane l of decode's chain
-// becomes the vector x[l] over rows, and sum16's tree over lanes the same tree
-// over the x[l] (sum16_lanes).
-template <typename T, int NC>
-inline void scores16(const float* columns, const T* k, float scale, float* out) {
-  __m512 x[16];
-  for (int l = 0; l < 16; ++l) {
-    auto col = [&](int w) { return _mm512_loadu_ps(columns + (16 * w + l) * 16); };  // column 16 w + l
+// Scores of NG groups of 16 query rows (their columns, group g at columns + g
+// * group_stride) with TT key rows (key t at k + t * row): lane r of
+// out[t * p_tok + 16 g] is KeyRow<T, NC>::dot of row r of group g with key t,
+// bit for bit. Lane l of decode's chain becomes the vector x(l) over rows, and
+// sum16's tree over lanes the same tree over the x(l): a_i = x(i+8) + x(i),
+// b_i = a_{i+4} + a_i, then (b_0 + b_2) + (b_1 + b_3). Each column load
+// serves TT keys and each key broadcast NG groups: loads, not arithmetic,
+// bound this loop.
+template <typename T, int NC, int NG, int TT>
+inline void scores16(const float* columns, int64_t group_stride, const T* k, int64_t row, float scale, float* out,
+                     int64_t p_tok) {
+  auto col = [&](int g, int w) { return _mm512_loadu_ps(columns + g * group_stride + w * 16); };  // column w
+  auto x = [&](int l, __m512 (*xs)[NG]) {  // xs[t][g]: lane l of decode's chain, for key t and group g
     if constexpr (kPairs<T>) {
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
       constexpr int NP = NC / 2;
-      x[l] = _mm512_setzero_ps();
-      for (int c = 0; c < NP; ++c)
-        x[l] = _mm512_dpbf16_ps(x[l], (__m512bh)_mm512_castps_si512(col(c)),
-                                (__m512bh)_mm512_castps_si512(avx512::broadcast32(k + 32 * c + 2 * l)));
-      if constexpr (NC % 2) x[l] = _mm512_fmadd_ps(col(NP), _mm512_set1_ps(static_cast<float>(k[32 * NP + l])), x[l]);
+      for (int t = 0; t < TT; ++t)
+        for (int g = 0; g < NG; ++g) xs[t][g] = _mm512_setzero_ps();
+      for (int c = 0; c < NP; ++c) {
+        __m512bh q[NG];
+        for (int g = 0; g < NG; ++g) q[g] = (__m512bh)_mm512_castps_si512(col(g, 16 * c + l));
+        for (int t = 0; t < TT; ++t) {
+          const __m512bh kc = (__m512bh)avx512::broadcast32(k + t * row + 32 * c + 2 * l);
+          for (int g = 0; g < NG; ++g) xs[t][g] = _mm512_dpbf16_ps(xs[t][g], q[g], kc);
+        }
+      }
+      if constexpr (NC % 2) {
+        for (int t = 0; t < TT; ++t) {
+          const __m512 kt = _mm512_set1_ps(static_cast<float>(k[t * row + 32 * NP + l]));
+          for (int g = 0; g < NG; ++g) xs[t][g] = _mm512_fmadd_ps(col(g, 16 * NP + l), kt, xs[t][g]);
+        }
+      }
 #endif
     } else {
-      x[l] = _mm512_mul_ps(col(0), _mm512_set1_ps(static_cast<float>(k[l])));
-      for (int c = 1; c < NC; ++c) x[l] = _mm512_fmadd_ps(col(c), _mm512_set1_ps(static_cast<float>(k[16 * c + l])), x[l]);
+      for (int c = 0; c < NC; ++c) {
+        __m512 q[NG];
+        for (int g = 0; g < NG; ++g) q[g] = col(g, 16 * c + l);
+        for (int t = 0; t < TT; ++t) {
+          const __m512 kc = _mm512_set1_ps(static_cast<float>(k[t * row + 16 * c + l]));
+          for (int g = 0; g < NG; ++g) xs[t][g] = c == 0 ? _mm512_mul_ps(q[g], kc) : _mm512_fmadd_ps(q[g], kc, xs[t][g]);
+        }
+      }
     }
+  };
+  __m512 half[2][TT][NG];
+  for (int h = 0; h < 2; ++h) {
+    __m512 b[2][TT][NG];
+    for (int e = 0; e < 2; ++e) {
+      const int i = h + 2 * e;
+      __m512 lo[TT][NG], hi[TT][NG], a[TT][NG];
+      x(i, lo);
+      x(i + 8, hi);
+      for (int t = 0; t < TT; ++t)
+        for (int g = 0; g < NG; ++g) a[t][g] = _mm512_add_ps(hi[t][g], lo[t][g]);
+      x(i + 4, lo);
+      x(i + 12, hi);
+      for (int t = 0; t < TT; ++t)
+        for (int g = 0; g < NG; ++g) b[e][t][g] = _mm512_add_ps(_mm512_add_ps(hi[t][g], lo[t][g]), a[t][g]);
+    }
+    for (int t = 0; t < TT; ++t)
+      for (int g = 0; g < NG; ++g) half[h][t][g] = _mm512_add_ps(b[0][t][g], b[1][t][g]);
   }
-  const __m512 sum = avx512::sum16_lanes(x);
-  _mm512_storeu_ps(out, kPairs<T> ? _mm512_mul_ps(sum, _mm512_set1_ps(scale)) : sum);
+  for (int t = 0; t < TT; ++t)
+    for (int g = 0; g < NG; ++g) {
+      const __m512 sum = _mm512_add_ps(half[0][t][g], half[1][t][g]);
+      _mm512_storeu_ps(out + t * p_tok + 16 * g, kPairs<T> ? _mm512_mul_ps(sum, _mm512_set1_ps(scale)) : sum);
+    }
 }
 
 // fold_scores for 16 rows at once, lane r being row r: p[t * p_tok] (16 rows'
@@ -166,7 +208,7 @@ inline void fold16(float* p, int64_t p_tok, __m512i n, int64_t n_max, float* m, 
 // Queries [i0, i1) of sequence s (query i at position first + i) for KV head kvh.
 template <typename T, int NC>
 void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int64_t i1, PrefillScratch& ps) {
-  constexpr int D = 16 * NC, kCols = kQueryCols<T, NC>;
+  constexpr int D = 16 * NC, kCols = kQueryCols<T, NC>, kGroups = 2, kKeys = 2;  // row groups x keys per scores16
   Scratch& w = ps.rows;
   const int64_t G = a.num_heads / a.num_kv_heads, B = a.block_size, row = a.num_kv_heads * D;
   const int64_t first = a.context_lens[s] - a.query_lens[s], start = a.query_starts[s];
@@ -204,17 +246,26 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
       avx512::prefetch_rows(value_cache + next, row, n_next, D * int64_t(sizeof(T)));
     }
     // scores and softmax update, 16 rows at a time, of every row that sees the block
-    for (int64_t r0 = (ia - i0) * G / 16 * 16; r0 < rows; r0 += 16) {
-      alignas(64) int32_t n[16];  // tokens of the block row r0 + lane sees (0: none)
+    for (int64_t r0 = (ia - i0) * G / 16 * 16; r0 < rows; r0 += 16 * kGroups) {
+      const int64_t groups = std::min<int64_t>(kGroups, (rows - r0 + 15) / 16);
+      alignas(64) int32_t n[kGroups][16];  // tokens of the block row r0 + 16 g + lane sees (0: none)
       int64_t n_max = 0;
-      for (int64_t r = 0; r < 16; ++r) {
+      for (int64_t r = 0; r < 16 * groups; ++r) {
         const int64_t i = i0 + (r0 + r) / G;
-        n[r] = r0 + r < rows && i >= ia ? int32_t(std::min(B, first + i + 1 - j * B)) : 0;
-        n_max = std::max<int64_t>(n_max, n[r]);
+        n[r / 16][r % 16] = r0 + r < rows && i >= ia ? int32_t(std::min(B, first + i + 1 - j * B)) : 0;
+        n_max = std::max<int64_t>(n_max, n[r / 16][r % 16]);
       }
       const float* columns = &ps.columns[r0 * kCols];
-      for (int64_t t = 0; t < n_max; ++t) scores16<T, NC>(columns, k_block + t * row, scale, &ps.p[t * P + r0]);
-      fold16(&ps.p[r0], P, _mm512_load_si512(n), n_max, &w.m[r0], &w.l[r0], &w.alpha[r0]);
+      int64_t t = 0;
+      if (groups == kGroups)
+        for (; t + kKeys <= n_max; t += kKeys)
+          scores16<T, NC, kGroups, kKeys>(columns, 16 * kCols, k_block + t * row, row, scale, &ps.p[t * P + r0], P);
+      for (; t < n_max; ++t)
+        for (int64_t g = 0; g < groups; ++g)
+          scores16<T, NC, 1, 1>(columns + g * 16 * kCols, 0, k_block + t * row, row, scale, &ps.p[t * P + r0 + 16 * g], P);
+      for (int64_t g = 0; g < groups; ++g)
+        fold16(&ps.p[r0 + 16 * g], P, _mm512_load_si512(n[g]), n_max, &w.m[r0 + 16 * g], &w.l[r0 + 16 * g],
+               &w.alpha[r0 + 16 * g]);
     }
     // acc = acc * alpha + p V: the diagonal queries one by one, then all that see the whole block
     for (int64_t i = ia; i < i_full; ++i) {
