@@ -1,13 +1,14 @@
 // The per-query-row steps of the AVX-512 attention kernels, shared by decode
 // (paged_attention_avx512.cpp) and prefill (paged_prefill_avx512.cpp) so that
 // the two round every sum the same way: a key row's dot products with the G
-// query heads of its KV head (KeyRow; prefill computes the same sums 16 tokens
-// at a time, paged_prefill_avx512.cpp), one block's online-softmax update of a
-// row (fold_scores), the V accumulation in register tiles of rows
-// (accumulate_rows), and the output row (store_row). decode_item strings them
-// together for one decode work item. Templates on the element type T (float or
-// c10::BFloat16) and NC, the head dim in 16-float chunks, so every inner loop
-// has a compile-time trip count and its accumulators stay in registers.
+// query heads of its KV head (KeyRow; prefill computes the same sums for 16
+// query rows at a time, lane by row), one block's online-softmax update of a
+// row (fold_scores; prefill's fold16 is the same arithmetic 16 rows at a
+// time), the V accumulation in register tiles of rows (accumulate_rows), and
+// the output row (store_row). decode_item strings them together for one
+// decode work item. Templates on the element type T (float or c10::BFloat16)
+// and NC, the head dim in 16-float chunks, so every inner loop has a
+// compile-time trip count and its accumulators stay in registers.
 #pragma once
 
 #if defined(__AVX512F__)

@@ -27,6 +27,10 @@
 //           products (VDPBF16PS). It runs at the cache's or memory's bandwidth
 //           (python -m paged.bench kernel); scalar at a fraction (3-8x).
 //
+// The prefill kernel (paged_prefill_avx512.cpp) gives every query token the
+// bits this kernel gives it without split-context: the two share the per-row
+// steps of attention_avx512.h.
+//
 // Scheduling (this file): work items are spread over torch's thread count with
 // a dynamic OpenMP schedule, so sequences of different lengths balance. When
 // sequences x KV heads are too few for the threads (one long request, MQA),

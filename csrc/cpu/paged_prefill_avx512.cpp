@@ -145,7 +145,8 @@ inline void scores16(const float* columns, int64_t group_stride, const T* k, int
         for (int g = 0; g < NG; ++g) q[g] = col(g, 16 * c + l);
         for (int t = 0; t < TT; ++t) {
           const __m512 kc = _mm512_set1_ps(static_cast<float>(k[t * row + 16 * c + l]));
-          for (int g = 0; g < NG; ++g) xs[t][g] = c == 0 ? _mm512_mul_ps(q[g], kc) : _mm512_fmadd_ps(q[g], kc, xs[t][g]);
+          for (int g = 0; g < NG; ++g)
+            xs[t][g] = c == 0 ? _mm512_mul_ps(q[g], kc) : _mm512_fmadd_ps(q[g], kc, xs[t][g]);
         }
       }
     }
@@ -224,7 +225,8 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
     return;
   }
   const int64_t rows = (i1 - i0) * G, P = ps.padded;
-  for (int64_t i = i0; i < i1; ++i) avx512::start_rows<T, NC>(query + i * a.q_stride_s, a.q_stride_h, scale, (i - i0) * G, G, w);
+  for (int64_t i = i0; i < i1; ++i)
+    avx512::start_rows<T, NC>(query + i * a.q_stride_s, a.q_stride_h, scale, (i - i0) * G, G, w);
   for (int64_t r = rows; r < (rows + 15) / 16 * 16; ++r) {  // padding lanes: fold16 leaves them as they are
     w.m[r] = -std::numeric_limits<float>::infinity();
     w.l[r] = 0.0f;
@@ -262,7 +264,8 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
           scores16<T, NC, kGroups, kKeys>(columns, 16 * kCols, k_block + t * row, row, scale, &ps.p[t * P + r0], P);
       for (; t < n_max; ++t)
         for (int64_t g = 0; g < groups; ++g)
-          scores16<T, NC, 1, 1>(columns + g * 16 * kCols, 0, k_block + t * row, row, scale, &ps.p[t * P + r0 + 16 * g], P);
+          scores16<T, NC, 1, 1>(columns + g * 16 * kCols, 0, k_block + t * row, row, scale,
+                                &ps.p[t * P + r0 + 16 * g], P);
       for (int64_t g = 0; g < groups; ++g)
         fold16(&ps.p[r0 + 16 * g], P, _mm512_load_si512(n[g]), n_max, &w.m[r0 + 16 * g], &w.l[r0 + 16 * g],
                &w.alpha[r0 + 16 * g]);
@@ -270,7 +273,8 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
     // acc = acc * alpha + p V: the diagonal queries one by one, then all that see the whole block
     for (int64_t i = ia; i < i_full; ++i) {
       const int64_t r = (i - i0) * G;
-      avx512::accumulate_rows<T, NC>(v_block, row, first + i + 1 - j * B, &ps.p[r], 1, P, &w.alpha[r], &w.acc[r * D], G);
+      avx512::accumulate_rows<T, NC>(v_block, row, first + i + 1 - j * B, &ps.p[r], 1, P, &w.alpha[r],
+                                     &w.acc[r * D], G);
     }
     if (i_full < i1) {
       const int64_t r = (i_full - i0) * G;
@@ -282,8 +286,11 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
 }
 
 template <typename T, int NC>
-void run_prefill(const PrefillArgs& a) {
-  const int64_t QT = std::max<int64_t>(1, a.query_tile), H_kv = a.num_kv_heads;
+void run_prefill(const PrefillArgs& args) {
+  PrefillArgs a = args;  // a tile needs no more rows than the longest sequence has queries
+  const int64_t longest = *std::max_element(a.query_lens, a.query_lens + a.num_seqs);
+  a.query_tile = std::max<int64_t>(1, std::min<int64_t>(a.query_tile, longest));
+  const int64_t QT = a.query_tile, H_kv = a.num_kv_heads;
   std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> tiles;  // (cost, s, i0, i1)
   for (int64_t s = 0; s < a.num_seqs; ++s)
     for (int64_t i0 = 0; i0 < a.query_lens[s]; i0 += QT) {
@@ -292,8 +299,8 @@ void run_prefill(const PrefillArgs& a) {
     }
   std::sort(tiles.begin(), tiles.end(), [](const auto& x, const auto& y) { return std::get<0>(x) > std::get<0>(y); });
   for_each_item<PrefillScratch>(a, int64_t(tiles.size()) * H_kv, [&](int64_t item, PrefillScratch& ps) {
-    const auto& [cost, s, i0, i1] = tiles[item / H_kv];
-    prefill_tile<T, NC>(a, s, item % H_kv, i0, i1, ps);
+    const auto& tile = tiles[item / H_kv];
+    prefill_tile<T, NC>(a, std::get<1>(tile), item % H_kv, std::get<2>(tile), std::get<3>(tile), ps);
   });
 }
 

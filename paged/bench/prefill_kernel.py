@@ -128,7 +128,8 @@ def run_case(n, dtype_name, args, gen) -> dict:
     row["prefill_s_all_layers"] = ms["prefill"] * args.layers / 1e3
     row["sdpa_over_prefill"] = ms["sdpa"] / ms["prefill"]
     row["per_token_over_prefill"] = ms["per_token"] / ms["prefill"] if "per_token" in ms else None
-    row["prefill_equals_per_token"] = bool(torch.equal(outs["prefill"], outs["per_token"])) if "per_token" in outs else None
+    row["prefill_equals_per_token"] = (bool(torch.equal(outs["prefill"], outs["per_token"]))
+                                       if "per_token" in outs else None)
     row["max_abs_diff_vs_sdpa"] = (outs["prefill"].float() - outs["sdpa"].float()).abs().max().item()
     return row
 

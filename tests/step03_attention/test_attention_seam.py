@@ -135,7 +135,8 @@ def test_without_batch_invariance_cpu_prompt_rows_differ_from_decode():
 def test_cpu_batch_invariant_path_builds_no_per_token_tables():
     """The default CPU path (batch-invariant, the cpu backend) runs the prefill kernel over the
     sequences' own tables: no per-token table is ever built."""
-    cache, meta, query, new_k, new_v, expected, scale = _batch("cpu", (16, 4, 2, [40, 9], [40, 1], list(range(6))), True)
+    batch = (16, 4, 2, [40, 9], [40, 1], list(range(6)))
+    cache, meta, query, new_k, new_v, expected, scale = _batch("cpu", batch, True)
     out = PagedAttention(cache, meta, "cpu")(0, query, new_k, new_v, scale)
     torch.testing.assert_close(out, expected, **FLOAT64)
     assert "per_token" not in vars(meta)  # the cached property was never computed
