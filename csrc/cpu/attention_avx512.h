@@ -271,22 +271,30 @@ void write_out(const DecodeArgs& a, T* out, const Scratch& w) {
   for (int64_t g = 0; g < G; ++g) store_row<T, NC>(out + g * a.out_stride_h, &w.acc[g * 16 * NC], w.l[g]);
 }
 
-// Calls f(std::integral_constant<int, NC>) for head dim D = 16 * NC if the
-// kernels are instantiated for it (the head dims of real models); false if not.
+// Calls f(T{}, std::integral_constant<int, NC>) for the element type of dtype
+// (float32 or bfloat16) and head dim D = 16 * NC if the kernels are
+// instantiated for them (the head dims of real models); false if not.
 template <typename F>
-bool with_head_dim(int64_t D, F&& f) {
-  switch (D) {
-    case 16: f(std::integral_constant<int, 1>{}); return true;
-    case 32: f(std::integral_constant<int, 2>{}); return true;
-    case 48: f(std::integral_constant<int, 3>{}); return true;
-    case 64: f(std::integral_constant<int, 4>{}); return true;
-    case 80: f(std::integral_constant<int, 5>{}); return true;
-    case 96: f(std::integral_constant<int, 6>{}); return true;
-    case 112: f(std::integral_constant<int, 7>{}); return true;
-    case 128: f(std::integral_constant<int, 8>{}); return true;
-    case 160: f(std::integral_constant<int, 10>{}); return true;
-    case 192: f(std::integral_constant<int, 12>{}); return true;
-    case 256: f(std::integral_constant<int, 16>{}); return true;
+bool with_type_and_head_dim(DType dtype, int64_t D, F&& f) {
+  auto head_dim = [&](auto t) {
+    switch (D) {
+      case 16: f(t, std::integral_constant<int, 1>{}); return true;
+      case 32: f(t, std::integral_constant<int, 2>{}); return true;
+      case 48: f(t, std::integral_constant<int, 3>{}); return true;
+      case 64: f(t, std::integral_constant<int, 4>{}); return true;
+      case 80: f(t, std::integral_constant<int, 5>{}); return true;
+      case 96: f(t, std::integral_constant<int, 6>{}); return true;
+      case 112: f(t, std::integral_constant<int, 7>{}); return true;
+      case 128: f(t, std::integral_constant<int, 8>{}); return true;
+      case 160: f(t, std::integral_constant<int, 10>{}); return true;
+      case 192: f(t, std::integral_constant<int, 12>{}); return true;
+      case 256: f(t, std::integral_constant<int, 16>{}); return true;
+      default: return false;
+    }
+  };
+  switch (dtype) {
+    case DType::kFloat32: return head_dim(float{});
+    case DType::kBFloat16: return head_dim(c10::BFloat16{});
     default: return false;
   }
 }

@@ -141,8 +141,11 @@ void check_impl(const std::string& impl) {
                     "impl must be 'auto', 'scalar' or 'avx512', got '", impl, "'");
 }
 
-void fill_args(paged::DecodeArgs& args, const Inputs& in, double scale) {
+void fill_args(paged::DecodeArgs& args, const Inputs& in, const at::Tensor& key_cache, const at::Tensor& value_cache,
+               double scale) {
   args.query = in.query.data_ptr();
+  args.key_cache = key_cache.data_ptr();
+  args.value_cache = value_cache.data_ptr();
   args.out = in.out.data_ptr();
   args.block_tables = in.block_tables.data_ptr<int32_t>();
   args.context_lens = in.context_lens.data_ptr<int32_t>();
@@ -161,8 +164,17 @@ void fill_args(paged::DecodeArgs& args, const Inputs& in, double scale) {
   args.num_threads = at::get_num_threads();
 }
 
-const char* kAvx512Needs =
-    " needs an AVX-512 build and float32 or bfloat16 with a head dim in {16, 32, ..., 128, 160, 192, 256}; ";
+// impl "scalar": the scalar kernel; else avx512, or for "auto" scalar where avx512 does not apply.
+template <typename Args>
+void run_kernel(const std::string& impl, const Args& args, const Inputs& in, void (*scalar)(const Args&),
+                bool (*avx512)(const Args&)) {
+  if (impl == "scalar") return scalar(args);
+  if (avx512(args)) return;
+  TORCH_CHECK_VALUE(impl == "auto", "impl 'avx512' needs an AVX-512 build and float32 or bfloat16 with a head dim "
+                    "in {16, 32, ..., 128, 160, 192, 256}; got ", in.query.scalar_type(), ", D = ", in.D,
+                    ", AVX-512 build: ", paged::avx512_compiled() ? "yes" : "no");
+  scalar(args);
+}
 
 at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
                   const at::Tensor& key_cache,  // [N, B, H_kv, D]
@@ -187,17 +199,9 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
   if (S == 0 || in.H == 0) return in.out;
 
   paged::DecodeArgs args;
-  args.key_cache = key_cache.data_ptr();
-  args.value_cache = value_cache.data_ptr();
-  fill_args(args, in, scale);
+  fill_args(args, in, key_cache, value_cache, scale);
   args.partition_blocks = partition_blocks;
-  if (impl == "scalar") {
-    paged::paged_attention_decode_scalar(args);
-  } else if (!paged::paged_attention_decode_avx512(args)) {
-    TORCH_CHECK_VALUE(impl == "auto", "impl 'avx512'", kAvx512Needs, "got ", in.query.scalar_type(),
-                      ", D = ", in.D, ", AVX-512 build: ", paged::avx512_compiled() ? "yes" : "no");
-    paged::paged_attention_decode_scalar(args);
-  }
+  run_kernel(impl, args, in, paged::paged_attention_decode_scalar, paged::paged_attention_decode_avx512);
   return in.out;
 }
 
@@ -241,19 +245,11 @@ at::Tensor prefill(const at::Tensor& query_in,   // [T, H, D] the new tokens of 
   if (rows == 0 || in.H == 0) return in.out;
 
   paged::PrefillArgs args;
-  args.key_cache = key_cache.data_ptr();
-  args.value_cache = value_cache.data_ptr();
-  fill_args(args, in, scale);
+  fill_args(args, in, key_cache, value_cache, scale);
   args.query_lens = q_lens;
   args.query_starts = starts.data();
   args.query_tile = query_tile;
-  if (impl == "scalar") {
-    paged::paged_attention_prefill_scalar(args);
-  } else if (!paged::paged_attention_prefill_avx512(args)) {
-    TORCH_CHECK_VALUE(impl == "auto", "impl 'avx512'", kAvx512Needs, "got ", in.query.scalar_type(),
-                      ", D = ", in.D, ", AVX-512 build: ", paged::avx512_compiled() ? "yes" : "no");
-    paged::paged_attention_prefill_scalar(args);
-  }
+  run_kernel(impl, args, in, paged::paged_attention_prefill_scalar, paged::paged_attention_prefill_avx512);
   return in.out;
 }
 

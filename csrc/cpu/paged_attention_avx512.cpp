@@ -149,22 +149,15 @@ void run(const DecodeArgs& a) {
   else run_split_context<T, NC>(a, pb);
 }
 
-template <typename T>
-bool dispatch_head_dim(const DecodeArgs& a) {
-  return avx512::with_head_dim(a.head_dim, [&](auto nc) { run<T, decltype(nc)::value>(a); });
-}
-
 #endif  // __AVX512F__
 
 }  // namespace
 
 bool paged_attention_decode_avx512(const DecodeArgs& a) {
 #if defined(__AVX512F__)
-  switch (a.dtype) {
-    case DType::kFloat32: return dispatch_head_dim<float>(a);
-    case DType::kBFloat16: return dispatch_head_dim<c10::BFloat16>(a);
-    default: return false;
-  }
+  return avx512::with_type_and_head_dim(a.dtype, a.head_dim, [&](auto t, auto nc) {
+    run<decltype(t), decltype(nc)::value>(a);
+  });
 #else
   (void)a;
   return false;

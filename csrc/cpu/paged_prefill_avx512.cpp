@@ -304,22 +304,15 @@ void run_prefill(const PrefillArgs& args) {
   });
 }
 
-template <typename T>
-bool dispatch_head_dim(const PrefillArgs& a) {
-  return avx512::with_head_dim(a.head_dim, [&](auto nc) { run_prefill<T, decltype(nc)::value>(a); });
-}
-
 #endif  // __AVX512F__
 
 }  // namespace
 
 bool paged_attention_prefill_avx512(const PrefillArgs& a) {
 #if defined(__AVX512F__)
-  switch (a.dtype) {
-    case DType::kFloat32: return dispatch_head_dim<float>(a);
-    case DType::kBFloat16: return dispatch_head_dim<c10::BFloat16>(a);
-    default: return false;
-  }
+  return avx512::with_type_and_head_dim(a.dtype, a.head_dim, [&](auto t, auto nc) {
+    run_prefill<decltype(t), decltype(nc)::value>(a);
+  });
 #else
   (void)a;
   return false;

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from paged.kernels import cpu
 from tests import tolerances
-from tests.kernels.test_cpu_kernel import _cpu_has_avx512f
+from tests.kernels.test_cpu_kernel import _cpu_has_avx512f, _swap
 from tests.oracle import contiguous_attention
 from tests.strategies import block_sizes, gqa_heads, head_dims, model_head_dims, seq_lens, shuffled_free_list
 
@@ -220,12 +220,6 @@ def test_prefill_moved_tile_boundary_changes_the_bits(ext, impl):
 
 def _errors_case():
     args, _ = make_prefill((4, 4, 2, 16, [(3, 3), (9, 4)], list(range(5)), 1.0, 0), torch.float32)
-    return args
-
-
-def _swap(args, i, value):
-    args = list(args)
-    args[i] = value
     return args
 
 
