@@ -251,11 +251,16 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
     for (int64_t r0 = (ia - i0) * G / 16 * 16; r0 < rows; r0 += 16 * kGroups) {
       const int64_t groups = std::min<int64_t>(kGroups, (rows - r0 + 15) / 16);
       alignas(64) int32_t n[kGroups][16];  // tokens of the block row r0 + 16 g + lane sees (0: none)
-      int64_t n_max = 0;
-      for (int64_t r = 0; r < 16 * groups; ++r) {
-        const int64_t i = i0 + (r0 + r) / G;
-        n[r / 16][r % 16] = r0 + r < rows && i >= ia ? int32_t(std::min(B, first + i + 1 - j * B)) : 0;
-        n_max = std::max<int64_t>(n_max, n[r / 16][r % 16]);
+      int64_t n_max = B;
+      if (r0 >= (i_full - i0) * G && r0 + 16 * groups <= rows) {  // all see the whole block: the common case
+        for (int64_t g = 0; g < groups; ++g) _mm512_store_si512(n[g], _mm512_set1_epi32(int32_t(B)));
+      } else {
+        n_max = 0;
+        for (int64_t r = 0; r < 16 * groups; ++r) {
+          const int64_t i = i0 + (r0 + r) / G;
+          n[r / 16][r % 16] = r0 + r < rows && i >= ia ? int32_t(std::min(B, first + i + 1 - j * B)) : 0;
+          n_max = std::max<int64_t>(n_max, n[r / 16][r % 16]);
+        }
       }
       const float* columns = &ps.columns[r0 * kCols];
       int64_t t = 0;
