@@ -15,9 +15,10 @@ blocks of 16, 30 layers), side by side in one process:
 
 Physical blocks are a random permutation. Each time is the median of
 ``--repeats`` runs after ``--warmup``, the systems taking turns every round so
-background load hits all of them alike; ratios are taken within a round's
-medians of one process. The record names the CPU, the date, the threads and
-the load average before and after. Every case also checks the prefill's output
+background load hits all of them alike; ratios are taken between the medians
+of one process, of wall time and of CPU time (all the process's threads: on a
+busy machine the steadier of the two). The record names the CPU, the date, the
+threads and the load average before and after. Every case also checks the prefill's output
 bitwise against per-token decode (``prefill_equals_per_token``) and its
 largest difference from SDPA.
 
@@ -108,26 +109,32 @@ def systems_for(n, args, q, k, v, key_cache, value_cache, table, scale):
     return systems
 
 
-def median_ms(systems: dict, repeats: int, warmup: int) -> tuple[dict, dict]:
-    """Median wall time (ms) of each callable, taking turns every round; and each one's last output."""
-    times, outs = {name: [] for name in systems}, {}
+def median_ms(systems: dict, repeats: int, warmup: int) -> tuple[dict, dict, dict]:
+    """Median wall time and CPU time (ms, all threads of the process) of each callable, taking
+    turns every round; and each one's last output. On a busy machine the CPU time is the steadier."""
+    wall, cpu, outs = {name: [] for name in systems}, {name: [] for name in systems}, {}
     for r in range(warmup + repeats):
         for name, fn in systems.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             outs[name] = fn()
             if r >= warmup:
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}, outs
+                wall[name].append((time.perf_counter() - start) * 1e3)
+                cpu[name].append((time.process_time() - start_cpu) * 1e3)
+    median = lambda times: {name: statistics.median(t) for name, t in times.items()}  # noqa: E731
+    return median(wall), median(cpu), outs
 
 
 def run_case(n, dtype_name, args, gen) -> dict:
     q, k, v, key_cache, value_cache, table = make_case(n, args, DTYPES[dtype_name], gen)
     systems = systems_for(n, args, q, k, v, key_cache, value_cache, table, args.head_dim**-0.5)
-    ms, outs = median_ms(systems, args.repeats, args.warmup)
-    row = {"prompt_len": n, "dtype": dtype_name, **{f"{s}_ms": ms.get(s) for s in SYSTEMS}}
+    ms, cpu_ms, outs = median_ms(systems, args.repeats, args.warmup)
+    row = {"prompt_len": n, "dtype": dtype_name, **{f"{s}_ms": ms.get(s) for s in SYSTEMS},
+           **{f"{s}_cpu_ms": cpu_ms.get(s) for s in SYSTEMS}}
     row["prefill_s_all_layers"] = ms["prefill"] * args.layers / 1e3
     row["sdpa_over_prefill"] = ms["sdpa"] / ms["prefill"]
     row["per_token_over_prefill"] = ms["per_token"] / ms["prefill"] if "per_token" in ms else None
+    row["sdpa_over_prefill_cpu"] = cpu_ms["sdpa"] / cpu_ms["prefill"]
+    row["per_token_over_prefill_cpu"] = cpu_ms["per_token"] / cpu_ms["prefill"] if "per_token" in cpu_ms else None
     row["prefill_equals_per_token"] = (bool(torch.equal(outs["prefill"], outs["per_token"]))
                                        if "per_token" in outs else None)
     row["max_abs_diff_vs_sdpa"] = (outs["prefill"].float() - outs["sdpa"].float()).abs().max().item()
@@ -148,7 +155,7 @@ def run(args) -> int:
     print(f"{result['cpu']} ({result['cpu_family_model']}), {result['threads']} threads, {result['date']}, "
           f"load {result['load_before'][0]:.2f}")
     print(f"{'dtype':9s} {'prompt':>6s} {'prefill ms':>11s} {'per-token ms':>13s} {'sdpa ms':>9s} "
-          f"{'per-tok/pf':>10s} {'sdpa/pf':>8s} {f'pf x{args.layers} s':>9s} {'bitwise':>7s}")
+          f"{'per-tok/pf':>10s} {'sdpa/pf':>8s} {f'pf x{args.layers} s':>9s} {'bitwise':>7s}  (cpu-time ratios)")
     for dt in args.dtype:
         for n in args.prompt_lens:
             row = run_case(n, dt, args, gen)
@@ -156,7 +163,8 @@ def run(args) -> int:
             print(f"{dt:9s} {n:6d} {row['prefill_ms']:11.1f} {_fmt(row['per_token_ms'], '13.1f')} "
                   f"{row['sdpa_ms']:9.1f} {_fmt(row['per_token_over_prefill'], '10.2f')} "
                   f"{row['sdpa_over_prefill']:8.2f} {row['prefill_s_all_layers']:9.2f} "
-                  f"{_fmt(row['prefill_equals_per_token'], '>7')}", flush=True)
+                  f"{_fmt(row['prefill_equals_per_token'], '>7')}  ({_fmt(row['per_token_over_prefill_cpu'], '.2f')}, "
+                  f"{row['sdpa_over_prefill_cpu']:.2f})", flush=True)
     result["load_after"] = os.getloadavg()
     print(f"load average after: {result['load_after'][0]:.2f}")
     if args.json:

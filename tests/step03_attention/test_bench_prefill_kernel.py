@@ -25,10 +25,12 @@ def test_bench_prefill_kernel_json_last_line(capsys):
     cases = result["cases"]
     assert [(c["prompt_len"], c["dtype"]) for c in cases] == [(n, d) for d in ("bfloat16", "float32") for n in (1, 40, 70)]
     for c in cases:
-        for key in ("prefill_ms", "sdpa_ms", "sdpa_over_prefill", "prefill_s_all_layers"):
+        for key in ("prefill_ms", "sdpa_ms", "sdpa_over_prefill", "prefill_s_all_layers", "prefill_cpu_ms",
+                    "sdpa_cpu_ms", "sdpa_over_prefill_cpu"):
             assert isinstance(c[key], float) and c[key] > 0, (key, c)
         timed = c["prompt_len"] <= 40  # --per-token-max
         assert (c["per_token_ms"] is not None) == timed and (c["prefill_equals_per_token"] is True) == timed, c
+        assert (c["per_token_over_prefill_cpu"] is not None) == timed, c
         tol = PREFILL_BFLOAT16 if c["dtype"] == "bfloat16" else FLOAT32
         bound = tol["atol"] + tol["rtol"] * MAX_OUTPUT
         assert c["max_abs_diff_vs_sdpa"] <= bound, c
