@@ -1,7 +1,9 @@
 // AVX-512 building blocks shared by the CPU kernels: widening loads of float32
-// and bfloat16 rows, a vectorized exp, tail masks and an L2 prefetch of strided
-// rows. Only compiled where the compiler targets AVX-512F (-march=native on a
-// CPU that has it); every caller keeps a scalar path for the other CPUs.
+// and bfloat16 rows, a vectorized exp, tail masks, an L2 prefetch of strided
+// rows, the fixed summation tree of 16 lanes (one vector, or 16 vectors lane by
+// lane) and a 16 x 16 transpose. Only compiled where the compiler targets
+// AVX-512F (-march=native on a CPU that has it); every caller keeps a scalar
+// path for the other CPUs.
 #pragma once
 
 #if defined(__AVX512F__)
@@ -9,6 +11,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace paged {
 namespace avx512 {
@@ -36,6 +39,65 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
+}
+
+// The sum of x's 16 lanes in one fixed tree: lane i + lane i+8, then i + i+4,
+// then i + i+2, then lane 0 + lane 1. (The tree GCC's _mm512_reduce_add_ps
+// uses, written out so that no compiler or library can change it: the decode
+// and prefill attention kernels must round the same sums the same way.)
+inline float sum16(__m512 x) {
+  const __m256 a = _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)),
+                                 _mm512_castps512_ps256(x));                     // i + (i+8)
+  const __m128 b = _mm_add_ps(_mm256_extractf128_ps(a, 1), _mm256_castps256_ps128(a));  // + (i+4)
+  const __m128 c = _mm_add_ps(b, _mm_shuffle_ps(b, b, _MM_SHUFFLE(1, 0, 3, 2)));  // i + (i+2)
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));                  // 0 + 1
+}
+
+// sum16 of 16 vectors at once, transposed: lane t of the result is the sum of
+// lane t of x[0..15] in sum16's tree (x[i] + x[i+8], then + x[i+4], ...), so
+// it is bitwise sum16 of the vector (x[0][t], ..., x[15][t]).
+inline __m512 sum16_lanes(const __m512* x) {
+  __m512 a[8], b[4];
+  for (int i = 0; i < 8; ++i) a[i] = _mm512_add_ps(x[i + 8], x[i]);
+  for (int i = 0; i < 4; ++i) b[i] = _mm512_add_ps(a[i + 4], a[i]);
+  return _mm512_add_ps(_mm512_add_ps(b[0], b[2]), _mm512_add_ps(b[1], b[3]));
+}
+
+// Transposes 16 vectors of 16 32-bit values in place: afterwards r[w] lane t is
+// what r[t] lane w was. Bit moves only (any 32-bit payload: floats, bfloat16 pairs).
+inline void transpose16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: a0 b0 a1 b1 / a2 b2 a3 b3
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m512 u[16];
+  for (int i = 0; i < 4; ++i) {  // u[4i + c], 128-bit lane k: element 4k + c of rows 4i .. 4i+3
+    const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int c = 0; c < 4; ++c) {  // 4 x 4 transpose of 128-bit lanes: column 4k + c gathers lane k
+    const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+    r[4 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+    r[8 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+  }
+}
+
+// 32 bits at p (a bfloat16 pair), any alignment, in every lane. An integer
+// broadcast (VPBROADCASTD): VDPBF16PS takes it at full rate, while a float
+// one (VBROADCASTSS) feeding it halves its rate on Zen 4 (measured).
+inline __m512i broadcast32(const void* p) {
+  int32_t x;
+  std::memcpy(&x, p, 4);
+  return _mm512_set1_epi32(x);
 }
 
 inline __mmask16 tail_mask(int64_t remaining) {

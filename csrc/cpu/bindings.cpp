@@ -1,5 +1,6 @@
 // Python binding of the CPU kernels: argument checks, then plain pointers to
-// paged_attention_avx512.cpp / paged_attention_scalar.cpp (decode attention);
+// paged_attention_avx512.cpp / paged_attention_scalar.cpp (decode attention)
+// and paged_prefill_avx512.cpp / paged_attention_scalar.cpp (prefill);
 // the KV write by slot mapping; and the fused element-wise ops of
 // fused_ops.cpp (which check their own arguments).
 //
@@ -10,7 +11,9 @@
 // Implementations: decode(impl="auto") picks avx512 when it applies and scalar
 // otherwise; impl="scalar" / "avx512" force one, for the tests that check each
 // against the oracle; partition_blocks forces avx512's split-context
-// partitioning (tests) or leaves it to the kernel (-1). write_kv has one
+// partitioning (tests) or leaves it to the kernel (-1). prefill takes the same
+// impl, and query_tile (query tokens per work item: speed only, the tests vary
+// it to show the bits do not move). write_kv has one
 // implementation (a row copy per token).
 
 // Narrow includes instead of <torch/extension.h>: they halve the first build.
@@ -21,6 +24,7 @@
 
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "fused_ops.h"
 #include "quant_linear.h"
@@ -60,29 +64,35 @@ void check_cache(const at::Tensor& c, const char* name, const at::Tensor& like) 
                     "[L, 2, N, B, H_kv, D] cache is)");
 }
 
-at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
-                  const at::Tensor& key_cache,  // [N, B, H_kv, D]
-                  const at::Tensor& value_cache,
-                  const at::Tensor& block_tables_in,  // [S, M] int32
-                  const at::Tensor& context_lens_in,  // [S] int32
-                  double scale, c10::optional<at::Tensor> out_in, const std::string& impl,
-                  int64_t partition_blocks) {
+// What decode and prefill share: the query [rows, H, D] and the caches
+// checked against each other; S sequences' block tables and context lengths
+// checked for dtype and shape (their values are checked by the caller, which
+// knows each kernel's bounds); the output allocated or checked.
+struct Inputs {
+  int64_t S, H, D, N, B, H_kv, M;
+  at::Tensor query, block_tables, context_lens, out;
+};
+
+Inputs check_inputs(const at::Tensor& query_in, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                    const at::Tensor& block_tables_in, const at::Tensor& context_lens_in, int64_t S,
+                    const c10::optional<at::Tensor>& out_in, const char* query_shape) {
   check_cpu(query_in, "query");
-  const paged::DType dtype = kernel_dtype(query_in, "query");
-  TORCH_CHECK_VALUE(query_in.dim() == 3, "query must be [S, H, D] (one token per sequence), got shape ",
-                    shape_of(query_in));
+  kernel_dtype(query_in, "query");
+  TORCH_CHECK_VALUE(query_in.dim() == 3, "query must be ", query_shape, ", got shape ", shape_of(query_in));
   check_cache(key_cache, "key_cache", query_in);
   check_cache(value_cache, "value_cache", query_in);
   TORCH_CHECK_VALUE(value_cache.sizes() == key_cache.sizes(), "value_cache shape ",
                     shape_of(value_cache), " differs from key_cache shape ", shape_of(key_cache));
-  const int64_t S = query_in.size(0), H = query_in.size(1), D = query_in.size(2);
-  const int64_t N = key_cache.size(0), B = key_cache.size(1), H_kv = key_cache.size(2);
-  TORCH_CHECK_VALUE(key_cache.size(3) == D, "head dim of key_cache (", key_cache.size(3),
-                    ") differs from the query's (", D, ")");
-  TORCH_CHECK_VALUE(H_kv > 0 && H % H_kv == 0, "query heads H = ", H,
-                    " must be a multiple of the cache's KV heads H_kv = ", H_kv);
-  TORCH_CHECK_VALUE(D > 0 && B > 0, "head dim and block size must be positive, got D = ", D,
-                    ", B = ", B);
+  Inputs in;
+  in.S = S;
+  in.H = query_in.size(1), in.D = query_in.size(2);
+  in.N = key_cache.size(0), in.B = key_cache.size(1), in.H_kv = key_cache.size(2);
+  TORCH_CHECK_VALUE(key_cache.size(3) == in.D, "head dim of key_cache (", key_cache.size(3),
+                    ") differs from the query's (", in.D, ")");
+  TORCH_CHECK_VALUE(in.H_kv > 0 && in.H % in.H_kv == 0, "query heads H = ", in.H,
+                    " must be a multiple of the cache's KV heads H_kv = ", in.H_kv);
+  TORCH_CHECK_VALUE(in.D > 0 && in.B > 0, "head dim and block size must be positive, got D = ", in.D,
+                    ", B = ", in.B);
 
   check_cpu(block_tables_in, "block_tables");
   check_cpu(context_lens_in, "context_lens");
@@ -95,76 +105,152 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
                     shape_of(block_tables_in));
   TORCH_CHECK_VALUE(context_lens_in.dim() == 1 && context_lens_in.size(0) == S,
                     "context_lens must be [S] with S = ", S, ", got shape ", shape_of(context_lens_in));
-  const at::Tensor block_tables = block_tables_in.contiguous();
-  const at::Tensor context_lens = context_lens_in.contiguous();
-  const int64_t M = block_tables.size(1);
-  const int32_t* table = block_tables.data_ptr<int32_t>();
-  const int32_t* lens = context_lens.data_ptr<int32_t>();
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t len = lens[s];
-    TORCH_CHECK_VALUE(len >= 1 && len <= M * B, "context_lens[", s, "] = ", len,
-                      " must be in [1, M * B] = [1, ", M * B, "] (M = ", M,
-                      " block-table columns, B = ", B, ")");
-    for (int64_t j = 0; j * B < len; ++j) {
-      const int64_t b = table[s * M + j];
-      TORCH_CHECK_VALUE(b >= 0 && b < N, "block_tables[", s, ", ", j, "] = ", b,
-                        " is not a physical block of the cache (N = ", N, ")");
-    }
-  }
+  in.block_tables = block_tables_in.contiguous();
+  in.context_lens = context_lens_in.contiguous();
+  in.M = in.block_tables.size(1);
 
-  // Rows of D must be contiguous; sequence and head strides may be anything
+  // Rows of D must be contiguous; row and head strides may be anything
   // (a query sliced out of a fused QKV projection keeps its strides).
-  const at::Tensor query = query_in.stride(2) == 1 ? query_in : query_in.contiguous();
-  at::Tensor out;
+  in.query = query_in.stride(2) == 1 ? query_in : query_in.contiguous();
   if (out_in.has_value()) {
-    out = *out_in;
-    check_cpu(out, "out");
-    TORCH_CHECK_TYPE(out.scalar_type() == query.scalar_type(), "out must have dtype ",
-                     query.scalar_type(), ", got ", out.scalar_type());
-    TORCH_CHECK_VALUE(out.sizes() == query.sizes(), "out must have the query's shape ",
-                      shape_of(query), ", got ", shape_of(out));
-    TORCH_CHECK_VALUE(out.stride(2) == 1, "out must have contiguous rows (stride 1 in the last dim)");
+    in.out = *out_in;
+    check_cpu(in.out, "out");
+    TORCH_CHECK_TYPE(in.out.scalar_type() == in.query.scalar_type(), "out must have dtype ",
+                     in.query.scalar_type(), ", got ", in.out.scalar_type());
+    TORCH_CHECK_VALUE(in.out.sizes() == in.query.sizes(), "out must have the query's shape ",
+                      shape_of(in.query), ", got ", shape_of(in.out));
+    TORCH_CHECK_VALUE(in.out.stride(2) == 1, "out must have contiguous rows (stride 1 in the last dim)");
   } else {
-    out = at::empty_like(query, at::MemoryFormat::Contiguous);
+    in.out = at::empty_like(in.query, at::MemoryFormat::Contiguous);
   }
+  return in;
+}
+
+// Every block a sequence of len tokens reads must be a physical block of the cache.
+void check_blocks(const Inputs& in, int64_t s, int64_t len) {
+  const int32_t* table = in.block_tables.data_ptr<int32_t>();
+  for (int64_t j = 0; j * in.B < len; ++j) {
+    const int64_t b = table[s * in.M + j];
+    TORCH_CHECK_VALUE(b >= 0 && b < in.N, "block_tables[", s, ", ", j, "] = ", b,
+                      " is not a physical block of the cache (N = ", in.N, ")");
+  }
+}
+
+void check_impl(const std::string& impl) {
   TORCH_CHECK_VALUE(impl == "auto" || impl == "scalar" || impl == "avx512",
                     "impl must be 'auto', 'scalar' or 'avx512', got '", impl, "'");
-  TORCH_CHECK_VALUE(partition_blocks >= -1, "partition_blocks must be -1 (auto), 0 (none) or a block count, got ",
-                    partition_blocks);
-  if (S == 0 || H == 0) return out;
+}
 
-  paged::DecodeArgs args;
-  args.query = query.data_ptr();
+void fill_args(paged::DecodeArgs& args, const Inputs& in, const at::Tensor& key_cache, const at::Tensor& value_cache,
+               double scale) {
+  args.query = in.query.data_ptr();
   args.key_cache = key_cache.data_ptr();
   args.value_cache = value_cache.data_ptr();
-  args.block_tables = table;
-  args.context_lens = lens;
-  args.out = out.data_ptr();
-  args.num_seqs = S;
-  args.num_heads = H;
-  args.num_kv_heads = H_kv;
-  args.head_dim = D;
-  args.block_size = B;
-  args.max_blocks = M;
-  args.q_stride_s = query.stride(0);
-  args.q_stride_h = query.stride(1);
-  args.out_stride_s = out.stride(0);
-  args.out_stride_h = out.stride(1);
+  args.out = in.out.data_ptr();
+  args.block_tables = in.block_tables.data_ptr<int32_t>();
+  args.context_lens = in.context_lens.data_ptr<int32_t>();
+  args.num_seqs = in.S;
+  args.num_heads = in.H;
+  args.num_kv_heads = in.H_kv;
+  args.head_dim = in.D;
+  args.block_size = in.B;
+  args.max_blocks = in.M;
+  args.q_stride_s = in.query.stride(0);
+  args.q_stride_h = in.query.stride(1);
+  args.out_stride_s = in.out.stride(0);
+  args.out_stride_h = in.out.stride(1);
   args.scale = scale;
-  args.dtype = dtype;
+  args.dtype = kernel_dtype(in.query, "query");
   args.num_threads = at::get_num_threads();
-  args.partition_blocks = partition_blocks;
+}
 
-  if (impl == "scalar") {
-    paged::paged_attention_decode_scalar(args);
-  } else if (!paged::paged_attention_decode_avx512(args)) {
-    TORCH_CHECK_VALUE(impl == "auto", "impl 'avx512' needs an AVX-512 build (",
-                      paged::avx512_compiled() ? "yes" : "no",
-                      " here), float32 or bfloat16 and a head dim in {16, 32, ..., 128, 160, 192, "
-                      "256}; got ", query.scalar_type(), ", D = ", D);
-    paged::paged_attention_decode_scalar(args);
+// impl "scalar": the scalar kernel; else avx512, or for "auto" scalar where avx512 does not apply.
+template <typename Args>
+void run_kernel(const std::string& impl, const Args& args, const Inputs& in, void (*scalar)(const Args&),
+                bool (*avx512)(const Args&)) {
+  if (impl == "scalar") return scalar(args);
+  if (avx512(args)) return;
+  TORCH_CHECK_VALUE(impl == "auto", "impl 'avx512' needs an AVX-512 build and float32 or bfloat16 with a head dim "
+                    "in {16, 32, ..., 128, 160, 192, 256}; got ", in.query.scalar_type(), ", D = ", in.D,
+                    ", AVX-512 build: ", paged::avx512_compiled() ? "yes" : "no");
+  scalar(args);
+}
+
+at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
+                  const at::Tensor& key_cache,  // [N, B, H_kv, D]
+                  const at::Tensor& value_cache,
+                  const at::Tensor& block_tables_in,  // [S, M] int32
+                  const at::Tensor& context_lens_in,  // [S] int32
+                  double scale, c10::optional<at::Tensor> out_in, const std::string& impl,
+                  int64_t partition_blocks) {
+  const int64_t S = query_in.dim() == 3 ? query_in.size(0) : 0;
+  Inputs in = check_inputs(query_in, key_cache, value_cache, block_tables_in, context_lens_in, S, out_in,
+                           "[S, H, D] (one token per sequence)");
+  const int32_t* lens = in.context_lens.data_ptr<int32_t>();
+  for (int64_t s = 0; s < S; ++s) {
+    TORCH_CHECK_VALUE(lens[s] >= 1 && lens[s] <= in.M * in.B, "context_lens[", s, "] = ", lens[s],
+                      " must be in [1, M * B] = [1, ", in.M * in.B, "] (M = ", in.M,
+                      " block-table columns, B = ", in.B, ")");
+    check_blocks(in, s, lens[s]);
   }
-  return out;
+  check_impl(impl);
+  TORCH_CHECK_VALUE(partition_blocks >= -1, "partition_blocks must be -1 (auto), 0 (none) or a block count, got ",
+                    partition_blocks);
+  if (S == 0 || in.H == 0) return in.out;
+
+  paged::DecodeArgs args;
+  fill_args(args, in, key_cache, value_cache, scale);
+  args.partition_blocks = partition_blocks;
+  run_kernel(impl, args, in, paged::paged_attention_decode_scalar, paged::paged_attention_decode_avx512);
+  return in.out;
+}
+
+at::Tensor prefill(const at::Tensor& query_in,   // [T, H, D] the new tokens of every sequence, packed
+                   const at::Tensor& key_cache,  // [N, B, H_kv, D]
+                   const at::Tensor& value_cache,
+                   const at::Tensor& block_tables_in,  // [S, M] int32
+                   const at::Tensor& context_lens_in,  // [S] int32, new tokens included
+                   const at::Tensor& query_lens_in,    // [S] int32, new tokens of each sequence
+                   double scale, c10::optional<at::Tensor> out_in, const std::string& impl,
+                   int64_t query_tile) {
+  TORCH_CHECK_VALUE(context_lens_in.dim() == 1, "context_lens must be [S] (one length per sequence), got shape ",
+                    shape_of(context_lens_in));
+  const int64_t S = context_lens_in.size(0);
+  Inputs in = check_inputs(query_in, key_cache, value_cache, block_tables_in, context_lens_in, S, out_in,
+                           "[T, H, D] (the new tokens of every sequence, packed)");
+  check_cpu(query_lens_in, "query_lens");
+  TORCH_CHECK_TYPE(query_lens_in.scalar_type() == at::kInt, "query_lens must be int32, got ",
+                   query_lens_in.scalar_type());
+  TORCH_CHECK_VALUE(query_lens_in.dim() == 1 && query_lens_in.size(0) == S,
+                    "query_lens must be [S] with S = ", S, ", got shape ", shape_of(query_lens_in));
+  const at::Tensor query_lens = query_lens_in.contiguous();
+  const int32_t* q_lens = query_lens.data_ptr<int32_t>();
+  const int32_t* lens = in.context_lens.data_ptr<int32_t>();
+  std::vector<int64_t> starts(S);
+  int64_t rows = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    TORCH_CHECK_VALUE(lens[s] >= 0 && lens[s] <= in.M * in.B, "context_lens[", s, "] = ", lens[s],
+                      " must be in [0, M * B] = [0, ", in.M * in.B, "] (M = ", in.M,
+                      " block-table columns, B = ", in.B, ")");
+    TORCH_CHECK_VALUE(q_lens[s] >= 0 && q_lens[s] <= lens[s], "query_lens[", s, "] = ", q_lens[s],
+                      " must be in [0, context_lens[", s, "]] = [0, ", lens[s], "]");
+    check_blocks(in, s, lens[s]);
+    starts[s] = rows;
+    rows += q_lens[s];
+  }
+  TORCH_CHECK_VALUE(rows == in.query.size(0), "query_lens sum to ", rows, " but query has ", in.query.size(0),
+                    " token rows");
+  check_impl(impl);
+  TORCH_CHECK_VALUE(query_tile >= 1, "query_tile must be >= 1, got ", query_tile);
+  if (rows == 0 || in.H == 0) return in.out;
+
+  paged::PrefillArgs args;
+  fill_args(args, in, key_cache, value_cache, scale);
+  args.query_lens = q_lens;
+  args.query_starts = starts.data();
+  args.query_tile = query_tile;
+  run_kernel(impl, args, in, paged::paged_attention_prefill_scalar, paged::paged_attention_prefill_avx512);
+  return in.out;
 }
 
 // key_cache.view(N * B, H_kv, D)[slot_mapping[t]] = k[t] (same for v); slots < 0 are skipped.
@@ -220,12 +306,16 @@ void write_kv(const at::Tensor& key_cache, const at::Tensor& value_cache, const 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "paged: CPU paged-attention decode and KV write (csrc/cpu)";
+  m.doc() = "paged: CPU paged-attention decode and prefill, KV write, fused ops (csrc/cpu)";
   m.def("decode", &decode, "Paged attention decode, one query per sequence",
         py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("context_lens"), py::arg("scale"), py::arg("out") = py::none(),
         py::arg("impl") = "auto", py::arg("partition_blocks") = -1,
         py::call_guard<py::gil_scoped_release>());
+  m.def("prefill", &prefill, "Paged attention of many causal queries per sequence (prompts, chunks)",
+        py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("context_lens"), py::arg("query_lens"), py::arg("scale"), py::arg("out") = py::none(),
+        py::arg("impl") = "auto", py::arg("query_tile") = 32, py::call_guard<py::gil_scoped_release>());
   m.def("write_kv", &write_kv, "Write new K/V rows into the cache by slot mapping",
         py::arg("key_cache"), py::arg("value_cache"), py::arg("k"), py::arg("v"),
         py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());

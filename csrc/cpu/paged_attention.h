@@ -1,7 +1,9 @@
-// Interface between the PyTorch binding (bindings.cpp) and the decode kernels
-// (paged_attention_scalar.cpp; paged_attention_avx512.cpp, whose header
-// describes both). Plain pointers and sizes only, so the kernel files do not
-// include the heavy torch headers and compile in parallel with the binding.
+// Interface between the PyTorch binding (bindings.cpp) and the attention
+// kernels: decode (paged_attention_scalar.cpp; paged_attention_avx512.cpp,
+// whose header describes both) and prefill (paged_prefill_avx512.cpp, whose
+// header describes it, and its scalar version in paged_attention_scalar.cpp).
+// Plain pointers and sizes only, so the kernel files do not include the heavy
+// torch headers and compile in parallel with the binding.
 #pragma once
 
 #include <omp.h>
@@ -39,12 +41,27 @@ struct DecodeArgs {
   int64_t partition_blocks = -1;
 };
 
+// Many query tokens per sequence (prompts, prompt chunks, decode tokens, packed):
+// sequence s has query_lens[s] new tokens at query rows query_starts[s] ...;
+// its i-th sits at position context_lens[s] - query_lens[s] + i and attends to
+// keys 0 .. that position (causal). The DecodeArgs fields mean what they mean
+// there, except that query and out rows are tokens: q_stride_s and
+// out_stride_s are the strides between token rows. The binding checks every
+// field before a kernel sees it.
+struct PrefillArgs : DecodeArgs {
+  const int32_t* query_lens;    // [S], 0 <= query_lens[s] <= context_lens[s]
+  const int64_t* query_starts;  // [S], first query row of each sequence
+  int64_t query_tile = 32;      // avx512: query tokens per work item (any value, same bits)
+};
+
 // scalar: readable, any dtype and any head dim.
 void paged_attention_decode_scalar(const DecodeArgs& args);
+void paged_attention_prefill_scalar(const PrefillArgs& args);
 
 // avx512: float32 / bfloat16, head_dim % 16 == 0. Returns false (and does
 // nothing) when this build or these arguments cannot take it.
 bool paged_attention_decode_avx512(const DecodeArgs& args);
+bool paged_attention_prefill_avx512(const PrefillArgs& args);
 
 // Whether avx512 was compiled in (the compiler targeted AVX-512F).
 bool avx512_compiled();
@@ -52,9 +69,9 @@ bool avx512_compiled();
 namespace detail {
 // Runs fn(i, scratch) for i in [0, items) over torch's threads, dynamically
 // scheduled so sequences of different lengths balance. Each thread owns one
-// Scratch, built once, not per item.
-template <typename Scratch, typename Fn>
-void for_each_item(const DecodeArgs& a, int64_t items, Fn&& fn) {
+// Scratch, built once (from the arguments a), not per item.
+template <typename Scratch, typename Args, typename Fn>
+void for_each_item(const Args& a, int64_t items, Fn&& fn) {
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.num_threads, items)));
 #pragma omp parallel num_threads(threads)
   {

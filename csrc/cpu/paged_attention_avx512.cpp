@@ -27,6 +27,10 @@
 //           products (VDPBF16PS). It runs at the cache's or memory's bandwidth
 //           (python -m paged.bench kernel); scalar at a fraction (3-8x).
 //
+// The prefill kernel (paged_prefill_avx512.cpp) gives every query token the
+// bits this kernel gives it without split-context: the two share the per-row
+// steps of attention_avx512.h.
+//
 // Scheduling (this file): work items are spread over torch's thread count with
 // a dynamic OpenMP schedule, so sequences of different lengths balance. When
 // sequences x KV heads are too few for the threads (one long request, MQA),
@@ -74,14 +78,21 @@ inline int64_t partition_blocks(const DecodeArgs& a) {
   return blocks >= max_blocks ? 0 : blocks;
 }
 
+// Sequence s's decode item for KV head kvh over its blocks [j0, j1).
+template <typename T, int NC>
+void decode_blocks(const DecodeArgs& a, int64_t s, int64_t kvh, int64_t j0, int64_t j1, Scratch& w) {
+  const T* query = static_cast<const T*>(a.query) + s * a.q_stride_s + kvh * (a.num_heads / a.num_kv_heads) * a.q_stride_h;
+  decode_item<T, NC>(a, query, a.block_tables + s * a.max_blocks, a.context_lens[s], kvh, j0, j1, w);
+}
+
 // One item per (sequence, KV head), each over the whole sequence.
 template <typename T, int NC>
 void run_whole_sequences(const DecodeArgs& a) {
-  const int64_t H_kv = a.num_kv_heads;
+  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
   for_each_item<Scratch>(a, a.num_seqs * H_kv, [&](int64_t i, Scratch& w) {
     const int64_t s = i / H_kv, kvh = i % H_kv;
-    decode_item<T, NC>(a, s, kvh, 0, (a.context_lens[s] + a.block_size - 1) / a.block_size, w);
-    write_out<T, NC>(a, s, kvh, w);
+    decode_blocks<T, NC>(a, s, kvh, 0, (a.context_lens[s] + a.block_size - 1) / a.block_size, w);
+    write_out<T, NC>(a, static_cast<T*>(a.out) + s * a.out_stride_s + kvh * G * a.out_stride_h, w);
   });
 }
 
@@ -106,7 +117,7 @@ void run_split_context(const DecodeArgs& a, int64_t pb) {
       l[at] = 0.0f;  // an empty partition weighs nothing
     }
     if (j0 >= j1) return;
-    decode_item<T, NC>(a, s, kvh, j0, j1, w);
+    decode_blocks<T, NC>(a, s, kvh, j0, j1, w);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t at = (s * a.num_heads + kvh * G + g) * parts + p;
       m[at] = w.m[g];
@@ -138,35 +149,15 @@ void run(const DecodeArgs& a) {
   else run_split_context<T, NC>(a, pb);
 }
 
-template <typename T>
-bool dispatch_head_dim(const DecodeArgs& a) {
-  switch (a.head_dim) {
-    case 16: run<T, 1>(a); return true;
-    case 32: run<T, 2>(a); return true;
-    case 48: run<T, 3>(a); return true;
-    case 64: run<T, 4>(a); return true;
-    case 80: run<T, 5>(a); return true;
-    case 96: run<T, 6>(a); return true;
-    case 112: run<T, 7>(a); return true;
-    case 128: run<T, 8>(a); return true;
-    case 160: run<T, 10>(a); return true;
-    case 192: run<T, 12>(a); return true;
-    case 256: run<T, 16>(a); return true;
-    default: return false;
-  }
-}
-
 #endif  // __AVX512F__
 
 }  // namespace
 
 bool paged_attention_decode_avx512(const DecodeArgs& a) {
 #if defined(__AVX512F__)
-  switch (a.dtype) {
-    case DType::kFloat32: return dispatch_head_dim<float>(a);
-    case DType::kBFloat16: return dispatch_head_dim<c10::BFloat16>(a);
-    default: return false;
-  }
+  return avx512::with_type_and_head_dim(a.dtype, a.head_dim, [&](auto t, auto nc) {
+    run<decltype(t), decltype(nc)::value>(a);
+  });
 #else
   (void)a;
   return false;

@@ -1,7 +1,9 @@
-// PagedAttention decode on the CPU, scalar and readable (any dtype, any head
-// dim). The header of paged_attention_avx512.cpp describes the algorithm, the
-// cache layout and both implementations; this one is the specification the
-// AVX-512 one is held to.
+// PagedAttention on the CPU, scalar and readable (any dtype, any head dim):
+// decode, and prefill as decode of every query token over the keys up to its
+// own position. The header of paged_attention_avx512.cpp describes the
+// algorithm, the cache layout and the decode implementations, that of
+// paged_prefill_avx512.cpp the prefill ones; this file is the specification
+// the AVX-512 kernels are held to.
 
 #include <c10/util/BFloat16.h>
 
@@ -39,19 +41,20 @@ struct ScratchScalar {
   }
 };
 
+// Attends the G query heads of one token (query: its head kvh * G, rows
+// q_stride_h apart) over the first ctx tokens of its sequence (block table
+// `table`); writes the G output rows (out: head kvh * G, out_stride_h apart).
 template <typename T>
-void decode_item_scalar(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchScalar<T>& w) {
+void decode_item_scalar(const DecodeArgs& a, const T* query, const int32_t* table, int64_t ctx, int64_t kvh,
+                        T* out, ScratchScalar<T>& w) {
   using Acc = typename AccType<T>::type;
   const int64_t G = a.num_heads / a.num_kv_heads, D = a.head_dim, B = a.block_size;
   const int64_t row = a.num_kv_heads * D;  // elements between tokens of one head
-  const T* query = static_cast<const T*>(a.query);
   const T* key_cache = static_cast<const T*>(a.key_cache);
   const T* value_cache = static_cast<const T*>(a.value_cache);
-  const int32_t* table = a.block_tables + s * a.max_blocks;
-  const int64_t ctx = a.context_lens[s];
 
   for (int64_t g = 0; g < G; ++g) {
-    const T* q = query + s * a.q_stride_s + (kvh * G + g) * a.q_stride_h;
+    const T* q = query + g * a.q_stride_h;
     for (int64_t d = 0; d < D; ++d) {
       w.q[g * D + d] = static_cast<Acc>(q[d]) * static_cast<Acc>(a.scale);
       w.acc[g * D + d] = 0;
@@ -92,9 +95,8 @@ void decode_item_scalar(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchScal
     }
   }
 
-  T* out = static_cast<T*>(a.out);
   for (int64_t g = 0; g < G; ++g) {
-    T* o = out + s * a.out_stride_s + (kvh * G + g) * a.out_stride_h;
+    T* o = out + g * a.out_stride_h;
     const Acc inv = Acc(1) / w.l[g];
     for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(w.acc[g * D + d] * inv);
   }
@@ -103,8 +105,30 @@ void decode_item_scalar(const DecodeArgs& a, int64_t s, int64_t kvh, ScratchScal
 template <typename T>
 void run_scalar(const DecodeArgs& a) {
   // one item per (sequence, KV head) and its G query heads
-  for_each_item<ScratchScalar<T>>(a, a.num_seqs * a.num_kv_heads, [&](int64_t i, ScratchScalar<T>& w) {
-    decode_item_scalar<T>(a, i / a.num_kv_heads, i % a.num_kv_heads, w);
+  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
+  for_each_item<ScratchScalar<T>>(a, a.num_seqs * H_kv, [&](int64_t i, ScratchScalar<T>& w) {
+    const int64_t s = i / H_kv, kvh = i % H_kv;
+    decode_item_scalar<T>(a, static_cast<const T*>(a.query) + s * a.q_stride_s + kvh * G * a.q_stride_h,
+                          a.block_tables + s * a.max_blocks, a.context_lens[s], kvh,
+                          static_cast<T*>(a.out) + s * a.out_stride_s + kvh * G * a.out_stride_h, w);
+  });
+}
+
+// Prefill is decode of each query token over the keys it may see: token i of
+// sequence s, at position p = context_lens[s] - query_lens[s] + i, as a decode
+// query with context p + 1. One item per (sequence, KV head).
+template <typename T>
+void run_prefill_scalar(const PrefillArgs& a) {
+  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
+  for_each_item<ScratchScalar<T>>(a, a.num_seqs * H_kv, [&](int64_t item, ScratchScalar<T>& w) {
+    const int64_t s = item / H_kv, kvh = item % H_kv;
+    const int64_t first = a.context_lens[s] - a.query_lens[s];  // position of query 0
+    for (int64_t i = 0; i < a.query_lens[s]; ++i) {
+      const int64_t t = a.query_starts[s] + i;  // its row in the packed query
+      decode_item_scalar<T>(a, static_cast<const T*>(a.query) + t * a.q_stride_s + kvh * G * a.q_stride_h,
+                            a.block_tables + s * a.max_blocks, first + i + 1, kvh,
+                            static_cast<T*>(a.out) + t * a.out_stride_s + kvh * G * a.out_stride_h, w);
+    }
   });
 }
 
@@ -115,6 +139,14 @@ void paged_attention_decode_scalar(const DecodeArgs& a) {
     case DType::kFloat32: run_scalar<float>(a); break;
     case DType::kBFloat16: run_scalar<c10::BFloat16>(a); break;
     case DType::kFloat64: run_scalar<double>(a); break;
+  }
+}
+
+void paged_attention_prefill_scalar(const PrefillArgs& a) {
+  switch (a.dtype) {
+    case DType::kFloat32: run_prefill_scalar<float>(a); break;
+    case DType::kBFloat16: run_prefill_scalar<c10::BFloat16>(a); break;
+    case DType::kFloat64: run_prefill_scalar<double>(a); break;
   }
 }
 

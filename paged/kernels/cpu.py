@@ -1,6 +1,6 @@
-"""The C++ / OpenMP kernels of ``csrc/cpu``: paged-attention decode (paper §4.1;
-docs/architecture.md)
-and the fused element-wise ops of a decoder layer.
+"""The C++ / OpenMP kernels of ``csrc/cpu``: paged-attention decode and prefill
+(paper §4.1; docs/architecture.md, docs/kernels.md) and the fused element-wise
+ops of a decoder layer.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 (``-O3 -march=native -fopenmp``: it is built on the machine that runs it;
@@ -16,8 +16,8 @@ reuse the build, and cpp_extension's lock file keeps concurrent processes
 left by a killed build and is removed.
 
 If the build fails, ``load()`` warns once and returns ``None``, and
-``paged_attention_decode`` falls back to gathering each sequence's blocks and
-running SDPA (what step03's reference path does).
+``paged_attention_decode`` / ``paged_attention_prefill`` fall back to gathering
+each sequence's blocks and running SDPA (what step03's reference path does).
 Tests call ``load(strict=True)`` so that a broken build fails them instead.
 
 ``fused_ops(x)`` hands the model layers the fused ops (``add_rms_norm``,
@@ -27,9 +27,11 @@ when ``x`` can take them: a float32 or bfloat16 CPU tensor under
 built and ``PAGED_FUSED_OPS`` not ``0``. Otherwise the layers run their eager
 formulas, which the fused ops are tested against.
 
-Invariants: the decode kernel reads only the first ``ceil(context_lens[s] / B)``
+Invariants: the attention kernels read only the first ``ceil(context_lens[s] / B)``
 entries of block-table row ``s`` and only the filled slots of the last block;
-it never writes the cache. Layout: the cache of docs/architecture.md, unchanged.
+they never write the cache. The prefill kernel gives a query token the bits
+the decode kernel (not split into partitions) gives it alone, whatever else is
+in the call. Layout: the cache of docs/architecture.md, unchanged.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ import torch
 
 from paged.kernels.build_cache import build_dir, place_key, source_key
 
-_SOURCES = ("bindings.cpp", "paged_attention_avx512.cpp", "paged_attention_scalar.cpp", "fused_ops.cpp",
-            "quant_linear.cpp")
+_SOURCES = ("bindings.cpp", "paged_attention_avx512.cpp", "paged_prefill_avx512.cpp", "paged_attention_scalar.cpp",
+            "fused_ops.cpp", "quant_linear.cpp")
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)
 _lock = threading.Lock()
 _module = None
@@ -186,21 +188,81 @@ def paged_attention_decode(
                          partition_blocks=partition_blocks)
 
 
+def paged_attention_prefill(
+    query: torch.Tensor,  # [T, H, D] the new tokens of every sequence, packed in order
+    key_cache: torch.Tensor,  # [N, B, H_kv, D] = kv[l, 0], the new tokens' keys written already
+    value_cache: torch.Tensor,  # [N, B, H_kv, D] = kv[l, 1]
+    block_tables: torch.Tensor,  # [S, M] int32
+    context_lens: torch.Tensor,  # [S] int32, cached tokens including the new ones
+    query_lens: torch.Tensor,  # [S] int32, new tokens of each sequence
+    scale: float,
+    out: torch.Tensor | None = None,  # [T, H, D]
+    query_tile: int = 32,
+) -> torch.Tensor:  # [T, H, D]
+    """Causal attention of many query tokens per sequence over its paged K/V.
+
+    Sequence ``s`` owns query rows ``sum(query_lens[:s]) ...`` (``query_lens[s]``
+    of them, 0 allowed); its ``i``-th new token sits at position
+    ``context_lens[s] - query_lens[s] + i`` and sees keys ``0 ..`` that position,
+    read from physical blocks ``block_tables[s, :ceil(context_lens[s] / B)]``
+    (entries past that are ignored). This covers a whole prompt, a chunk of one,
+    a prompt's tail over a cached prefix and a decode token (``query_lens[s] =
+    1``) in one call. Query head ``h`` reads KV head ``h // (H // H_kv)``.
+    float32, bfloat16 (float32 accumulation) and float64.
+
+    Each token's result is bitwise what ``paged_attention_decode(...,
+    partition_blocks=0)`` gives that token alone (context = its position + 1):
+    the KV blocks are walked at absolute positions, in the decode kernel's order
+    and arithmetic. ``query_tile`` (query tokens per work item) changes only
+    the speed.
+
+    Raises:
+        TypeError: a tensor has the wrong dtype.
+        ValueError: a shape or layout is wrong, a length is out of range
+            (``0 <= query_lens[s] <= context_lens[s] <= M * B``, ``sum(query_lens) == T``),
+            or a block id is not a block of the cache.
+    """
+    module = load()
+    if module is None:
+        result = _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale)
+        return result if out is None else out.copy_(result)
+    return module.prefill(query, key_cache, value_cache, block_tables, context_lens, query_lens, float(scale), out,
+                          query_tile=query_tile)
+
+
 def _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, scale) -> torch.Tensor:
+    """The decode path without the kernel: ``_gathered_prefill`` with one query per sequence."""
+    ones = torch.ones(len(context_lens), dtype=torch.int32)
+    return _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens, ones, scale)
+
+
+def _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale) -> torch.Tensor:
     """The path without the kernel: each sequence's blocks copied into contiguous K/V, then SDPA.
 
-    The same computation as step03's ``reference_attention`` for one query per
-    sequence, written against ``paged.models`` only: kernels sit below the steps.
+    The same computation as step03's ``reference_attention``, written against
+    ``paged.models`` only: kernels sit below the steps. Bad lengths raise the
+    kernel's errors.
     """
     from paged.kernels.contiguous import causal_attention
 
     block_size = key_cache.shape[1]
-    out = torch.empty_like(query)  # [S, H, D]
-    for s, n in enumerate(context_lens.tolist()):
+    ctx, q_lens = context_lens.tolist(), query_lens.tolist()
+    if len(q_lens) != len(ctx) or sum(q_lens) != query.shape[0]:
+        raise ValueError(f"query_lens {q_lens} must have one entry per sequence ({len(ctx)}) "
+                         f"and sum to the query's {query.shape[0]} token rows")
+    out = torch.empty_like(query)  # [T, H, D]
+    start = 0
+    for s, (n, q) in enumerate(zip(ctx, q_lens)):
+        if not 0 <= q <= n <= block_tables.shape[1] * block_size:
+            raise ValueError(f"sequence {s}: needs 0 <= query_lens ({q}) <= context_lens ({n}) "
+                             f"<= M * B = {block_tables.shape[1] * block_size}")
+        if q == 0:
+            continue
         blocks = block_tables[s, : -(-n // block_size)].long()
         k = key_cache.index_select(0, blocks).flatten(0, 1)[:n]  # [n, H_kv, D]
         v = value_cache.index_select(0, blocks).flatten(0, 1)[:n]
-        out[s : s + 1] = causal_attention(query[s : s + 1], k, v, scale)
+        out[start : start + q] = causal_attention(query[start : start + q], k, v, scale)
+        start += q
     return out
 
 

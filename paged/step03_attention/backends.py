@@ -1,8 +1,8 @@
-"""Choosing an attention path (docs/architecture.md, attention paths).
+"""Choosing an attention path: the seam where the fast kernels enter (docs/architecture.md, attention paths).
 
 Four paths compute the same thing with the same arguments (see
 ``reference.py``): ``reference`` and ``blockwise`` (pure PyTorch), ``cpu``
-(the C++ / OpenMP kernel of ``csrc/cpu``) and ``cuda`` (``csrc/cuda``).
+(the C++ / OpenMP kernels of ``csrc/cpu``) and ``cuda`` (``csrc/cuda``).
 ``emulated-cuda`` runs the ``cuda`` path's kernels on the CPU through their
 device-emulation build (``paged.kernels.cuda_emulated``): slow, for tests and
 for reading the CUDA path without a GPU. Only it is never picked by default.
@@ -10,9 +10,25 @@ On ``cuda`` and ``emulated-cuda`` every kernel is used: decode attention v1 or
 v2 (``paged.kernels.cuda.select_version``), the fused KV write and the fused
 block copy (copy-on-write, via ``native_copy``).
 ``PAGED_ATTENTION_BACKEND`` forces one; otherwise the fastest available for
-the tensors' device is used. The native kernels handle decode (one new token
-per sequence); prompts go through ``prefill_attention``, which needs no gather
-when nothing of the sequence is cached yet.
+the tensors' device is used.
+
+``attention_path(name, batch_invariant)`` is what ``PagedAttention`` calls for
+every layer: each sequence's new queries over its blocks, causally. How a
+backend keeps a token's result independent of the batch (batch-invariant mode,
+docs/architecture.md) is its own business, decided here:
+
+* ``cpu``: the prefill kernel for every batch with a prompt in it, the decode
+  kernel (never split into partitions) for all-decode batches; the prefill
+  kernel gives each token the decode kernel's bits, so one path it is.
+* ``reference``, ``blockwise``, ``cuda``, ``emulated-cuda``: every new token
+  as a query of its own, over its sequence's table and the context it sees
+  (``AttentionMetadata.per_token``), through the one-query-per-row path (the
+  CUDA v1 kernel, whose choice does not depend on the batch).
+
+Without the mode each takes its fastest route: the native kernels decode
+(the cpu one split into partitions when the batch is small), a prompt with
+nothing cached goes through ``prefill_attention`` (SDPA's fused kernel), one
+over a cached prefix through the reference path.
 """
 
 from __future__ import annotations
@@ -20,9 +36,13 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from paged.step03_attention.blockwise import blockwise_attention
+from paged.step03_attention.reference import gather_blocks, reference_attention
 
 
 BACKENDS = ("reference", "blockwise", "cpu", "cuda", "emulated-cuda")
@@ -44,23 +64,11 @@ def _kernels(name: str):
     return module if module.available() else None
 
 
-def native_decode(name: str, fixed_split: bool = False):
+def native_decode(name: str):
     """The decode kernel of a native backend (on ``cuda`` / ``emulated-cuda``: v1 or v2
-    by shape), or None if it cannot build.
-
-    ``fixed_split``: a query's reduction over blocks must not depend on the batch.
-    The cpu kernel then never splits a sequence into partitions (it does when the
-    batch has too few sequences for the threads); on ``cuda`` / ``emulated-cuda``
-    it is always v1 (the v1 / v2 choice depends on the number of sequences).
-    """
+    by shape), or None if it cannot build."""
     module = _kernels(name)
-    if module is None:
-        return None
-    if not fixed_split:
-        return module.paged_attention_decode
-    if name == "cpu":
-        return functools.partial(module.paged_attention_decode, partition_blocks=0)
-    return module.paged_attention_v1
+    return None if module is None else module.paged_attention_decode
 
 
 def native_write(name: str):
@@ -112,3 +120,60 @@ def prefill_attention(
         is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
     )  # [1, H, T, D]
     return out[0].transpose(0, 1)
+
+
+def kv_writer(name: str, kv_cache) -> Callable:
+    """``write(layer, k [T, H_kv, D], v, slot_mapping [T])``: the backend's fused KV write
+    (``native_write``) or ``KVCache.write``; the same bits either way."""
+    native = native_write(name) if name in NATIVE else None
+    if native is None:
+        return kv_cache.write
+    return lambda layer, k, v, slots: native(kv_cache.key(layer), kv_cache.value(layer), k, v, slots)
+
+
+def attention_path(name: str, batch_invariant: bool) -> Callable:
+    """``attend(query [T, H, D], key_cache [N, B, H_kv, D], value_cache, meta, scale) -> [T, H, D]``
+    for backend ``name``: the new queries of every sequence in ``meta`` (an
+    ``AttentionMetadata``) over its blocks, causally. With ``batch_invariant`` a
+    token's result does not depend on the rest of the batch (see the module doc)."""
+    module = _kernels(name) if name in NATIVE else None
+    if name in ("reference", "blockwise") or module is None:
+        fn = blockwise_attention if name == "blockwise" else reference_attention
+        if batch_invariant:
+            return lambda q, kc, vc, m, scale: fn(q, kc, vc, *m.per_token, None, scale)
+        return lambda q, kc, vc, m, scale: fn(q, kc, vc, m.block_tables, m.context_lens,
+                                             None if m.all_decode else m.query_lens, scale)
+    if name == "cpu" and batch_invariant:
+        decode = functools.partial(module.paged_attention_decode, partition_blocks=0)
+
+        def attend(q, kc, vc, m, scale):
+            if m.all_decode:
+                return decode(q, kc, vc, m.block_tables, m.context_lens, scale)
+            return module.paged_attention_prefill(q, kc, vc, m.block_tables, m.context_lens, m.query_lens_tensor, scale)
+        return attend
+    if batch_invariant:  # cuda, emulated-cuda: v1, one query per row
+        return lambda q, kc, vc, m, scale: module.paged_attention_v1(q, kc, vc, *m.per_token, scale)
+    return functools.partial(_fastest, module.paged_attention_decode)
+
+
+def _fastest(decode, q, key_cache, value_cache, m, scale):
+    """Decode rows through the native kernel; a prompt with nothing cached through SDPA's
+    fused kernel over its own keys, one over a cached prefix through the reference path."""
+    if m.all_decode:
+        return decode(q, key_cache, value_cache, m.block_tables, m.context_lens, scale)
+    out = torch.empty_like(q)
+    for s, start, q_len, ctx in m.prompts:
+        rows = slice(start, start + q_len)
+        if q_len == ctx:  # nothing cached before this prompt: attend over its own K/V
+            k = gather_blocks(key_cache, m.block_tables[s], ctx)  # [ctx, H_kv, D]
+            v = gather_blocks(value_cache, m.block_tables[s], ctx)
+            out[rows] = prefill_attention(q[rows], k, v, scale)
+        else:  # a cached prefix (step04) or a recomputation chunk (step05)
+            out[rows] = reference_attention(
+                q[rows], key_cache, value_cache, m.block_tables[s : s + 1], m.context_lens[s : s + 1], [q_len], scale
+            )
+    if m.decode_seqs is not None:
+        rows = m.decode_rows
+        out[rows] = decode(q[rows], key_cache, value_cache, m.block_tables[m.decode_seqs],
+                           m.context_lens[m.decode_seqs], scale)
+    return out

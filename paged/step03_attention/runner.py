@@ -87,7 +87,7 @@ class ModelRunner:
         tables, ctx, q_lens = plan.block_tables, plan.context_lens, plan.query_lens
         if self.two_copies and len(ids) == 1:
             ids, pos, slots, tables, ctx, q_lens = ids * 2, pos * 2, slots * 2, tables * 2, ctx * 2, q_lens * 2
-        meta = AttentionMetadata.build(slots, tables, ctx, q_lens, self.device, per_token=self.batch_invariant)
+        meta = AttentionMetadata.build(slots, tables, ctx, q_lens, self.device, batch_invariant=self.batch_invariant)
         return (torch.tensor(ids, dtype=torch.int64, device=self.device),
                 torch.tensor(pos, dtype=torch.int64, device=self.device), meta)
 

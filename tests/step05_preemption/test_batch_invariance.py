@@ -5,9 +5,11 @@ A greedy request's tokens and the log-probabilities of those tokens must be
 happens around it: a prefix-cache hit, 31 other requests in the batch at any
 position, a prompt prefilled in chunks, a preemption by swap or by recompute.
 The same arithmetic must run for each of its tokens in every case, which is
-what per-token attention gives (``AttentionMetadata``, batch-invariant mode):
-one kernel, one order over blocks, one query per row; the GEMMs, norms and the
-sampler are per row already (``test_gemm_rows_do_not_depend_on_the_row_count``).
+what batch-invariant mode gives: the attention backend fixes each token's order
+over the KV blocks by absolute position (on the CPU the prefill kernel gives a
+token the decode kernel's bits, ``tests/kernels/test_cpu_prefill.py``; the other
+backends attend one query per row); the GEMMs, norms and the sampler are per row
+already (``test_gemm_rows_do_not_depend_on_the_row_count``).
 
 Each axis is also run with ``batch_invariant=False`` (prompts through SDPA's
 prompt kernel, a cached prefix through the gathered path): the axes that break
@@ -114,7 +116,7 @@ def test_greedy_answer_bitwise_equal_to_solo_at_the_defaults(demo, target, solo,
 
 @pytest.mark.parametrize("axis", BREAKS_WITHOUT)
 def test_without_batch_invariance_the_axis_changes_the_logprobs(demo, target, axis):
-    """The control: with per-token attention off, the same run differs from its own solo run in
+    """The control: with batch-invariant mode off, the same run differs from its own solo run in
     the last bits, so the equality above is a property of the fix, not of the workload."""
     alone = run(demo, target, batch_invariant=False)[0]
     got, _ = axis_run(demo, axis, target, random.Random(axis), batch_invariant=False)
