@@ -27,17 +27,16 @@ from paged.models.quantized import QuantizedLinear
 
 @dataclasses.dataclass(frozen=True)
 class ServingTraits:
-    """What a runner must know of a model made ready to serve (``CausalLM.prepare_for_serving``).
+    """What a model made ready to serve reports (``CausalLM.prepare_for_serving``).
 
     Attributes:
-        rows_independent: every linear computes an output row the same way whatever the number of rows
-            (only ``QuantizedLinear`` layers running their kernel alone). Otherwise a one-row GEMM may
-            round differently from the same row among others, and a batch-invariant runner runs a lone
-            token as two rows.
+        padded_linears: how many dense linears multiply a lone row as two (batch-invariant mode:
+            ``layers.gemm``); quantized layers need not, their kernel sums a row the same way at any
+            row count.
         packed_linears: how many linears multiply by a oneDNN-packed weight (``prepack_linears``).
     """
 
-    rows_independent: bool
+    padded_linears: int
     packed_linears: int
 
 
@@ -70,9 +69,10 @@ class CausalLM(nn.Module):
         """Make the serving-time choices once, when the weights are final (the runner calls it before its
         first step; only inference runs afterwards).
 
-        Quantized linears take one path at every row count in batch-invariant mode (their kernel), or hand
-        batches of many rows to their dense layer otherwise; bfloat16 CPU linears get oneDNN-packed weights.
-        Neither changes a result's bits except as ``ServingTraits.rows_independent`` says.
+        In batch-invariant mode every linear gives a row the same bits whatever the row count: quantized
+        linears run only their kernel, dense ones multiply a lone row as two (``layers.gemm``); otherwise
+        quantized linears hand batches of many rows to their dense layer. bfloat16 CPU linears get
+        oneDNN-packed weights (the same bits).
 
         Args:
             batch_invariant: a row's result must not depend on the batch it is in.
@@ -80,10 +80,13 @@ class CausalLM(nn.Module):
         quantized = [m for m in self.modules() if isinstance(m, QuantizedLinear)]
         for layer in quantized:
             layer.use_kernel_only(batch_invariant)
-        inside = {id(q.dense) for q in quantized}
-        dense = [m for m in self.modules() if isinstance(m, nn.Linear) and id(m) not in inside]
-        independent = bool(quantized) and all(q.rows_independent for q in quantized) and not dense
-        return ServingTraits(rows_independent=independent, packed_linears=prepack_linears(self))
+        inside = {id(q.dense) for q in quantized}  # a quantized layer's dense fallback: not run when padding
+        padded = 0
+        for module in self.modules():  # every dense GEMM (``layers.gemm``), tensor-parallel shards included
+            if hasattr(module, "pad_one_row") and id(module) not in inside:
+                module.pad_one_row = batch_invariant
+                padded += batch_invariant
+        return ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
         """Logits of the rows to sample from (call it on those rows only: the LM head is the widest GEMM)."""

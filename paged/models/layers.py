@@ -51,19 +51,40 @@ class Embedding(nn.Embedding):
             super().reset_parameters()
 
 
+def gemm(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ layer.weight^T (+ bias)``, the one GEMM of every linear layer: ``[T, in] -> [T, out]``.
+
+    With ``layer.packed_weight`` (set by ``prepack_linears`` when serving starts) it multiplies by that
+    oneDNN-packed copy: the same products, bit for bit, without reordering the weight at every call.
+    With ``layer.pad_one_row`` (set by ``CausalLM.prepare_for_serving`` in batch-invariant mode) a lone
+    row is multiplied as two: a GEMM of one row takes another kernel than one of two or more, whose
+    float32 sums can round to other bits (seen on AVX2 and AVX-512 CPUs alike, on SmolLM2's down
+    projection), while from two rows up a row's bits do not depend on the row count.
+    """
+    if x.shape[0] == 1 and getattr(layer, "pad_one_row", False):
+        return product(layer, x.repeat(2, 1), bias)[:1]
+    return product(layer, x, bias)
+
+
+def product(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The GEMM kernel's call itself: by the packed weight when there is one, else ``F.linear``."""
+    packed = getattr(layer, "packed_weight", None)
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return F.linear(x, layer.weight, bias)
+
+
 class Linear(nn.Linear):
-    """``nn.Linear`` that, once given a oneDNN-packed copy of its weight (``packed_weight``, set by
-    ``prepack_linears`` when serving starts), multiplies by that copy: the same products, bit for bit,
-    without reordering the weight at every call. Inputs are 2-D ``[T, in]``, as the models pass."""
+    """``nn.Linear`` whose product is ``gemm``: by its packed weight once serving starts, a lone row as
+    two in batch-invariant mode. Inputs are 2-D ``[T, in]``, as the models pass."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__(in_features, out_features, bias=bias)
         self.packed_weight: torch.Tensor | None = None  # not a parameter: the plain weight stays the one saved
+        self.pad_one_row = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if self.packed_weight is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        return gemm(self, x, self.bias)
 
 
 class MergedLinear(Linear):

@@ -64,9 +64,10 @@ class Engine:
         attention_backend: ``reference|blockwise|cpu|cuda``; default: fastest.
         seed: seeds the generators of requests that give no seed.
         free_order (list[int] | None): initial free-list order of the allocator (tests shuffle it).
-        batch_invariant: every token attended as a query of its own through one kernel
-            (``AttentionMetadata``), so a request's tokens and logprobs are bitwise the same
-            whatever else is in the batch and however its prompt is split; default:
+        batch_invariant: every token's reduction order fixed by its absolute position, not by the
+            batch (the backend's attention kernels, ``AttentionMetadata``; the linears multiply a lone
+            row as two, ``CausalLM.prepare_for_serving``), so a request's tokens and logprobs are
+            bitwise the same whatever else is in the batch and however its prompt is split; default:
             ``VLLM_BATCH_INVARIANT`` (``1`` / ``0``), else ``_batch_invariant``'s rule.
     """
 

@@ -33,16 +33,16 @@ class ModelRunner:
         model: a ``paged.models`` causal LM.
         kv_cache: the paged cache, sized by the engine.
         backend: attention path name (``backends.resolve_backend``).
-        batch_invariant: attend every token as a query of its own (``AttentionMetadata``).
+        batch_invariant: a token's result must not depend on the batch it is in: the backend's kernels
+            reduce over absolute positions (``AttentionMetadata``) and the model's linears multiply a
+            lone row as two (``CausalLM.prepare_for_serving``).
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, backend: str,
                  batch_invariant: bool = False) -> None:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
         self.batch_invariant = batch_invariant
-        serving = model.prepare_for_serving(batch_invariant)  # quantized linears' path, packed weights
-        # one token run as two rows (see _inputs), unless no linear has a one-row path of its own
-        self.two_copies = batch_invariant and not serving.rows_independent
+        model.prepare_for_serving(batch_invariant)  # the linears' paths: packed weights, kernels, padding
         self.device = kv_cache.data.device
         self._generators: dict[int, torch.Generator] = {}
         # seq id -> {position: prompt logprob entry}, gathered chunk by chunk until the sequence samples
@@ -66,30 +66,16 @@ class ModelRunner:
                 return {}
             extra = [t for _, first, n, _ in spans for t in range(first, first + n)]
             idx = [r[1] for r in rows] + extra
-            if self.two_copies and len(idx) == 1:
-                idx = idx * 2  # no one-row GEMM: see _inputs
             logits = self.model.compute_logits(hidden[torch.tensor(idx, device=self.device)])  # [S' (+ prompt rows), V]
             return self._draw(logits[: len(rows) + len(extra)], rows, plan)
     # --8<-- [end:execute]
 
     def _inputs(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """The plan's token ids, positions and attention metadata as tensors.
-
-        Batch-invariant mode runs a plan of one token as two copies of it (two sequences with
-        the same table, the same K/V written twice to the same slot; row 0 is used). A one-row
-        GEMM takes the BLAS's matrix-vector path, whose sums can round to other bits than the
-        same row's in a GEMM of two rows or more (SmolLM2's down projection, K = 1536, on an
-        AVX2 CPU); from two rows up the row's bits do not depend on the row count
-        (``test_batch_invariance.py``). A model whose linears are all ``QuantizedLinear`` needs no
-        copy: that kernel sums a row the same way whatever the row count.
-        """
-        ids, pos, slots = plan.input_ids, plan.positions, plan.slot_mapping
-        tables, ctx, q_lens = plan.block_tables, plan.context_lens, plan.query_lens
-        if self.two_copies and len(ids) == 1:
-            ids, pos, slots, tables, ctx, q_lens = ids * 2, pos * 2, slots * 2, tables * 2, ctx * 2, q_lens * 2
-        meta = AttentionMetadata.build(slots, tables, ctx, q_lens, self.device, batch_invariant=self.batch_invariant)
-        return (torch.tensor(ids, dtype=torch.int64, device=self.device),
-                torch.tensor(pos, dtype=torch.int64, device=self.device), meta)
+        """The plan's token ids, positions and attention metadata as tensors."""
+        meta = AttentionMetadata.build(plan.slot_mapping, plan.block_tables, plan.context_lens, plan.query_lens,
+                                       self.device, batch_invariant=self.batch_invariant)
+        return (torch.tensor(plan.input_ids, dtype=torch.int64, device=self.device),
+                torch.tensor(plan.positions, dtype=torch.int64, device=self.device), meta)
 
     def _draw(self, logits: torch.Tensor, rows: list, plan: StepPlan) -> dict[int, SampleResult]:
         """One vectorised sampling call over the rows' logits ``[S', V]``, then any prompt logprobs

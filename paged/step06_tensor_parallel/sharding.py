@@ -40,7 +40,7 @@ from torch import nn
 
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
-from paged.models.layers import MergedLinear
+from paged.models.layers import Linear, MergedLinear, gemm
 from paged.step06_tensor_parallel.group import TPGroup
 
 
@@ -72,6 +72,8 @@ class RowParallelLinear(nn.Module):
         group: the tensor-parallel group.
     """
 
+    pad_one_row = False  # batch-invariant mode: a lone row multiplied as two (``layers.gemm``)
+
     def __init__(self, in_features: int, out_features: int, bias: bool, group: TPGroup):
         super().__init__()
         self.in_features, self.out_features, self.group = in_features, out_features, group
@@ -79,7 +81,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in/W] -> [T, out]
-        y = self.group.all_reduce(F.linear(x, self.weight))  # partial sums of every rank added
+        y = self.group.all_reduce(gemm(self, x))  # partial sums of every rank added
         return y + self.bias if self.bias is not None else y
 # --8<-- [end:row]
 
@@ -116,6 +118,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(nn.Module):
     """LM head over the same vocabulary rows; logits of all ranks gathered to ``[T', V]``."""
 
+    pad_one_row = False  # batch-invariant mode: a lone row multiplied as two (``layers.gemm``)
+
     def __init__(self, vocab_size: int, dim: int, group: TPGroup):
         super().__init__()
         self.vocab_size, self.group = vocab_size, group
@@ -123,7 +127,7 @@ class ParallelLMHead(nn.Module):
         self.weight = nn.Parameter(torch.empty(per, dim))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # [T', dim] -> [T', V]
-        local = F.linear(h, self.weight)  # [T', ceil(V/W)]: this rank's slice of the vocabulary
+        local = gemm(self, h)  # [T', ceil(V/W)]: this rank's slice of the vocabulary
         return self.group.all_gather(local, dim=-1)[:, : self.vocab_size]
 # --8<-- [end:vocab]
 
@@ -196,7 +200,7 @@ def shard_model(model: CausalLM, layout: dict[str, list[tuple[str, int, int]]],
             if plan == "column" and isinstance(module, MergedLinear):
                 new = MergedLinear(module.in_features, tuple(s // w for s in module.output_sizes), bias)
             elif plan == "column":
-                new = nn.Linear(module.in_features, module.out_features // w, bias=bias)
+                new = Linear(module.in_features, module.out_features // w, bias=bias)
             elif plan == "row":
                 new = RowParallelLinear(module.in_features // w, module.out_features, bias, group)
             elif module is embed:

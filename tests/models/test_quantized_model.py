@@ -98,11 +98,12 @@ def test_many_rows_take_the_dense_layers(tmp_path):
 def test_llm_serves_a_quantized_model(tmp_path):
     """End to end through the engine. Batch-invariant: a prompt's greedy tokens alone and beside another
     prompt are the same (bitwise: every row takes the kernel, whose rows do not depend on the batch), with
-    no two-copy rule. Otherwise prompts take the dense layers and every request still gets its tokens."""
+    no layer padding a lone row. Otherwise prompts take the dense layers and every request still gets its
+    tokens."""
     path = _gguf(tmp_path, T.Q4_1)
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     llm = LLM(model=str(path), dtype="bfloat16", quantization="gguf", batch_invariant=True, num_blocks=64)
-    assert not llm.engine.runner.two_copies
+    assert llm.model.model.prepare_for_serving(batch_invariant=True).padded_linears == 0
     alone = llm.generate([PROMPT], sp, use_tqdm=False)[0].outputs[0].token_ids
     beside = llm.generate([PROMPT[:4], PROMPT, PROMPT[3:]], sp, use_tqdm=False)[1].outputs[0].token_ids
     assert alone == beside and len(alone) == 6
@@ -126,18 +127,23 @@ def test_bad_choices_are_refused_before_loading(tmp_path):
         LLM(model=str(path), quantization="gguf", tensor_parallel_size=2)
 
 
-def test_prepare_for_serving_says_when_rows_are_independent(tmp_path):
-    """Exact: batch-invariant, a model whose every linear is quantized runs only kernels, whose rows do not
-    depend on the row count; otherwise its layers keep their dense path, and a dense model never has
-    independent rows. The choice is the model's own (``CausalLM.prepare_for_serving``)."""
+def test_prepare_for_serving_makes_every_row_independent_of_the_batch_in_batch_invariant_mode(tmp_path):
+    """Exact: batch-invariant, a model whose every linear is quantized runs only kernels (their rows do not
+    depend on the row count) and pads no row; otherwise its layers keep their dense path. A dense model's
+    linears multiply a lone row as two in batch-invariant mode, and only then. The choice is the model's
+    own (``CausalLM.prepare_for_serving``)."""
     path = _gguf(tmp_path, T.Q4_1)
     quant = load_model(path, dtype="float32", quantization="gguf").model
     linears = [m for m in quant.modules() if isinstance(m, QuantizedLinear)]
-    assert quant.prepare_for_serving(batch_invariant=True).rows_independent
+    assert quant.prepare_for_serving(batch_invariant=True).padded_linears == 0
     assert all(m.dense_rows is None for m in linears)
-    assert not quant.prepare_for_serving(batch_invariant=False).rows_independent
+    quant.prepare_for_serving(batch_invariant=False)
     assert all(m.dense_rows == DENSE_ROWS for m in linears)
-    assert not load_model(path, dtype="float32").model.prepare_for_serving(batch_invariant=True).rows_independent
+    dense = load_model(path, dtype="float32").model
+    n = sum(isinstance(m, torch.nn.Linear) for m in dense.modules())
+    assert dense.prepare_for_serving(batch_invariant=True).padded_linears == n > 0
+    assert dense.prepare_for_serving(batch_invariant=False).padded_linears == 0
+    assert not any(m.pad_one_row for m in dense.modules() if isinstance(m, torch.nn.Linear))
 
 
 def test_kquant_layers_equal_dense_with_rounded_activations(tmp_path):
@@ -163,7 +169,7 @@ def test_kquant_layers_equal_dense_with_rounded_activations(tmp_path):
     path = write_gguf(tmp_path / "k.gguf", hf.state_dict(), hf.config.to_dict(), arch="qwen3", raw_tensors=raw)
     quant = load_model(path, dtype="float32", quantization="gguf")
     formats = {m.format for m in quant.model.modules() if isinstance(m, QuantizedLinear)}
-    assert formats == {"Q4_K", "Q6_K"} and quant.model.prepare_for_serving(batch_invariant=True).rows_independent
+    assert formats == {"Q4_K", "Q6_K"} and quant.model.prepare_for_serving(batch_invariant=True).padded_linears == 0
     want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
     got = _logits(quant.model, PROMPT)
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
