@@ -21,8 +21,9 @@ wall seconds over the timed runs).
 
 ``--workload`` sets the request options to one of the engine table's workloads
 (docs/benchmarks.md): ``batch`` (the default above), ``prefill`` (32 requests,
-prompts U[400,800], outputs U[32,64]) and ``one-stream`` (one request, a
-100-token prompt, 256 outputs). The line carries the peer scripts' keys too
+prompts U[400,800], outputs U[32,64]), ``one-stream`` (one request, a
+100-token prompt, 256 outputs) and ``long`` (8 requests, prompts U[1800,2200],
+128 outputs). The line carries the peer scripts' keys too
 (``peer``, ``engine_cores_used``, ``peak_rss_gib_tree``).
 """
 
@@ -47,6 +48,8 @@ WORKLOADS = {
                 dict(num_requests=32, prompt_mean=600, prompt_spread=200, min_output=32, max_output=64)),
     "one-stream": ("1 request, a 100-token prompt, 256 outputs (workload D)",
                    dict(num_requests=1, prompt_mean=100, prompt_spread=0, min_output=256, max_output=256)),
+    "long": ("8 requests, prompts U[1800,2200], 128 outputs (the long-context workload)",
+             dict(num_requests=8, prompt_mean=2000, prompt_spread=200, min_output=128, max_output=128)),
 }
 
 
@@ -69,7 +72,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-output", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-invariant", type=int, choices=(0, 1), default=None,
-                        help="per-token attention on (1) or off (0); default: the engine's")
+                        help="batch-invariant mode on (1) or off (0); default: the engine's")
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                        help="most prompt tokens a sequence computes in an iteration; default: the engine's")
 
 
 def make_workload(num_requests, prompt_mean, prompt_spread, min_output, max_output, vocab, seed):
@@ -121,9 +126,11 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    extra = {} if args.long_prefill_token_threshold is None else {
+        "long_prefill_token_threshold": args.long_prefill_token_threshold}
     llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization, block_size=args.block_size,
               kv_cache_memory=int(args.kv_cache_gib * 2**30), enable_prefix_caching=False,
-              batch_invariant=None if args.batch_invariant is None else bool(args.batch_invariant))
+              batch_invariant=None if args.batch_invariant is None else bool(args.batch_invariant), **extra)
     load_s = time.perf_counter() - start
     requests = make_workload(args.num_requests, args.prompt_mean, args.prompt_spread, args.min_output,
                              args.max_output, llm.model.config.vocab_size, args.seed)
@@ -157,6 +164,7 @@ def run(args) -> int:
         "threads": torch.get_num_threads(),
         "attention_backend": llm.engine.backend,
         "batch_invariant": llm.engine.batch_invariant,
+        "long_prefill_token_threshold": getattr(llm.engine, "long_prefill_token_threshold", None),
         "fused_ops": os.environ.get("PAGED_FUSED_OPS", "1") != "0",
         "cpu": _cpu_model(),
         "torch": torch.__version__,

@@ -20,6 +20,7 @@ import logging
 
 from paged.step02_block_table import KVCache
 from paged.step04_sharing import SharingEngine
+from paged.step05_preemption.chunked import ChunkedPrefill
 from paged.step05_preemption.policy import Cost
 from paged.step05_preemption.runner import PreemptingModelRunner
 from paged.step05_preemption.scheduler import build_scheduler
@@ -28,6 +29,7 @@ logger = logging.getLogger("paged")
 
 DEFAULT_SWAP_SPACE = 256 * 2**20  # bytes of host memory for swapped-out blocks
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 0  # prompt tokens one sequence computes in an iteration, at most (0: no cap)
 
 
 class PreemptingEngine(SharingEngine):
@@ -36,6 +38,9 @@ class PreemptingEngine(SharingEngine):
     Args:
         preemption_mode: ``"swap"``, ``"recompute"`` or ``"auto"`` (see ``policy.py``).
         swap_space: bytes of host memory for swapped-out blocks (0 disables swapping).
+        long_prefill_token_threshold: the most prompt tokens one sequence computes in an iteration
+            (``ChunkedPrefill``; vLLM's name), so that an iteration stays short and a request arriving
+            during a long prefill starts within one; 0: only the token budget caps a chunk.
         **kwargs (object): as ``SharingEngine``; ``max_num_batched_tokens`` defaults to 2048
             and may be smaller than a prompt (chunked prefill).
     """
@@ -43,11 +48,12 @@ class PreemptingEngine(SharingEngine):
     runner_class = PreemptingModelRunner
 
     def __init__(self, model, *, preemption_mode: str = "auto", swap_space: int = DEFAULT_SWAP_SPACE,
-                 **kwargs) -> None:
+                 long_prefill_token_threshold: int = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, **kwargs) -> None:
         if not isinstance(swap_space, (int, float)) or swap_space < 0:
             raise ValueError(f"swap_space must be a number of bytes >= 0, got {swap_space!r}")
         kwargs.setdefault("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
         self.preemption_mode, self.swap_space = preemption_mode, swap_space
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         super().__init__(model, **kwargs)
         logger.info("swap space: %d host blocks; preemption mode: %s", self.scheduler.kv.host.num_blocks,
                     preemption_mode)
@@ -61,7 +67,8 @@ class PreemptingEngine(SharingEngine):
         cost = Cost(sum(p.numel() for p in params), per_block, params[0].device.type)
         return build_scheduler(num_blocks, self.block_size, host_blocks=int(self.swap_space) // per_block,
                                preemption_mode=self.preemption_mode, cost=cost, free_order=free_order,
-                               enable_prefix_caching=self.enable_prefix_caching, **self._scheduler_args())
+                               enable_prefix_caching=self.enable_prefix_caching,
+                               chunking=ChunkedPrefill(self.long_prefill_token_threshold), **self._scheduler_args())
 
     def _make_runner(self) -> PreemptingModelRunner:
         return self.runner_class(self.model.model, self.kv_cache, self.backend, self.batch_invariant,

@@ -135,3 +135,28 @@ def test_abort_of_swapped_request_frees_host_blocks(model):
 def test_bad_engine_settings_are_refused(model, kw, match):
     with pytest.raises(ValueError, match=match):
         _engine(model, num_blocks=8, **kw)
+
+
+def test_long_prefill_token_threshold_caps_each_chunk_of_a_prompt(model):
+    """``long_prefill_token_threshold=8``: a 30-token prompt is computed 8 tokens an iteration (8, 8, 8, 6)
+    while a short request started beside it decodes; the outputs equal an uncapped engine's (float64)."""
+    capped = _engine(model, num_blocks=32, long_prefill_token_threshold=8)
+    assert capped.scheduler.chunking.long_prefill_token_threshold == 8
+    capped.add_request("short", [5, 6], SamplingParams(max_tokens=6, **GREEDY))
+    capped.add_request("long", list(range(3, 33)), SamplingParams(max_tokens=3, **GREEDY))
+    long_seq = capped.requests["long"].seqs[0].seq_id
+    seen, answers = [], {}
+    capped.add_observer(lambda e, plan, _: seen.append(
+        [q for s, q in zip(plan.seq_ids, plan.query_lens) if q > 1 and s == long_seq]))
+    while capped.has_unfinished():
+        for out in capped.step():
+            answers[out.request_id] = out.outputs[0].token_ids
+    assert [c for c in seen if c] == [[8], [8], [8], [6]]
+    plain = _engine(model, num_blocks=32)
+    plain.add_request("short", [5, 6], SamplingParams(max_tokens=6, **GREEDY))
+    plain.add_request("long", list(range(3, 33)), SamplingParams(max_tokens=3, **GREEDY))
+    expected = {}
+    while plain.has_unfinished():
+        for out in plain.step():
+            expected[out.request_id] = out.outputs[0].token_ids
+    assert answers == expected
