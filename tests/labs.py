@@ -186,9 +186,10 @@ def selected(nodeid: str, lab: Lab) -> bool:
 def _pytest_args(key: str, source: str) -> list[str]:
     files = sorted({t.split("::")[0] for t in LABS[key].tests})
     # schemathesis's pytest plugin (the server's fuzz tests use schemathesis without it) blanks every
-    # argument of Hypothesis's failing example ("batch=,"): a lab needs the arguments in full
+    # argument of Hypothesis's failing example ("batch=,"): a lab needs the arguments in full.
+    # -rN: the lab prints its own summary; pytest's (untruncated where CI is set) would repeat the raw one
     return [*files, f"--lab={key}", f"--lab-source={source}", "-p", "no:cacheprovider", "-p", "no:schemathesis",
-            "-q", "--tb=no"]
+            "-q", "--tb=no", "-rN"]
 
 
 MISTAKES = ROOT / "tests" / "lab_mistakes"  # a learner's answer with one planted mistake per file
