@@ -40,7 +40,9 @@ from paged.serve.generation import Generator
 from paged.serve.guard import DEFAULT_MAX_BODY_BYTES, Guard
 from paged.serve.offload import Offload
 from paged.serve.openapi import install as install_openapi
-from paged.serve.protocol import ChatCompletionRequest, CompletionRequest
+from paged.serve.chat_protocol import ChatCompletionRequest
+from paged.serve.options import ServeOptions
+from paged.serve.protocol import CompletionRequest
 from paged.serve.schemas import ChatCompletionChunk, CompletionChunk, Index
 
 ENDPOINTS = ["/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/tokenizer_info",
@@ -53,14 +55,16 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 
 def build_app(llm, served_model_name: str, api_key: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, on_engine_failure=None,
-              bind_host: str | None = None, kv_view_key: str | None = None) -> Guard:
+              bind_host: str | None = None, kv_view_key: str | None = None,
+              options: ServeOptions | None = None) -> Guard:
     """The ASGI app serving ``llm`` (an ``LLM``: ``.engine``, ``.tokenizer``, ``.model``).
 
     ``on_engine_failure(exc)`` runs on the event loop after the engine failed and every in-flight
     request got its error (``python -m paged.serve`` stops the server then); without it the app stays
     up and answers 503. ``kv_view_key`` opens the live KV view's data (None: nobody reads it). Once
     ``engine.stop_admission`` was called (a graceful stop, ``shutdown.py``) every new request gets a
-    503. The returned ``Guard`` holds the FastAPI app as ``.fastapi``.
+    503. ``options``: the server-wide choices (``ServeOptions``: tool and reasoning parsers, bounds).
+    The returned ``Guard`` holds the FastAPI app as ``.fastapi``.
     """
     engine = AsyncEngine(llm.engine, on_dead=on_engine_failure)
     work = Offload()
@@ -69,7 +73,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     view = kv_view.KVView(llm.engine)  # its first snapshot is taken here, before the engine thread starts
     llm.engine.add_observer(view.observe)
     engine.idle_observers.append(view.refresh)
-    served = models.ServedModel(llm, served_model_name, work)
+    served = models.ServedModel(llm, served_model_name, work, options)
     generator = Generator(engine, served, server_metrics)
 
     @asynccontextmanager

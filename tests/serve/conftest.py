@@ -64,10 +64,12 @@ class Server:
                 raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{output}")
             time.sleep(0.2)
 
-    def output(self) -> str:
+    def output(self, tail: int | None = 4000) -> str:
+        """The server's log: its last ``tail`` characters (None: all of it)."""
         self.log.flush()
         self.log.seek(0)
-        return self.log.read()[-4000:]
+        text = self.log.read()
+        return text if tail is None else text[-tail:]
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` as ``{"name{labels}": value}`` (no API key needed: only /v1 is guarded)."""
