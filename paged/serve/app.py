@@ -69,7 +69,8 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     engine = AsyncEngine(llm.engine, on_dead=on_engine_failure)
     work = Offload()
     device = llm.engine.kv_cache.data.device.type if hasattr(llm.engine, "kv_cache") else "cpu"
-    server_metrics = metrics.ServerMetrics(lambda: engine.stats, device)
+    server_metrics = metrics.ServerMetrics(lambda: engine.stats, device, served_model_name)
+    llm.engine.add_observer(lambda eng, plan, results: server_metrics.observe_step(engine.step_started, eng, plan))
     view = kv_view.KVView(llm.engine)  # its first snapshot is taken here, before the engine thread starts
     llm.engine.add_observer(view.observe)
     engine.idle_observers.append(view.refresh)

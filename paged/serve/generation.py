@@ -35,7 +35,6 @@ chose must not reach them. The response's ``id`` still carries the client's.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -47,6 +46,7 @@ from paged.serve import streaming
 from paged.serve.async_engine import EngineDeadError, StoppingError
 from paged.serve.errors import APIError, engine_failure, from_request_error, request_failure, stopping_error
 from paged.serve.formatter import Formatter
+from paged.serve.metrics import RequestTimer
 from paged.serve.offload import INLINE_MAX
 
 # Token entries one request's answer may hold: each returned token is one, and with logprobs each of
@@ -69,27 +69,6 @@ def response_entries(prompt_lengths: list[int], n: int, max_tokens: int, logprob
     return sum(n * (max_tokens + (length if echo else 0)) * per_token for length in prompt_lengths)
 
 
-class Timing:
-    """Per-request latency observations for /metrics."""
-
-    def __init__(self, metrics) -> None:
-        self.metrics, self.t0 = metrics, time.monotonic()
-        self.last: dict[str, float] = {}
-        self.tokens: dict[str, int] = {}
-
-    def observe(self, out) -> None:
-        rid, now = out.request_id, time.monotonic()
-        n = sum(len(c.token_ids) for c in out.outputs)
-        if n > self.tokens.get(rid, 0):
-            hist = self.metrics.tpot if rid in self.last else self.metrics.ttft
-            hist.observe(now - self.last.get(rid, self.t0))
-            self.last[rid], self.tokens[rid] = now, n
-        if out.finished:
-            self.metrics.e2e.observe(now - self.t0)
-            for c in out.outputs:
-                self.metrics.finished.labels(c.finish_reason or "unknown").inc()
-
-
 @dataclass
 class Run:
     """One HTTP request's engine requests, from submission to their last outputs.
@@ -108,7 +87,7 @@ class Run:
     rename: dict[str, str]
     echo: list[str] | None
     outputs: asyncio.Queue
-    timing: Timing
+    timing: RequestTimer
     tokenizer: object
     engine: object
     metrics: object
@@ -128,7 +107,7 @@ class Run:
         gone = [r for r in self.rids if r not in finals]
         if gone:
             self.engine.abort(gone)
-            self.metrics.finished.labels("abort").inc(len(gone))
+            self.metrics.finished("abort", len(gone))
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
@@ -253,7 +232,7 @@ class Generator:
         except StoppingError as e:
             raise stopping_error(str(e)) from None
         return Run(req, fmt, rids, ids, params, rename, await echo() if callable(echo) else echo, outputs,
-                   Timing(self.metrics), self.served.tokenizer, self.engine, self.metrics, self.work, entries, parse)
+                   RequestTimer(self.metrics, params), self.served.tokenizer, self.engine, self.metrics, self.work, entries, parse)
 
     async def collect(self, run: Run, raw: Request) -> dict | None:
         """Wait for every request's final output; None if the client disconnected (requests aborted)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.serve.conftest import API_KEY
+from tests.serve.conftest import API_KEY, metric
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 OK = {"model": "test-model", "prompt": "def f(x):", "max_tokens": 2}
@@ -176,7 +176,7 @@ def test_server_still_serves_after_every_bad_request(server):
     r = post(server, "/v1/completions", {"max_tokens": 3, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     m = server.metrics()
-    assert m["paged_num_requests_running"] == 0 and m["paged_num_requests_waiting"] == 0
+    assert metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:num_requests_waiting") == 0
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
