@@ -88,8 +88,9 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
                   openapi_url=None, description="OpenAI-compatible completions and chat over paged's engine.")
     app.state.engine = engine
     install_handlers(app)
-    install_openapi(app, [CompletionRequest, ChatCompletionRequest, *tokenize.REQUEST_MODELS],
-                    [CompletionChunk, ChatCompletionChunk], api_key=api_key is not None)
+    if served.options.docs:
+        install_openapi(app, [CompletionRequest, ChatCompletionRequest, *tokenize.REQUEST_MODELS],
+                        [CompletionChunk, ChatCompletionChunk], api_key=api_key is not None)
     health.install(app, engine)
     models.install(app, served)
     completions.install(app, served, generator)

@@ -172,7 +172,7 @@ class Generator:
                 raise APIError(f"{name} must be <= {most} on this server (--max-logprobs), got {asked}",
                                param=name, code="invalid_value")
         try:
-            params = req.sampling_params(max_tokens, logprobs, prompt_logprobs)
+            params = req.sampling_params(max_tokens, logprobs, prompt_logprobs, self.served.options.sampling_defaults)
         except RequestError as e:
             raise from_request_error(e, rename) from None
         if req.stream and (params.use_beam_search or params.best_of > params.n):

@@ -38,7 +38,7 @@ class ServedModel:
     def __init__(self, llm, name: str, work: offload.Offload, options: ServeOptions | None = None) -> None:
         self.name = name
         self.options = options or ServeOptions()
-        self.names = {name, *self.options.extra_model_names}
+        self.names = [name, *(n for n in self.options.extra_model_names if n != name)]
         self.created = int(time.time())
         self.work = work
         self.tokenizer = llm.tokenizer
@@ -86,8 +86,9 @@ class ServedModel:
         except ValueError as e:
             raise APIError(str(e), param="messages") from None
 
-    def card(self) -> ModelCard:
-        return ModelCard(id=self.name, created=self.created, owned_by="paged", root=self.name,
+    def card(self, name: str | None = None) -> ModelCard:
+        name = name or self.name
+        return ModelCard(id=name, created=self.created, owned_by="paged", root=self.name,
                          max_model_len=self.max_model_len)
 
 
@@ -96,10 +97,10 @@ def install(app, served: ServedModel) -> None:
 
     @app.get("/v1/models", tags=["OpenAI API"], summary="The served model", responses=error_responses(401))
     async def models() -> ModelList:
-        return ModelList(data=[served.card()])
+        return ModelList(data=[served.card(name) for name in served.names])
 
     @app.get("/v1/models/{model:path}", tags=["OpenAI API"], summary="One model, by name",
              responses=error_responses(401, _404="no model of that name"))
     async def model(model: str) -> ModelCard:
         served.check(model)
-        return served.card()
+        return served.card(model)

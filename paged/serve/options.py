@@ -30,6 +30,10 @@ class ServeOptions:
         max_logprobs: the most ``logprobs`` / ``top_logprobs`` a request may ask for.
         extra_model_names: more names clients may send as ``model`` (``--served-model-name a b``).
         response_store: how many responses ``previous_response_id`` can refer to.
+        sampling_defaults: a request's defaults for the sampling fields it does not set
+            (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``): the model's
+            generation config (``--generation-config``).
+        docs: serve ``/docs`` and ``/openapi.json``.
     """
 
     enable_auto_tool_choice: bool = False
@@ -38,6 +42,8 @@ class ServeOptions:
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     extra_model_names: list[str] = field(default_factory=list)
     response_store: int = DEFAULT_RESPONSE_STORE
+    sampling_defaults: dict = field(default_factory=dict)
+    docs: bool = True
 
     def __post_init__(self) -> None:
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:

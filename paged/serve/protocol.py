@@ -185,18 +185,26 @@ class _Sampling(OpenAIModel):
             raise APIError("stream_options is only allowed with stream: true", param="stream_options")
         return self
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
-                        ) -> SamplingParams:
-        """The engine's ``SamplingParams``; raises ``RequestError`` naming a field and its bound."""
-        temperature = self.temperature if self.temperature is not None else (0.0 if self.use_beam_search else 1.0)
+    def sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
+                        defaults: dict | None = None) -> SamplingParams:
+        """The engine's ``SamplingParams``; raises ``RequestError`` naming a field and its bound.
+
+        ``defaults``: values for the sampling fields this request did not set (the model's generation
+        config, ``--generation-config``).
+        """
+        own = {k: v for k, v in (defaults or {}).items() if k not in self.model_fields_set}
+        temperature = self.temperature if self.temperature is not None else own.get(
+            "temperature", 0.0 if self.use_beam_search else 1.0)
         return SamplingParams(
-            n=self.n, best_of=self.best_of, temperature=temperature, top_p=self.top_p, top_k=self.top_k,
+            n=self.n, best_of=self.best_of, temperature=temperature, top_p=own.get("top_p", self.top_p),
+            top_k=own.get("top_k", self.top_k), min_p=own.get("min_p", self.min_p),
+            repetition_penalty=own.get("repetition_penalty", self.repetition_penalty),
             max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
             stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos, seed=self.seed,
             logprobs=logprobs, use_beam_search=self.use_beam_search, length_penalty=self.length_penalty,
             prompt_logprobs=prompt_logprobs, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-            logit_bias=self._token_biases(), min_p=self.min_p, bad_words=self.bad_words,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self._token_biases(), bad_words=self.bad_words,
             structured_outputs=self._structured_outputs(),
         )
 
