@@ -7,11 +7,12 @@ them:
 =========================================  ======================================================
 ``POST /v1/completions``                   ``completions.py``
 ``POST /v1/chat/completions``              ``chat.py``
+``POST /v1/responses``, ``GET /v1/...``    ``responses.py`` (OpenAI's Responses API, over the chat path)
 ``GET /v1/models``, ``/v1/models/{name}``  ``models.py``
 ``POST /tokenize``, ``/detokenize``,       ``tokenize.py``
 ``GET /tokenizer_info``
 ``GET /kv``, ``/kv/snapshot``              ``kv_view.py`` (the live KV cache view)
-``GET /health``                            ``health.py``
+``GET /health``, ``GET /version``          ``health.py``
 ``GET /metrics``                           ``metrics.py`` (Prometheus)
 ``GET /openapi.json``, ``GET /docs``       ``openapi.py``
 ``GET /``                                  here: the list above
@@ -33,7 +34,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
 
-from paged.serve import chat, completions, health, kv_view, metrics, models, tokenize
+from paged.serve import chat, completions, health, kv_view, metrics, models, responses, tokenize
 from paged.serve.async_engine import AsyncEngine
 from paged.serve.errors import install_handlers
 from paged.serve.generation import Generator
@@ -43,10 +44,11 @@ from paged.serve.openapi import install as install_openapi
 from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.options import ServeOptions
 from paged.serve.protocol import CompletionRequest
+from paged.serve.responses_protocol import ResponsesRequest
 from paged.serve.schemas import ChatCompletionChunk, CompletionChunk, Index
 
-ENDPOINTS = ["/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/tokenizer_info",
-             "/health", "/metrics", "/openapi.json", "/docs", "/kv"]
+ENDPOINTS = ["/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize",
+             "/tokenizer_info", "/health", "/version", "/metrics", "/openapi.json", "/docs", "/kv"]
 try:
     __version__ = version("paged")
 except PackageNotFoundError:  # run from a source tree that was never installed
@@ -89,12 +91,13 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     app.state.engine = engine
     install_handlers(app)
     if served.options.docs:
-        install_openapi(app, [CompletionRequest, ChatCompletionRequest, *tokenize.REQUEST_MODELS],
+        install_openapi(app, [CompletionRequest, ChatCompletionRequest, ResponsesRequest, *tokenize.REQUEST_MODELS],
                         [CompletionChunk, ChatCompletionChunk], api_key=api_key is not None)
-    health.install(app, engine)
+    health.install(app, engine, __version__)
     models.install(app, served)
     completions.install(app, served, generator)
     chat.install(app, served, generator)
+    responses.install(app, served, generator, responses.ResponseStore(served.options.response_store))
     metrics.install(app, server_metrics)
     tokenize.install(app, served)  # /tokenize, /detokenize, /tokenizer_info (vLLM's)
     kv_view.install(app, view)

@@ -45,6 +45,8 @@ class ServedModel:
         self.chat_template = llm.model.chat_template
         self.special_tokens = llm.model.special_tokens
         self.max_model_len = llm.engine.max_model_len
+        self.block_size = llm.engine.block_size
+        self.prefix_caching = bool(getattr(llm.engine, "enable_prefix_caching", False))
         self.chat, self.no_chat = None, None
         if self.tokenizer is None:
             self.no_chat = "this model has no tokenizer, so chat messages cannot be rendered"
