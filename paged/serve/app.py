@@ -15,7 +15,7 @@ them:
 ``GET /health``, ``GET /version``          ``health.py``
 ``GET /metrics``                           ``metrics.py`` (Prometheus)
 ``GET /openapi.json``, ``GET /docs``       ``openapi.py``
-``GET /``                                  here: the list above
+``GET /``                                  ``index.py`` (a page for a browser, JSON otherwise)
 =========================================  ======================================================
 
 What they share: the ``AsyncEngine`` (the one thread that owns the engine),
@@ -34,7 +34,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
 
-from paged.serve import chat, completions, health, kv_view, metrics, models, responses, tokenize
+from paged.serve import chat, completions, health, index, kv_view, metrics, models, responses, tokenize
 from paged.serve.async_engine import AsyncEngine
 from paged.serve.errors import install_handlers
 from paged.serve.generation import Generator
@@ -45,7 +45,7 @@ from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.options import ServeOptions
 from paged.serve.protocol import CompletionRequest
 from paged.serve.responses_protocol import ResponsesRequest
-from paged.serve.schemas import ChatCompletionChunk, CompletionChunk, Index
+from paged.serve.schemas import ChatCompletionChunk, CompletionChunk
 
 ENDPOINTS = ["/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize",
              "/tokenizer_info", "/health", "/version", "/metrics", "/openapi.json", "/docs", "/kv"]
@@ -102,9 +102,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     tokenize.install(app, served)  # /tokenize, /detokenize, /tokenizer_info (vLLM's)
     kv_view.install(app, view)
 
-    @app.get("/", tags=["server"], summary="What this server serves")
-    async def root() -> Index:
-        return Index(name="paged", model=served_model_name, endpoints=ENDPOINTS)
+    index.install(app, served_model_name, ENDPOINTS, served.options.docs)
 
     guarded = Guard(app, api_key, max_body_bytes, bind_host, kv_view_key, admission=engine)
     guarded.fastapi = app
