@@ -58,7 +58,10 @@ def note_ignored(field: str, why: str) -> None:
 
 
 def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
-    """The dotted names of every field ``model`` and the models inside it accepted without knowing them."""
+    """The dotted names of every field ``model`` and the models inside it accepted without knowing them
+    (a model whose class sets ``note_extras = False`` is dropped whole, so its fields are not named)."""
+    if not getattr(type(model), "note_extras", True):
+        return []
     found = [prefix + str(k) for k in (model.model_extra or {})]
     for name in type(model).model_fields:
         value = getattr(model, name, None)

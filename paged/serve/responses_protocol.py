@@ -14,7 +14,7 @@ custom tools) are not served: they are dropped, and logged once.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -89,6 +89,7 @@ class FunctionTool(OpenAIModel):
 class OtherTool(OpenAIModel):
     """A tool of another type (``web_search``, ``custom``, ``local_shell``...): not served, dropped."""
 
+    note_extras: ClassVar[bool] = False  # dropped whole: its type is logged, not each of its fields
     type: StrictStr
 
 
