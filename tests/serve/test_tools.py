@@ -181,3 +181,30 @@ def test_the_template_receives_tools(llm, tmp_path):
     renderer = ChatRenderer(llm.tokenizer, template)
     assert renderer.render(ASK, tools=TOOLS) == "[get_weather][now]" + ASK[0]["content"]
     assert renderer.render(ASK) == ASK[0]["content"]  # no tools: the template's ``tools`` is undefined
+
+
+def test_a_tool_loop_through_the_official_client(plain):
+    """The official ``openai`` client drives a loop: a forced call, the tool's answer sent back, a text reply;
+    each answer and chunk parses with the package's own types under ``strict=True``."""
+    import openai
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=plain, max_retries=0)
+    messages = list(ASK)
+    first = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required",
+                                           max_tokens=48, temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls" and call.function.name in ("get_weather", "now")
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    final = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="none",
+                                           max_tokens=6, temperature=0)
+    assert final.choices[0].message.tool_calls is None and final.choices[0].message.content
+    raw = plain.post("/v1/chat/completions", json={"messages": ASK, "tools": TOOLS, "tool_choice": "required",
+                                                   "max_tokens": 48}).json()
+    ChatCompletion.model_validate(raw, strict=True)
+    r = plain.post("/v1/chat/completions", json={"messages": ASK, "tools": TOOLS, "tool_choice": "required",
+                                                 "max_tokens": 48, "stream": True})
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            ChatCompletionChunk.model_validate(json.loads(line[6:]), strict=True)
