@@ -139,14 +139,7 @@ def _lark(text, param: str) -> str:
 
     if not isinstance(text, str) or not text.strip():
         raise RequestError(f"{param} must be a non-empty grammar text, got {text!r:.80}", param=param)
-    if len(text) > MAX_GRAMMAR_CHARS:
-        raise RequestError(f"{param} has {len(text)} characters; at most {MAX_GRAMMAR_CHARS} are allowed",
-                           param=param, bound=MAX_GRAMMAR_CHARS)
-    weight = regex_repeat_weight(text)
-    if weight > MAX_GRAMMAR_REPEAT:
-        raise RequestError(f"{param} expands to {weight} repeated atoms (its counted repetitions such as x{{n}} "
-                           f"multiplied out); at most {MAX_GRAMMAR_REPEAT} are allowed", param=param,
-                           bound=MAX_GRAMMAR_REPEAT)
+    _check_size(text, param, MAX_GRAMMAR_CHARS, MAX_GRAMMAR_REPEAT)
     try:
         lark = gbnf_to_lark(text) if "::=" in text else text
         return llguidance.LLMatcher.grammar_from_lark(lark)
@@ -155,14 +148,18 @@ def _lark(text, param: str) -> str:
 
 
 def _check_regex(regex: str, param: str) -> None:
-    if len(regex) > MAX_REGEX_CHARS:
-        raise RequestError(f"{param} has {len(regex)} characters; at most {MAX_REGEX_CHARS} are allowed",
-                           param=param, bound=MAX_REGEX_CHARS)
-    weight = regex_repeat_weight(regex)
-    if weight > MAX_REGEX_REPEAT:
+    _check_size(regex, param, MAX_REGEX_CHARS, MAX_REGEX_REPEAT)
+
+
+def _check_size(text: str, param: str, max_chars: int, max_repeat: int) -> None:
+    """A regex's or a grammar's length, and its counted repetitions expanded (``regex_repeat_weight``)."""
+    if len(text) > max_chars:
+        raise RequestError(f"{param} has {len(text)} characters; at most {max_chars} are allowed",
+                           param=param, bound=max_chars)
+    weight = regex_repeat_weight(text)
+    if weight > max_repeat:
         raise RequestError(f"{param} expands to {weight} repeated atoms (its counted repetitions such as "
-                           f"a{{n}} multiplied out); at most {MAX_REGEX_REPEAT} are allowed",
-                           param=param, bound=MAX_REGEX_REPEAT)
+                           f"a{{n}} multiplied out); at most {max_repeat} are allowed", param=param, bound=max_repeat)
 
 
 def _schema_object(schema, param: str) -> dict:
