@@ -211,11 +211,13 @@ figures: install
 # transformers on the same weights, and guidellm synchronous + sweep (see tools/clients_check.py).
 # They live in their own venv (heavy: datasets, pandas, scikit-learn...), with torch pinned to the
 # project's: a dry run first proves that nothing would pull another torch or nvidia-* packages.
-# accelerate: lm-eval's hf model imports it (the transformers side of the comparison).
+# accelerate: lm-eval's hf model imports it (the transformers side of the comparison); openai-agents runs
+# an agent's tool loop over chat completions and the Responses API (tools/clients/openai_surface.py).
 # Not part of `make test` (about 15 minutes on 2 cores). Figures: build/clients-check/summary.md.
 CLIENTS_VENV  := build/clients-venv
 CLIENTS_PY    := $(CLIENTS_VENV)/bin/python
-CLIENTS       := 'lm_eval[api]==0.4.13' guidellm==0.8.1 transformers==5.24.0 gguf==0.19.0 accelerate==1.16.0
+CLIENTS       := 'lm_eval[api]==0.4.13' guidellm==0.8.1 transformers==5.24.0 gguf==0.19.0 accelerate==1.16.0 \
+                 openai-agents==0.24.0 openai==3.63.0
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-$(shell echo "$(CLIENTS)" | md5sum | cut -c1-8)
 
 $(CLIENTS_STAMP):

@@ -10,5 +10,7 @@ from paged._lazy import lazy_package
 
 # from step06, on first use: ``import paged.step03_attention.scheduler`` loads no model and no torch
 _OWN = {name: "paged.step06_tensor_parallel" for name in
-        ("LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestError")}
+        ("LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestError", "StructuredOutputsParams",
+         "GuidedDecodingParams", "TokensPrompt", "TextPrompt", "BeamSearchParams", "BeamSearchOutput", "Logprob",
+         "RequestMetrics")}
 __all__, __getattr__, __dir__ = lazy_package(__name__, _OWN)

@@ -8,13 +8,15 @@ Runs, in this order, with the clients installed in their own venv (``--clients-p
    ``/detokenize`` and ``/tokenizer_info``;
 2. lm-eval ``local-chat-completions`` on the generation task (``--apply_chat_template``);
 3. guidellm, ``synchronous`` and then ``sweep``, short runs (a few dozen requests, seconds each);
-4. with the server stopped, lm-eval's ``hf`` model (transformers) on the same GGUF weights, float32.
+4. the ``openai-agents`` SDK's tool loop, over chat completions and over the Responses API, and the
+   official client's Responses stream (``tools/clients/openai_surface.py``);
+5. with the server stopped, lm-eval's ``hf`` model (transformers) on the same GGUF weights, float32.
 
 Then it compares: each task's accuracy must be the same for paged and transformers, and each
 multiple-choice item's log-likelihood within ``MAX_ABS_LOGLIKELIHOOD_DELTA``; guidellm must finish
 with no errored request. The figures (accuracies, the largest |Δ log-likelihood|, identical
-generations, guidellm's table), with the machine and the date, go to ``OUT/summary.md``; the exit
-status is 0 only if every check held.
+generations, guidellm's table, the agent loops), with the machine and the date, go to
+``OUT/summary.md``; the exit status is 0 only if every check held.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(out / "server.log", "w")  # noqa: SIM115 (open while the server runs)
         cmd = [sys.executable, "-m", "paged.serve", "--model", model, "--served-model-name", SERVED_NAME,
-               "--port", str(self.port), "--dtype", "float32", "--device", "cpu", "--seed", "0"]
+               "--port", str(self.port), "--dtype", "float32", "--device", "cpu", "--seed", "0",
+               "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         print("+", " ".join(cmd), flush=True)
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -178,6 +181,20 @@ def guidellm(py: str, out: Path, server: Server, tokenizer: Path, profile: str, 
     return json.loads(report.read_text())
 
 
+def openai_surface(py: str, out: Path, server: Server) -> dict:
+    """The agent tool loops and the Responses stream (``tools/clients/openai_surface.py``), as its report."""
+    log = out / "openai-surface.log"
+    print(f"+ {py} tools/clients/openai_surface.py {server.url}/v1 {SERVED_NAME}", flush=True)
+    with open(log, "w") as f:
+        done = subprocess.run([py, str(ROOT / "tools" / "clients" / "openai_surface.py"), f"{server.url}/v1",
+                               SERVED_NAME], cwd=ROOT, stdout=subprocess.PIPE, stderr=f, text=True, timeout=900,
+                              env={**os.environ, **OFFLINE}, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"openai_surface.py printed no report (exit {done.returncode}):\n" + log.read_text()[-3000:])
+    return json.loads(lines[-1])
+
+
 def check_dry_run(report: Path) -> int:
     """Fail if pip's dry-run report would install a torch or any nvidia-* package (a CUDA build)."""
     names = [item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]]
@@ -223,6 +240,7 @@ def main() -> int:
         # each strategy of the sweep needs finished requests, and one takes seconds on a loaded machine
         sweep = guidellm(py, out, server, tokenizer, "sweep",
                          ["kind=max_requests,count=10", "kind=max_duration,seconds=60"])
+        surface = openai_surface(py, out, server)
     finally:
         server.stop()
     # the device goes as --device (lm-eval 0.4.13 passes its own device to HFLM beside model_args)
@@ -245,6 +263,9 @@ def main() -> int:
     if max(deltas) > MAX_ABS_LOGLIKELIHOOD_DELTA:
         failures.append(f"max |Δ log-likelihood| {max(deltas):.3g} > {MAX_ABS_LOGLIKELIHOOD_DELTA}")
 
+    for check, report in surface.items():
+        if not report["ok"]:
+            failures.append(f"{check}: {json.dumps(report)[:300]}")
     rows = []
     for label, report in (("synchronous", sync), ("sweep", sweep)):
         for b in report["benchmarks"]:
@@ -270,6 +291,14 @@ def main() -> int:
         "|---|---|---|---|---|---|---|"]
     for label, strategy, ok, errored, rate, ttft, itl in rows:
         lines.append(f"| {label} | {strategy} | {ok} | {errored} | {rate:.2f} | {ttft:.0f} | {itl:.1f} |")
+    lines += ["", "| openai-agents / Responses check | what happened | ok |", "|---|---|---|"]
+    for api in ("chat", "responses"):
+        r = surface[f"agents_{api}"]
+        lines.append(f"| agent tool loop over {api} | tool called with {r['tool_calls']}, items {r['items']}, "
+                     f"final answer {r['final_output'][:60]!r} | {r['ok']} |")
+    r = surface["responses_stream"]
+    lines.append(f"| Responses stream (official client) | {r['events']} events, {r['first'][0]} ... {r['last']}, "
+                 f"output {r['output_text']!r} | {r['ok']} |")
     lines += ["", "Result: " + ("every check held" if not failures else "FAILED: " + "; ".join(failures))]
     summary = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(summary)

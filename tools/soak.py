@@ -223,7 +223,7 @@ async def sample_cost(soak: Soak, proc: psutil.Process, args, windows: int = 10)
         async def tokens() -> float:
             text = (await http.get("/metrics")).text
             return float(next(line.split()[-1] for line in text.splitlines()
-                              if line.startswith("paged_generation_tokens_total ")))
+                              if line.startswith("vllm:generation_tokens_total{")))
 
         last_cpu, last_tokens = sum(proc.cpu_times()[:2]), await tokens()
         for _ in range(windows):
@@ -258,8 +258,8 @@ def wait_idle(server: Server, timeout_s: float = 60.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
         m = server.metrics()
-        if m["paged_num_requests_running"] == m["paged_num_requests_waiting"] == 0 and \
-                m.get("paged_num_requests_swapped", 0) == 0:
+        if all(v == 0 for k, v in m.items() if k.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                                              "vllm:num_requests_swapped"))):
             return m
         if time.monotonic() > deadline:
             return m
@@ -331,7 +331,7 @@ def verdict(soak: Soak, m: dict[str, float], rss: dict[str, float], args) -> dic
         "by_status": {str(k): v for k, v in sorted(soak.statuses.items())},
         "finished_checked": len(soak.latencies), "failures": soak.failures[:20], "num_failures": len(soak.failures),
         "preemptions": {k.split('"')[1]: v for k, v in m.items() if k.startswith("paged_preemptions_total")},
-        "generation_tokens": m["paged_generation_tokens_total"],
+        "generation_tokens": sum(v for k, v in m.items() if k.startswith("vllm:generation_tokens_total")),
         "blocks_used_at_end": used, "swap_blocks_used_at_end": swapped,
         "rss_mib": {k: round(v / mib, 1) for k, v in rss.items()}, "rss_growth_after_warmup": round(growth, 4),
         "p99_latency_s": {"first_third": round(p99(first), 3), "last_third": round(p99(last), 3),

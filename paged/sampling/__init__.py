@@ -17,6 +17,7 @@ import importlib
 
 _WHERE = {
     "GuidedDecodingParams": "structured",
+    "StructuredOutputsParams": "structured",
     "SampleResult": "result",
     "SamplingContext": "logits_processors",
     "SamplingParams": "sampling_params",

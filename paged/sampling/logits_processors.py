@@ -141,3 +141,4 @@ def unpack_bitmask(masks: list[bytes], vocab: int) -> torch.Tensor:
     bits = (words.unsqueeze(2) >> torch.arange(32, dtype=torch.int32)) & 1  # [R, W, 32]
     return bits.view(len(masks), -1)[:, :vocab].bool()
 
+

@@ -14,8 +14,10 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from typing import Any
+
 from paged.errors import RequestError
-from paged.sampling.structured import GuidedDecodingParams
+from paged.sampling.structured import StructuredOutputsParams
 
 
 def bad(name: str, value, rule: str, bound=None) -> None:
@@ -74,12 +76,22 @@ class SamplingParams:
             likely token's (after temperature), in [0, 1].
         bad_words: words never generated: the last token of each word's
             tokenization is banned whenever the tokens before it were just generated.
-        guided_decoding: a ``GuidedDecodingParams`` (JSON schema, JSON object,
-            regex or choice) the output must follow.
+        structured_outputs: a ``StructuredOutputsParams`` (JSON schema, JSON object,
+            regex, choice or grammar) the output must follow; ``guided_decoding`` is
+            vLLM's older name for the same field (either may be given, not both).
         logits_processors: callables ``fn(output_token_ids, logits) -> logits``
             applied to this request's row of logits ``[V]`` before anything else
             (vLLM's offline hook; in-process only, not over HTTP). One that raises
             ends this request with its error; the rest of the batch is not touched.
+        allowed_token_ids: only these tokens may be drawn (a mask applied as the first
+            logits processor).
+
+    vLLM's keywords that shape the returned text rather than the tokens are honoured by
+    ``LLM.generate`` (the engine always detokenizes the same way): ``include_stop_str_in_output``
+    (the stop string that ended the text is kept), ``skip_special_tokens`` (False: the text is the
+    decode of every token), ``detokenize`` (False: no text), ``truncate_prompt_tokens`` (the prompt
+    keeps its last N tokens). ``spaces_between_special_tokens`` must stay True (the tokenizer has
+    no such switch); ``output_kind`` and ``extra_args`` are accepted and unused.
 
     Sizes are bounded too (the ``MAX_*`` constants, stated on docs/serving.md), so
     that what a request costs the engine per iteration is bounded: at most
@@ -109,8 +121,17 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     min_p: float = 0.0
     bad_words: list[str] | None = None
-    guided_decoding: GuidedDecodingParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None
     logits_processors: list | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    detokenize: bool = True
+    truncate_prompt_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
+    output_kind: Any = None
+    extra_args: dict | None = None
 
     MAX_LOGPROBS = 20
     MAX_LOGIT_BIAS = 100.0
@@ -129,7 +150,13 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.best_of is None:
             self.best_of = self.n
+        if self.structured_outputs is not None and self.guided_decoding is not None \
+                and self.structured_outputs is not self.guided_decoding:
+            raise RequestError("give structured_outputs or guided_decoding (its older name), not both",
+                               param="structured_outputs")
+        self.guided_decoding = self.structured_outputs = self.guided_decoding or self.structured_outputs
         self._check()
+        self._check_vllm_keywords()
         self._check_logit_processing()
 
     def _check(self) -> None:
@@ -176,6 +203,28 @@ class SamplingParams:
         if self.early_stopping not in (True, False, "never"):
             bad("early_stopping", self.early_stopping, "True, False or 'never'")
 
+    def _check_vllm_keywords(self) -> None:
+        """vLLM's keywords about the returned text, the prompt's length and the allowed tokens."""
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "detokenize"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, getattr(self, name), "True or False")
+        if self.spaces_between_special_tokens is not True:
+            bad("spaces_between_special_tokens", self.spaces_between_special_tokens,
+                "True (the tokenizer decodes special tokens without a switch for the spaces between them)")
+        t = self.truncate_prompt_tokens
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
+            bad("truncate_prompt_tokens", t, "None or an integer >= 1", 1)
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if not isinstance(allowed, list) or not allowed or any(
+                    isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= self.MAX_INT64 for i in allowed):
+                bad("allowed_token_ids", allowed, "a non-empty list of token ids")
+            from paged.sampling.allowed_tokens import AllowedTokens
+
+            self.logits_processors = [AllowedTokens(allowed), *(self.logits_processors or [])]
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            bad("extra_args", self.extra_args, "None or a dict")
+
     def _check_logit_processing(self) -> None:
         """Bounds of the penalties, biases, bans and grammars (vLLM's and OpenAI's)."""
         if self.prompt_logprobs is not None and (
@@ -218,8 +267,8 @@ class SamplingParams:
             bad("logits_processors", self.logits_processors, "a list of callables fn(output_token_ids, logits)")
         g = self.guided_decoding
         if g is not None:
-            if not isinstance(g, GuidedDecodingParams):
-                bad("guided_decoding", g, "a GuidedDecodingParams")
+            if not isinstance(g, StructuredOutputsParams):
+                bad("structured_outputs", g, "a StructuredOutputsParams")
             if self.use_beam_search:
                 bad("use_beam_search", True, "False with guided_decoding (beams rank unconstrained extensions)")
             if self.min_tokens:

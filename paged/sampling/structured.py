@@ -1,8 +1,9 @@
 """Structured output: a grammar masks the logits so the text always parses (vLLM's guided decoding).
 
-A request asks for one of four shapes (``GuidedDecodingParams``): text that
-validates against a JSON schema, any JSON object, a regular expression, or one
-of a list of strings. The grammar engine is llguidance (the Rust library behind
+A request asks for one of five shapes (``StructuredOutputsParams``, vLLM's name
+since v0.12; ``GuidedDecodingParams`` is the older one): text that validates
+against a JSON schema, any JSON object, a regular expression, one of a list of
+strings, or a context-free grammar (Lark, or GBNF as llama.cpp writes it). The grammar engine is llguidance (the Rust library behind
 vLLM's ``guidance`` backend): it compiles the request into a grammar once, and
 a ``GrammarMatcher`` per sequence follows the tokens generated so far and
 answers, before each draw, which tokens may come next — a bitmask of one bit
@@ -49,39 +50,51 @@ MAX_REGEX_CHARS = 4096
 MAX_REGEX_REPEAT = 1000  # the regex's counted repetitions, expanded: a{1000} is 1000, (a{10}){10} is 100
 MAX_CHOICES = 1000  # llguidance allows 2 000 alternatives in one row
 MAX_CHOICE_CHARS = 64 * 1024  # all choices together
+MAX_GRAMMAR_CHARS = 16 * 1024
+# A grammar's counted repetitions expanded (``regex_repeat_weight`` over its text: each character weighs
+# one, so a grammar without counted repetitions stays far below): x{1000000} inside a grammar is the same
+# bomb as in a regex.
+MAX_GRAMMAR_REPEAT = 20_000
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass(frozen=True)
-class GuidedDecodingParams:
-    """One structured-output constraint (exactly one field set), as vLLM's ``GuidedDecodingParams``.
+class StructuredOutputsParams:
+    """One structured-output constraint (exactly one field set), as vLLM's ``StructuredOutputsParams``.
 
     Attributes:
         json: a JSON schema (a dict or its JSON text); the output validates against it.
         json_object: any JSON object (OpenAI's ``response_format: {"type": "json_object"}``).
         regex: the whole output matches this regular expression (Rust ``regex`` syntax).
         choice: the output is exactly one of these strings.
+        grammar: a context-free grammar the whole output follows: Lark (``start: ...``, llguidance's
+            dialect) or GBNF (``root ::= ...``, llama.cpp's), told apart by GBNF's ``::=``.
     """
 
     json: dict | str | None = None
     json_object: bool = False
     regex: str | None = None
     choice: list[str] | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
-        given = [name for name in ("json", "json_object", "regex", "choice") if getattr(self, name)]
+        given = [name for name in KINDS if getattr(self, name)]
         if len(given) != 1:
-            raise RequestError(f"guided_decoding takes exactly one of json, json_object, regex, choice; "
+            raise RequestError(f"structured output takes exactly one of json, json_object, regex, choice, grammar; "
                                f"got {given or 'none'}", param="guided_decoding")
-        _ = self.grammar  # compiled now, so a bad schema or regex is refused at construction
+        _ = self.compiled  # compiled now, so a bad schema, regex or grammar is refused at construction
 
     @property
     def kind(self) -> str:
-        return next(n for n in ("json", "json_object", "regex", "choice") if getattr(self, n))
+        return next(n for n in KINDS if getattr(self, n))
 
     @cached_property
-    def grammar(self) -> str:
+    def compiled(self) -> str:
         """The llguidance grammar (compiled once per request, shared by its sequences)."""
         return grammar_text(self)
+
+
+GuidedDecodingParams = StructuredOutputsParams  # vLLM's name before v0.12
 
 
 def grammar_text(spec: GuidedDecodingParams) -> str:
@@ -99,6 +112,8 @@ def grammar_text(spec: GuidedDecodingParams) -> str:
             raise RequestError(f"{param} must be a string, got {spec.regex!r}", param=param)
         _check_regex(spec.regex, param)
         grammar = llguidance.LLMatcher.grammar_from_regex(spec.regex)
+    elif spec.grammar is not None:
+        grammar = _lark(spec.grammar, param)
     else:
         if not isinstance(spec.choice, list) or not all(isinstance(c, str) and c for c in spec.choice):
             raise RequestError(f"{param} must be a non-empty list of non-empty strings, got {spec.choice!r:.200}",
@@ -117,15 +132,34 @@ def grammar_text(spec: GuidedDecodingParams) -> str:
     return grammar
 
 
+def _lark(text, param: str) -> str:
+    """A Lark or GBNF grammar (bounded like a regex: its counted repetitions expanded) as llguidance's."""
+    import llguidance
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    if not isinstance(text, str) or not text.strip():
+        raise RequestError(f"{param} must be a non-empty grammar text, got {text!r:.80}", param=param)
+    _check_size(text, param, MAX_GRAMMAR_CHARS, MAX_GRAMMAR_REPEAT)
+    try:
+        lark = gbnf_to_lark(text) if "::=" in text else text
+        return llguidance.LLMatcher.grammar_from_lark(lark)
+    except Exception as e:  # the converter's and the parser's own errors name the line
+        raise RequestError(f"{param} is not a valid grammar: {str(e).strip()[:300]}", param=param) from None
+
+
 def _check_regex(regex: str, param: str) -> None:
-    if len(regex) > MAX_REGEX_CHARS:
-        raise RequestError(f"{param} has {len(regex)} characters; at most {MAX_REGEX_CHARS} are allowed",
-                           param=param, bound=MAX_REGEX_CHARS)
-    weight = regex_repeat_weight(regex)
-    if weight > MAX_REGEX_REPEAT:
+    _check_size(regex, param, MAX_REGEX_CHARS, MAX_REGEX_REPEAT)
+
+
+def _check_size(text: str, param: str, max_chars: int, max_repeat: int) -> None:
+    """A regex's or a grammar's length, and its counted repetitions expanded (``regex_repeat_weight``)."""
+    if len(text) > max_chars:
+        raise RequestError(f"{param} has {len(text)} characters; at most {max_chars} are allowed",
+                           param=param, bound=max_chars)
+    weight = regex_repeat_weight(text)
+    if weight > max_repeat:
         raise RequestError(f"{param} expands to {weight} repeated atoms (its counted repetitions such as "
-                           f"a{{n}} multiplied out); at most {MAX_REGEX_REPEAT} are allowed",
-                           param=param, bound=MAX_REGEX_REPEAT)
+                           f"a{{n}} multiplied out); at most {max_repeat} are allowed", param=param, bound=max_repeat)
 
 
 def _schema_object(schema, param: str) -> dict:
@@ -216,7 +250,7 @@ class GrammarCompiler:
         import llguidance
 
         param = f"guided_decoding.{spec.kind}"
-        m = llguidance.LLMatcher(self._tokenizer, spec.grammar, log_level=0,
+        m = llguidance.LLMatcher(self._tokenizer, spec.compiled, log_level=0,
                                  limits=llguidance.LLParserLimits(verbose_errors=False))
         matcher = GrammarMatcher(m, self.vocab_size, param)
         if not m.is_error():

@@ -76,6 +76,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self.stopping: str | None = None  # set by stop_admission: why ``add`` refuses from then on
         self.idle_observers: list = []  # fn(engine), on the engine thread when it runs out of work
+        self.step_started = time.monotonic()  # when the current (or last) step() began: an iteration's start
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -172,6 +173,7 @@ class AsyncEngine:
                 break
             if engine.has_unfinished():
                 try:
+                    self.step_started = time.monotonic()
                     outputs = [snapshot(o) for o in engine.step()]
                 except BaseException as err:  # a broken engine must not hang every client
                     logger.exception("engine step failed; the server stops accepting requests")

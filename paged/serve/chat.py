@@ -1,11 +1,15 @@
 """``POST /v1/chat/completions``: messages -> one prompt (the model's chat template) -> one engine request.
 
 The path of a request, in order: the body is parsed (``body.py``) into a
-``ChatCompletionRequest`` (``protocol.py``); the model name is checked
-(``models.py``); the messages are rendered with the checkpoint's chat template
-and tokenized (``chat_template.py``); the template's end-of-turn token joins
-the stop tokens, so a reply ends where the template's turn would; then
-``generation.py`` checks the context, submits, and streams or collects.
+``ChatCompletionRequest`` (``chat_protocol.py``); the model name is checked
+(``models.py``); the tool choice is read (``tools.py``: a forced call becomes a
+JSON schema on the output); the messages and tools are rendered with the
+checkpoint's chat template and tokenized (``chat_template.py``); the template's
+end-of-turn token joins the stop tokens, so a reply ends where the template's
+turn would; then ``generation.py`` checks the context, submits, and streams or
+collects, each reply split by a ``ChatParser`` (``chat_output.py``) into
+reasoning, content and tool calls when the server has a reasoning parser or
+the request has tools to call.
 
 Chat spells some fields its own way, and errors name the field the client
 sent: ``messages`` (the engine's ``prompt``), ``top_logprobs`` (``logprobs``),
@@ -15,15 +19,15 @@ sent: ``messages`` (the engine's ``prompt``), ``top_logprobs`` (``logprobs``),
 from __future__ import annotations
 
 from fastapi import Request
-from fastapi.responses import Response
 
 from paged.serve.body import parse_body
+from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.errors import APIError
 from paged.serve.generation import Generator
 from paged.serve.models import ServedModel
 from paged.serve.openapi import generation_route
-from paged.serve.protocol import ChatCompletionRequest
 from paged.serve.schemas import ChatCompletionChunk, ChatCompletionResponse
+from paged.serve.tools import plan_tools
 
 
 def install(app, served: ServedModel, generator: Generator) -> None:
@@ -43,15 +47,21 @@ def template_variables(req: ChatCompletionRequest) -> dict:
     return variables
 
 
-async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, generator: Generator) -> Response:
-    """Answer one parsed chat request (the stream, or the whole response)."""
+async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, generator: Generator,
+                 start_only: bool = False):
+    """Answer one parsed chat request (the stream, or the whole response); ``start_only``: submit it and
+    return the ``generation.Run`` (the Responses API answers it its own way)."""
     served.check(req.model)
     if served.chat is None:
         raise APIError(f"{served.no_chat}; use /v1/completions instead", param="messages",
                        code="chat_template_missing")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    plan, functions = plan_tools(req, served.options.auto_parser)
+    schema = plan.schema(functions)
+    if schema is not None:
+        req.force_json("tool_choice", schema)
+    messages = req.template_messages()
     text, ids = await served.render_chat(messages, req.add_generation_prompt, req.continue_final_message,
-                                         req.add_special_tokens, template_variables(req))
+                                         req.add_special_tokens, template_variables(req), plan.tools)
     if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
         text, ids = None, ids[-req.truncate_prompt_tokens:]
     # vLLM's chat echo: a reply that continues the last message (same role) starts with that message
@@ -62,5 +72,9 @@ async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, 
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     rename = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": name,  # engine field -> chat's
               **req.guided_rename()}
-    return await generator.run(req, raw, "chat", [ids], [text], max_tokens, req.num_logprobs, rename, echo=echo,
-                               stop_token_ids=served.chat.end_of_turn_ids)
+    parse = served.options.chat_parser(plan, req.include_reasoning, req.wants_grammar)
+    args = (req, "chat", [ids], [text], max_tokens, req.num_logprobs, rename)
+    keywords = dict(echo=echo, stop_token_ids=served.chat.end_of_turn_ids, parse=parse)
+    if start_only:
+        return await generator.start(*args, **keywords)
+    return await generator.run(req, raw, *args[1:], **keywords)

@@ -3,9 +3,11 @@
 A user switching from vLLM points the same clients at this server, and those
 clients send vLLM's extra fields (guidellm always sends
 ``stream_options.continuous_usage_stats``; lm-eval and others send
-``add_special_tokens``, ``include_stop_str_in_output``...). vLLM accepts every
-field it knows and ignores unknown ones with a logged warning. Here each of
-vLLM's fields gets one of three answers, decided per field:
+``add_special_tokens``, ``include_stop_str_in_output``...), and the official
+SDKs send OpenAI's newer fields (``metadata``, ``store``, ``service_tier``,
+``prompt_cache_key``...). vLLM accepts every field it knows and ignores unknown
+ones with a logged warning. Here each of vLLM's fields gets one of three
+answers, decided per field:
 
 * **honoured** — declared on the mixins below and acted on by the server
   (``completions.py``, ``chat.py``, ``generation.py``, ``formatter.py``);
@@ -15,9 +17,12 @@ vLLM's fields gets one of three answers, decided per field:
 * **refused** (``REFUSED``) — a 400 that says why, because the field asks for
   an output this engine cannot give, and quietly giving another would be worse.
 
-Fields that neither vLLM nor OpenAI define stay a 400 (``extra="forbid"``),
-so a misspelt field is still caught. ``docs/serving.md`` holds the same
-decisions as a table; ``tests/serve/test_extensions.py`` checks the two agree.
+A field this server does not know at all — OpenAI's newer ones, another
+server's, a misspelt one — is accepted and ignored, as vLLM does, and named in
+the log the first time it is seen (``OpenAIModel``: ``extra="allow"``, then
+``note_unknown_fields``). A field the server knows is still checked strictly:
+a wrong type or value is a 400 naming it. ``docs/serving.md`` holds the same
+decisions as a table; ``tests/serve/test_vllm_fields.py`` checks each one.
 """
 
 from __future__ import annotations
@@ -39,6 +44,50 @@ from paged.serve.errors import APIError
 
 logger = logging.getLogger("paged.serve")
 
+MAX_NOTED = 1024  # distinct ignored field names logged; a client choosing names cannot grow the set further
+_noted: set[str] = set()
+
+
+def note_ignored(field: str, why: str) -> None:
+    """Log, once per server process, that ``field`` was accepted and ignored, and why."""
+    field = field[:80]
+    if field in _noted or len(_noted) >= MAX_NOTED:
+        return
+    _noted.add(field)
+    logger.warning("request field ignored by this server: %s (%s)", field, why)
+
+
+def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """The dotted names of every field ``model`` and the models inside it accepted without knowing them
+    (a model whose class sets ``note_extras = False`` is dropped whole, so its fields are not named)."""
+    if not getattr(type(model), "note_extras", True):
+        return []
+    found = [prefix + str(k) for k in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name, None)
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            if isinstance(item, BaseModel):
+                where = f"{prefix}{name}.{i}." if isinstance(value, list) else f"{prefix}{name}."
+                found += unknown_fields(item, where)
+    return found
+
+
+class OpenAIModel(BaseModel):
+    """A request object of the API: unknown fields accepted (and logged by the request), known ones strict."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class RequestModel(OpenAIModel):
+    """A whole request body: after validation, each field it did not know is logged once."""
+
+    @model_validator(mode="after")
+    def _note_unknown(self):
+        for field in unknown_fields(self):
+            note_ignored(field, "unknown to this server")
+        return self
+
 
 def _bounds(**keywords) -> dict:
     """JSON-schema bounds for the document (enforced in the validators below)."""
@@ -50,17 +99,22 @@ IGNORED = {
     "guided_decoding_backend": "there is one structured-output backend (paged's own automaton)",
     "vllm_xargs": "no custom extensions read request arguments here",
     "mm_processor_kwargs": "the supported models take text only",
-    "parallel_tool_calls": "tools are not supported (and `tools` itself is refused)",
-    "reasoning_effort": "no reasoning parser: the reply is plain content",
-    "include_reasoning": "no reasoning parser: the reply is plain content",
+    "reasoning_effort": "the model decides how long it thinks; the template may read chat_template_kwargs",
+    "metadata": "kept by nobody: the server stores no request",
+    "service_tier": "one tier: every request is served the same way",
+    "prompt_cache_key": "the prefix cache finds shared prompt blocks by their content, without a key",
+    "safety_identifier": "the server keeps no per-user records",
+    "store": "chat completions are not stored (the Responses API keeps its responses: previous_response_id)",
+    "modalities": "text only",
+    "verbosity": "the model decides how much it writes",
+    "user": "the server keeps no per-user records",
 }
 
 # refused with a 400: each asks for an output this engine cannot give
 REFUSED = {
     "prompt_logprobs": "the prompt's logprobs come with echo: true and logprobs on /v1/completions",
     "allowed_token_ids": "restricting the vocabulary is not implemented; logit_bias or guided_choice may do",
-    "guided_grammar": "structured output takes a JSON schema, a JSON object, a regex or a choice, not a grammar",
-    "structural_tag": "structured output takes a JSON schema, a JSON object, a regex or a choice",
+    "structural_tag": "structured output takes a JSON schema, a JSON object, a regex, a choice or a grammar",
     "guided_whitespace_pattern": "the JSON automaton's whitespace is fixed",
     "logits_processors": "a request cannot load code into the server",
     "cache_salt": "the prefix cache is not salted, so a salt would promise an isolation it does not give",
@@ -75,10 +129,8 @@ REFUSED_VALUES = {  # accepted at the default, refused otherwise
 }
 
 
-class _Extensions(BaseModel):
+class _Extensions(RequestModel):
     """vLLM's fields that both endpoints take; those in ``IGNORED`` / ``REFUSED`` are declared untyped."""
-
-    model_config = ConfigDict(extra="forbid")
 
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
@@ -91,9 +143,15 @@ class _Extensions(BaseModel):
     guided_decoding_backend: Any = None
     vllm_xargs: Any = None
     mm_processor_kwargs: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+    store: Any = None
+    modalities: Any = None
+    verbosity: Any = None
     prompt_logprobs: Any = None
     allowed_token_ids: Any = None
-    guided_grammar: Any = None
     structural_tag: Any = None
     guided_whitespace_pattern: Any = None
     logits_processors: Any = None
@@ -118,10 +176,8 @@ class _Extensions(BaseModel):
         if self.request_id is not None and not 1 <= len(self.request_id) <= 128:
             raise APIError(f"request_id must have 1 to 128 characters, got {len(self.request_id)}",
                            param="request_id", code="invalid_value")
-        ignored = sorted(f for f in IGNORED if f in given and getattr(self, f, None) is not None)
-        if ignored:
-            logger.warning("request fields ignored by this server: %s",
-                           "; ".join(f"{f} ({IGNORED[f]})" for f in ignored))
+        for field in sorted(f for f in IGNORED if f in given and getattr(self, f, None) is not None):
+            note_ignored(field, IGNORED[field])
         return self
 
 
@@ -142,9 +198,7 @@ class ChatExtensions(_Extensions):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
     chat_template: Any = None
-    parallel_tool_calls: Any = None
     reasoning_effort: Any = None
-    include_reasoning: Any = None
 
     @model_validator(mode="after")
     def _chat_extension_rules(self):

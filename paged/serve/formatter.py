@@ -12,8 +12,9 @@ import time
 
 from paged.serve.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                  ChatCompletionResponse, ChatLogprobs, CompletionChoice, CompletionChunk,
-                                 CompletionChunkChoice, CompletionLogprobs, CompletionResponse, Delta, OpeningDelta,
-                                 TokenLogprob, TopLogprob, Usage)
+                                 CompletionChunkChoice, CompletionLogprobs, CompletionResponse, Delta,
+                                 FunctionCallDelta, FunctionCallOut, OpeningDelta, PromptTokensDetails, TokenLogprob,
+                                 ToolCallDelta, ToolCallOut, TopLogprob, Usage)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -50,9 +51,22 @@ def _ranked(entry: dict[int, float], chosen: int, k: int) -> list[tuple[int, flo
     return top
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
+    """A request's counts; ``cached_tokens`` (prompt tokens the prefix cache held) when known."""
+    details = PromptTokensDetails(cached_tokens=cached_tokens) if cached_tokens is not None else None
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
+                 total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
+
+
+def delta_of(text: str | None, parsed=None) -> Delta:
+    """A chat chunk's delta: the text as content, or a ``chat_output.DeltaMessage``'s reasoning, content and
+    tool-call pieces."""
+    if parsed is None:
+        return Delta(content=text)
+    calls = [ToolCallDelta(index=c.index, id=c.id, type="function" if c.id else None,
+                           function=FunctionCallDelta(name=c.name, arguments=c.arguments)) for c in parsed.tool_calls]
+    content = parsed.content if parsed.content or not (parsed.reasoning or calls) else None
+    return Delta(content=content, reasoning_content=parsed.reasoning or None, tool_calls=calls or None)
 
 
 class Formatter:
@@ -125,38 +139,49 @@ class Formatter:
         return TopLogprob(token=text, logprob=logprob, bytes=token_bytes(self.tokenizer, token_id, text))
 
     # -- whole responses -------------------------------------------------------------
-    def choice(self, index: int, text: str, completion, echoed=None) -> CompletionChoice | ChatChoice:
+    def choice(self, index: int, text: str, completion, echoed=None, message=None,
+               finish_reason: str | None = None) -> CompletionChoice | ChatChoice:
         """One finished choice of a non-streamed response; ``echoed``: ``(prompt token ids, prompt
-        logprobs)`` whose logprobs come first (``echo`` with ``logprobs``)."""
+        logprobs)`` whose logprobs come first (``echo`` with ``logprobs``); ``message``: the reply parsed
+        into reasoning, content and tool calls (``chat_output.Message``), else ``text`` is the content;
+        ``finish_reason``: the parser's (``tool_calls``), else the engine's."""
         if echoed is not None and completion.logprobs is not None:
             lp = self.logprobs(echoed[0] + completion.token_ids, echoed[1] + completion.logprobs)
         else:
             lp = self.logprobs(completion.token_ids, completion.logprobs)
         if self.kind == "chat":
-            return ChatChoice(index=index, message=AssistantMessage(content=text), logprobs=lp,
-                              finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+            reply = AssistantMessage(content=text) if message is None else AssistantMessage(
+                content=message.content, reasoning_content=message.reasoning,
+                tool_calls=[ToolCallOut(id=i, function=FunctionCallOut(name=n, arguments=a))
+                            for i, n, a in message.tool_calls] or None)
+            return ChatChoice(index=index, message=reply, logprobs=lp,
+                              finish_reason=finish_reason or completion.finish_reason,
+                              stop_reason=completion.stop_reason)
         return CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=completion.finish_reason,
                                 stop_reason=completion.stop_reason)
 
-    def response(self, choices: list, prompt_tokens: int,
-                 completion_tokens: int) -> CompletionResponse | ChatCompletionResponse:
+    def response(self, choices: list, prompt_tokens: int, completion_tokens: int,
+                 cached_tokens: int | None = None) -> CompletionResponse | ChatCompletionResponse:
         model = ChatCompletionResponse if self.kind == "chat" else CompletionResponse
-        return model(**self._head(), choices=choices, usage=usage(prompt_tokens, completion_tokens))
+        return model(**self._head(), choices=choices, usage=usage(prompt_tokens, completion_tokens, cached_tokens))
 
     # -- stream chunks ------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, logprobs=None, finish_reason: str | None = None,
-              role: bool = False, counts: tuple[int, int] | None = None) -> CompletionChunk | ChatCompletionChunk:
+              role: bool = False, counts: tuple[int, int] | None = None,
+              parsed=None) -> CompletionChunk | ChatCompletionChunk:
         """One stream chunk for choice ``index`` (``role``: the chat stream's opening chunk; ``counts``:
-        ``(prompt, completion)`` tokens so far, sent as ``usage`` for vLLM's ``continuous_usage_stats``)."""
+        ``(prompt, completion)`` tokens so far, sent as ``usage`` for vLLM's ``continuous_usage_stats``;
+        ``parsed``: the text split by a ``ChatParser``, sent instead of ``text``)."""
         counts = usage(*counts) if counts is not None else None
         if self.kind == "chat":
-            delta = OpeningDelta(content="") if role else Delta(content=text)
+            delta = OpeningDelta(content="") if role else delta_of(text, parsed)
             choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
             return ChatCompletionChunk(**self._head(), choices=[choice], usage=counts)
         choice = CompletionChunkChoice(index=index, text=text or "", logprobs=logprobs, finish_reason=finish_reason)
         return CompletionChunk(**self._head(), choices=[choice], usage=counts)
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> CompletionChunk | ChatCompletionChunk:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
+                    cached_tokens: int | None = None) -> CompletionChunk | ChatCompletionChunk:
         """The stream's last chunk when ``include_usage`` was asked for: no choices, the request's counts."""
         model = ChatCompletionChunk if self.kind == "chat" else CompletionChunk
-        return model(**self._head(), choices=[], usage=usage(prompt_tokens, completion_tokens))
+        return model(**self._head(), choices=[], usage=usage(prompt_tokens, completion_tokens, cached_tokens))

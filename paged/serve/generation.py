@@ -35,7 +35,6 @@ chose must not reach them. The response's ``id`` still carries the client's.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -47,6 +46,7 @@ from paged.serve import streaming
 from paged.serve.async_engine import EngineDeadError, StoppingError
 from paged.serve.errors import APIError, engine_failure, from_request_error, request_failure, stopping_error
 from paged.serve.formatter import Formatter
+from paged.serve.metrics import RequestTimer
 from paged.serve.offload import INLINE_MAX
 
 # Token entries one request's answer may hold: each returned token is one, and with logprobs each of
@@ -55,32 +55,18 @@ from paged.serve.offload import INLINE_MAX
 MAX_RESPONSE_ENTRIES = 2**18
 
 
+def params_max_logprobs() -> int:
+    """The engine's own bound on logprobs (past it, ``SamplingParams`` refuses with its message)."""
+    from paged import SamplingParams
+
+    return SamplingParams.MAX_LOGPROBS
+
+
 def response_entries(prompt_lengths: list[int], n: int, max_tokens: int, logprobs: int | None, echo: bool) -> int:
     """The most token entries an answer can hold: per prompt, ``n`` choices of ``max_tokens`` tokens (plus the
     prompt's own when it is echoed), each token one entry and, with ``logprobs``, ``logprobs + 1`` more."""
     per_token = 1 + (logprobs + 1 if logprobs is not None else 0)
     return sum(n * (max_tokens + (length if echo else 0)) * per_token for length in prompt_lengths)
-
-
-class Timing:
-    """Per-request latency observations for /metrics."""
-
-    def __init__(self, metrics) -> None:
-        self.metrics, self.t0 = metrics, time.monotonic()
-        self.last: dict[str, float] = {}
-        self.tokens: dict[str, int] = {}
-
-    def observe(self, out) -> None:
-        rid, now = out.request_id, time.monotonic()
-        n = sum(len(c.token_ids) for c in out.outputs)
-        if n > self.tokens.get(rid, 0):
-            hist = self.metrics.tpot if rid in self.last else self.metrics.ttft
-            hist.observe(now - self.last.get(rid, self.t0))
-            self.last[rid], self.tokens[rid] = now, n
-        if out.finished:
-            self.metrics.e2e.observe(now - self.t0)
-            for c in out.outputs:
-                self.metrics.finished.labels(c.finish_reason or "unknown").inc()
 
 
 @dataclass
@@ -101,12 +87,13 @@ class Run:
     rename: dict[str, str]
     echo: list[str] | None
     outputs: asyncio.Queue
-    timing: Timing
+    timing: RequestTimer
     tokenizer: object
     engine: object
     metrics: object
     work: object  # the ``Offload`` pool, for building large chunks
     entries: int  # the most token entries the answer can hold (``response_entries``)
+    parse: object = None  # a factory of per-choice ``chat_output.ChatParser`` s, or None: text is content
 
     def final_text(self, completion) -> str:
         """The engine's text (cut before the stop string), with the stop string that ended it when asked
@@ -120,7 +107,7 @@ class Run:
         gone = [r for r in self.rids if r not in finals]
         if gone:
             self.engine.abort(gone)
-            self.metrics.finished.labels("abort").inc(len(gone))
+            self.metrics.finished("abort", len(gone))
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
@@ -178,8 +165,14 @@ class Generator:
 
     def params(self, req, ids, max_tokens, logprobs, rename, prompt_logprobs=None):
         """The request's ``SamplingParams``; ``rename`` maps engine field names to this endpoint's."""
+        most = self.served.options.max_logprobs
+        for asked, field in ((logprobs, "logprobs"), (prompt_logprobs, "logprobs")):
+            if asked is not None and most < asked <= params_max_logprobs():
+                name = rename.get(field, field)
+                raise APIError(f"{name} must be <= {most} on this server (--max-logprobs), got {asked}",
+                               param=name, code="invalid_value")
         try:
-            params = req.sampling_params(max_tokens, logprobs, prompt_logprobs)
+            params = req.sampling_params(max_tokens, logprobs, prompt_logprobs, self.served.options.sampling_defaults)
         except RequestError as e:
             raise from_request_error(e, rename) from None
         if req.stream and (params.use_beam_search or params.best_of > params.n):
@@ -189,7 +182,7 @@ class Generator:
 
     async def run(self, req, raw: Request, kind: str, ids: list[list[int]], prompts: list[str | None],
                   max_tokens: int | None, logprobs: int | None, rename: dict[str, str],
-                  prompt_logprobs: int | None = None, echo=None, stop_token_ids=()) -> Response:
+                  prompt_logprobs: int | None = None, echo=None, stop_token_ids=(), parse=None) -> Response:
         """Check, submit ``ids`` (one engine request each) and answer: the event stream, or the whole response.
 
         Args:
@@ -202,7 +195,23 @@ class Generator:
             echo: None, the prompts' texts, or an async callable giving them, called once the engine has
                 accepted the ids (an id outside the vocabulary is a 400 before anything is decoded).
             stop_token_ids: more tokens that end a reply (chat: the template's end of turn).
+            parse: chat: a factory of per-choice ``ChatParser`` s (reasoning, tool calls), or None.
         """
+        run = await self.start(req, kind, ids, prompts, max_tokens, logprobs, rename, prompt_logprobs, echo,
+                               stop_token_ids, parse)
+        if req.stream:
+            return streaming.response(streaming.sse(event) if not isinstance(event, str) else event
+                                      async for event in streaming.events(run))
+        finals = await self.collect(run, raw)
+        if finals is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        body = await self.work.run(run.entries, lambda: self.whole_response(run, finals).model_dump_json())
+        return Response(body, media_type="application/json")
+
+    async def start(self, req, kind: str, ids: list[list[int]], prompts: list[str | None], max_tokens: int | None,
+                    logprobs: int | None, rename: dict[str, str], prompt_logprobs: int | None = None, echo=None,
+                    stop_token_ids=(), parse=None) -> Run:
+        """Check and submit ``ids`` (as ``run``); the ``Run`` whose outputs then arrive."""
         self.check_context(ids, max_tokens, rename)
         entries = self.check_answer_size(req, ids, max_tokens, logprobs, rename, echo is not None)
         # a grammar is compiled while the params are built: off the loop
@@ -222,17 +231,10 @@ class Generator:
             raise APIError(str(e), 503) from None
         except StoppingError as e:
             raise stopping_error(str(e)) from None
-        run = Run(req, fmt, rids, ids, params, rename, await echo() if callable(echo) else echo, outputs,
-                  Timing(self.metrics), self.served.tokenizer, self.engine, self.metrics, self.work, entries)
-        if req.stream:
-            return streaming.response(streaming.events(run))
-        finals = await self._collect(run, raw)
-        if finals is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        body = await self.work.run(entries, lambda: self._whole_response(run, finals).model_dump_json())
-        return Response(body, media_type="application/json")
+        return Run(req, fmt, rids, ids, params, rename, await echo() if callable(echo) else echo, outputs,
+                   RequestTimer(self.metrics, params), self.served.tokenizer, self.engine, self.metrics, self.work, entries, parse)
 
-    async def _collect(self, run: Run, raw: Request) -> dict | None:
+    async def collect(self, run: Run, raw: Request) -> dict | None:
         """Wait for every request's final output; None if the client disconnected (requests aborted)."""
         finals: dict = {}
         watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
@@ -257,14 +259,25 @@ class Generator:
             run.abort_unfinished(finals)
 
     @staticmethod
-    def _whole_response(run: Run, finals: dict):
+    def whole_response(run: Run, finals: dict):
         """The response model of a non-streamed request: every choice of every prompt, and the usage."""
         choices, completion_tokens = [], 0
         for i, rid in enumerate(run.rids):
             prompt_lp = finals[rid].prompt_logprobs
             echoed = (run.ids[i], prompt_lp) if run.echo and prompt_lp is not None else None
             for c in finals[rid].outputs:
-                text = (run.echo[i] if run.echo else "") + run.final_text(c)
-                choices.append(run.fmt.choice(i * run.params.n + c.index, text, c, echoed))
+                echo, text = (run.echo[i] if run.echo else ""), run.final_text(c)
+                message = reason = None
+                if run.parse is not None:
+                    parser = run.parse()
+                    message, reason = parser.whole(text), parser.finish_reason(c.finish_reason)
+                    if echo:
+                        message.content = echo + (message.content or "")
+                choices.append(run.fmt.choice(i * run.params.n + c.index, echo + text, c, echoed, message, reason))
                 completion_tokens += len(c.token_ids)
-        return run.fmt.response(choices, sum(map(len, run.ids)), completion_tokens)
+        return run.fmt.response(choices, sum(map(len, run.ids)), completion_tokens, cached_tokens(finals))
+
+
+def cached_tokens(finals: dict) -> int:
+    """Prompt tokens the prefix cache held, over a request's prompts (each prompt counted once, not per choice)."""
+    return sum(out.num_cached_tokens for out in finals.values())

@@ -21,10 +21,14 @@ that thread, between iterations, and handed over whole:
 
 What watching costs is kept small on three sides:
 
-* **Snapshots on demand.** A snapshot is taken only after a read asked for
-  one, so there are never more snapshots than reads, and none while idle. It
-  is taken shortly (``READ_LEAD_S``) before the reader is due back, so the
-  picture it gets then is fresh, not one poll interval old.
+* **Snapshots on demand, one producer for every reader.** A snapshot is
+  taken only after a read asked for one, so there are never more snapshots
+  than reads, and none while idle. It is taken shortly (``READ_LEAD_S``)
+  before the reader is due back, so the picture it gets then is fresh, not
+  one poll interval old. The first read after a snapshot sets when the next
+  is due; the reads that follow before it is taken share that one: a second
+  page, or a reader that polls faster than it is told, can neither delay the
+  next snapshot nor ask for more of them.
 * **A CPU budget on the engine thread.** Each snapshot (reading the engine and
   encoding the JSON) is timed in the engine thread's CPU time; the next is not
   taken before ``cost / COST_BUDGET`` seconds have passed, so snapshots use at
@@ -178,7 +182,8 @@ class KVView:
         self._last_read = now = self.clock()
         busy = self.busy
         poll_s = BUSY_POLL_S if busy else IDLE_POLL_S
-        self._wanted_at, self._wanted = now + poll_s - READ_LEAD_S, True
+        if not self._wanted:  # the first read since the latest snapshot sets when the next one is due;
+            self._wanted_at, self._wanted = now + poll_s - READ_LEAD_S, True  # later reads share it
         number, latest = self._published  # one pair, whatever the engine thread does meanwhile
         with self._lock:
             events, last = [e for e in self._events if e["n"] > since], self.num_events

@@ -62,6 +62,18 @@ EXAMPLES = {
         "stream_logprobs": {"messages": [{"role": "system", "content": "Be brief."},
                                          {"role": "user", "content": "Hello"}],
                             "max_completion_tokens": 6, "stream": True, "logprobs": True, "top_logprobs": 2},
+        "forced_tool_call": {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 10,
+                             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                                 "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                                 "required": ["city"]}}}], "tool_choice": "required"},
+    },
+    "ResponsesRequest": {
+        "text": {"input": "def fib(n):", "instructions": "Write Python.", "max_output_tokens": 8},
+        "stream": {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hello"}]}],
+                   "max_output_tokens": 8, "stream": True},
+        "json_schema": {"input": "A city.", "max_output_tokens": 12, "text": {"format": {
+            "type": "json_schema", "name": "city", "schema": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}},
     },
 }
 

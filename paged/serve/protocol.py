@@ -1,13 +1,15 @@
 """The request bodies the server accepts, as pydantic models (OpenAI's fields, plus vLLM's extras).
 
-Types are strict (``"5"`` is not an integer, ``true`` is not a number) and
-unknown fields are refused, so a misspelt ``max_token`` is an error, not a
-silently ignored wish. Bounds on sampling fields are checked once, by
+Types are strict (``"5"`` is not an integer, ``true`` is not a number); a
+field the server does not know is accepted, ignored and logged once, as vLLM
+does (``extensions.OpenAIModel``). Bounds on sampling fields are checked once, by
 ``SamplingParams`` (its messages name the field and the bound); what only the
 server knows — the context left for ``max_tokens``, streaming with ranked
-outputs — is checked in ``generation.py``. Structured output has four
-spellings (OpenAI's ``response_format``, vLLM's ``guided_json``,
-``guided_regex``, ``guided_choice``); a request may use one of them.
+outputs — is checked in ``generation.py``. Structured output has three
+spellings: OpenAI's ``response_format``, vLLM's ``structured_outputs``
+(``{json | regex | choice | grammar | json_object}``) and its older
+``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``; a
+request may use one of them. The chat request lives in ``chat_protocol.py``.
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 from paged import SamplingParams
 from paged.serve.errors import APIError
-from paged.serve.extensions import ChatExtensions, CompletionExtensions
+from paged.serve.extensions import CompletionExtensions, OpenAIModel
 from paged.step04_sharing.engine import MAX_BEST_OF
 from paged.errors import RequestError
-from paged.sampling.structured import (MAX_CHOICE_CHARS, MAX_CHOICES, MAX_REGEX_CHARS, MAX_REGEX_REPEAT,
-                                               MAX_SCHEMA_BYTES, GuidedDecodingParams)
+from paged.sampling.structured import (MAX_CHOICE_CHARS, MAX_CHOICES, MAX_GRAMMAR_CHARS, MAX_REGEX_CHARS,
+                                       MAX_REGEX_REPEAT, MAX_SCHEMA_BYTES, StructuredOutputsParams)
 
 Number = StrictFloat  # accepts 1 and 1.5, refuses "1" and true
 MAX_LOGPROBS = SamplingParams.MAX_LOGPROBS
@@ -46,6 +48,7 @@ EXPECTED = {
     "prompt": "a string, a list of strings, a list of token ids, or a list of token-id lists",
     "stop": "a string or a list of strings",
     "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
+    "tool_choice": "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
 }
 
 
@@ -72,34 +75,59 @@ StopString = Annotated[StrictStr, Field(**bounds(min_length=1, max_length=SP.MAX
 BadWord = Annotated[StrictStr, Field(**bounds(min_length=1, max_length=SP.MAX_BAD_WORD_CHARS))]
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StreamOptions(OpenAIModel):
     include_usage: StrictBool | None = None  # None: False, but continuous_usage_stats still sends usage (vLLM)
     continuous_usage_stats: StrictBool = False  # vLLM's: usage in every chunk, not only after the last
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(OpenAIModel):
     """``response_format.json_schema``: OpenAI's named schema (``strict`` is always honoured)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = {"populate_by_name": True}
     name: StrictStr
     description: StrictStr | None = None
     json_schema: dict = Field(alias="schema")
     strict: StrictBool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(OpenAIModel):
     """``response_format``: plain text, any JSON object, or JSON valid against a schema."""
 
-    model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class _Sampling(BaseModel):
-    """Fields both endpoints share."""
+GUIDED_GRAMMAR_DOC = f"a Lark or GBNF grammar of at most {MAX_GRAMMAR_CHARS} characters"
 
-    model_config = ConfigDict(extra="forbid")
+
+class StructuredOutputs(OpenAIModel):
+    """vLLM's ``structured_outputs``: exactly one of its shapes."""
+
+    json_schema: dict | StrictStr | None = Field(None, alias="json", description=f"a JSON schema of at most "
+                                                 f"{MAX_SCHEMA_BYTES} bytes as compact JSON")
+    regex: StrictStr | None = Field(None, **bounds(max_length=MAX_REGEX_CHARS))
+    choice: list[StrictStr] | None = Field(None, **bounds(max_items=MAX_CHOICES))
+    grammar: StrictStr | None = Field(None, description=GUIDED_GRAMMAR_DOC, **bounds(max_length=MAX_GRAMMAR_CHARS))
+    json_object: StrictBool | None = None
+
+    model_config = {"populate_by_name": True}
+
+    def spec(self) -> dict:
+        """The one shape given, as ``StructuredOutputsParams`` keywords (empty when none is)."""
+        given = {k: v for k, v in (("json", self.json_schema), ("regex", self.regex), ("choice", self.choice),
+                                   ("grammar", self.grammar), ("json_object", self.json_object)) if v}
+        if len(given) != 1:
+            raise APIError(f"structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                           f"got {sorted(given) or 'none'}", param="structured_outputs", code="invalid_value")
+        return given
+
+
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar")
+
+
+class _Sampling(OpenAIModel):
+    """Fields both endpoints share."""
 
     model: StrictStr | None = None
     temperature: Number | None = Field(None, **bounds(minimum=0, maximum=100))  # None: 1.0, or 0 for beam search
@@ -134,6 +162,22 @@ class _Sampling(BaseModel):
     guided_choice: list[StrictStr] | None = Field(None, description=f"at most {MAX_CHOICES} strings of at most "
                                                   f"{MAX_CHOICE_CHARS} characters in all",
                                                   **bounds(max_items=MAX_CHOICES))
+    guided_grammar: StrictStr | None = Field(None, description=GUIDED_GRAMMAR_DOC,
+                                             **bounds(max_length=MAX_GRAMMAR_CHARS))
+    structured_outputs: StructuredOutputs | None = None
+    _forced: tuple[str, dict] | None = PrivateAttr(None)  # (field, JSON schema): a tool choice's constraint
+
+    def force_json(self, field: str, schema: dict) -> None:
+        """Constrain the output to ``schema`` for ``field`` (a tool choice), refusing another constraint."""
+        given = [f for f in STRUCTURED_FIELDS if self._given(f)]
+        if given:
+            raise APIError(f"{field} forces the output to the tool's arguments; it cannot be combined with "
+                           f"{given[0]}", param=given[0], code="invalid_value")
+        self._forced = (field, schema)
+
+    def _given(self, field: str) -> bool:
+        value = getattr(self, field)
+        return value is not None and not (field == "response_format" and value.type == "text")
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
@@ -141,19 +185,27 @@ class _Sampling(BaseModel):
             raise APIError("stream_options is only allowed with stream: true", param="stream_options")
         return self
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
-                        ) -> SamplingParams:
-        """The engine's ``SamplingParams``; raises ``RequestError`` naming a field and its bound."""
-        temperature = self.temperature if self.temperature is not None else (0.0 if self.use_beam_search else 1.0)
+    def sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
+                        defaults: dict | None = None) -> SamplingParams:
+        """The engine's ``SamplingParams``; raises ``RequestError`` naming a field and its bound.
+
+        ``defaults``: values for the sampling fields this request did not set (the model's generation
+        config, ``--generation-config``).
+        """
+        own = {k: v for k, v in (defaults or {}).items() if k not in self.model_fields_set}
+        temperature = self.temperature if self.temperature is not None else own.get(
+            "temperature", 0.0 if self.use_beam_search else 1.0)
         return SamplingParams(
-            n=self.n, best_of=self.best_of, temperature=temperature, top_p=self.top_p, top_k=self.top_k,
+            n=self.n, best_of=self.best_of, temperature=temperature, top_p=own.get("top_p", self.top_p),
+            top_k=own.get("top_k", self.top_k), min_p=own.get("min_p", self.min_p),
+            repetition_penalty=own.get("repetition_penalty", self.repetition_penalty),
             max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
             stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos, seed=self.seed,
             logprobs=logprobs, use_beam_search=self.use_beam_search, length_penalty=self.length_penalty,
             prompt_logprobs=prompt_logprobs, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-            logit_bias=self._token_biases(), min_p=self.min_p, bad_words=self.bad_words,
-            guided_decoding=self._guided_decoding(),
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self._token_biases(), bad_words=self.bad_words,
+            structured_outputs=self._structured_outputs(),
         )
 
     def _token_biases(self) -> dict[int, float] | None:
@@ -166,45 +218,50 @@ class _Sampling(BaseModel):
                            f"got {[k[:24] for k in keys[:5]]}", param="logit_bias", code="invalid_value")
         return {int(k): bias for k, bias in self.logit_bias.items()}
 
-    def _guided_decoding(self) -> GuidedDecodingParams | None:
-        """The one structured-output field given, as the engine's ``GuidedDecodingParams``."""
-        given = [f for f in ("response_format", "guided_json", "guided_regex", "guided_choice")
-                 if getattr(self, f) is not None and not (f == "response_format" and self.response_format.type == "text")]
-        if len(given) > 1:
-            raise APIError(f"give at most one of response_format, guided_json, guided_regex, guided_choice; "
-                           f"got {given}", param=given[1], code="invalid_value")
-        if not given:
-            return None
-        field = given[0]
+    def _structured_outputs(self) -> StructuredOutputsParams | None:
+        """The one structured-output field given (or a tool choice's), as the engine's params."""
+        if self._forced is not None:
+            field, schema = self._forced
+            spec = {"json": schema}
+        else:
+            given = [f for f in STRUCTURED_FIELDS if self._given(f)]
+            if len(given) > 1:
+                raise APIError(f"give at most one of {', '.join(STRUCTURED_FIELDS)}; got {given}", param=given[1],
+                               code="invalid_value")
+            if not given:
+                return None
+            field = given[0]
+            spec = self._spec(field)
+        try:
+            return StructuredOutputsParams(**spec)
+        except RequestError as e:
+            raise APIError(f"{field}: {e}", param=field, code="invalid_value") from None
+
+    def _spec(self, field: str) -> dict:
+        """``StructuredOutputsParams`` keywords of one structured-output field."""
         if field == "response_format":
             fmt = self.response_format
             if fmt.type == "json_object":
-                spec = dict(json_object=True)
-            elif fmt.json_schema is None:
+                return dict(json_object=True)
+            if fmt.json_schema is None:
                 raise APIError("response_format of type json_schema needs json_schema: {name, schema}",
                                param="response_format", code="invalid_value")
-            else:
-                spec = dict(json=fmt.json_schema.json_schema)
-        else:
-            spec = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice"}[field]
-            spec = {spec: getattr(self, field)}
-        try:
-            return GuidedDecodingParams(**spec)
-        except RequestError as e:
-            raise APIError(f"{field}: {e}", param=field, code="invalid_value") from None
+            return dict(json=fmt.json_schema.json_schema)
+        if field == "structured_outputs":
+            return self.structured_outputs.spec()
+        return {field.removeprefix("guided_"): getattr(self, field)}
 
     @property
     def wants_grammar(self) -> bool:
         """Structured output is asked for (a grammar will be compiled for it)."""
-        return any(getattr(self, f) is not None for f in ("guided_json", "guided_regex", "guided_choice")) or \
-            (self.response_format is not None and self.response_format.type != "text")
+        return self._forced is not None or any(self._given(f) for f in STRUCTURED_FIELDS)
 
     def guided_rename(self) -> dict[str, str]:
         """Engine field names of structured output -> the field this request used (``guided_regex``)."""
-        field = next((f for f in ("guided_json", "guided_regex", "guided_choice") if getattr(self, f) is not None),
-                     "response_format")
-        return {name: field for name in ("guided_decoding", "guided_decoding.json", "guided_decoding.json_object",
-                                         "guided_decoding.regex", "guided_decoding.choice")}
+        field = self._forced[0] if self._forced else next((f for f in STRUCTURED_FIELDS if self._given(f)),
+                                                          "response_format")
+        return {name: field for name in ("guided_decoding", *(f"guided_decoding.{k}" for k in
+                                                             ("json", "json_object", "regex", "choice", "grammar")))}
 
     @property
     def include_usage(self) -> bool:
@@ -244,52 +301,3 @@ class CompletionRequest(_Sampling, CompletionExtensions):
             if isinstance(one, list) and not one:
                 raise APIError(f"prompt[{i}] is an empty token list", param="prompt", code="invalid_value")
         return list(p)
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: StrictStr
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart]
-    name: StrictStr | None = None
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class ChatCompletionRequest(_Sampling, ChatExtensions):
-    """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat_template.py``)."""
-
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
-    max_completion_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
-    logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))
-    tools: list | None = None
-    tool_choice: StrictStr | dict | None = None
-
-    @model_validator(mode="after")
-    def _chat_rules(self):
-        if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise APIError("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
-        if self.top_logprobs and not self.logprobs:  # top_logprobs: 0 alone is harmless (vLLM's rule)
-            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-        if self.tools:
-            raise APIError("tools are not supported by this engine", param="tools", code="unsupported_parameter")
-        if self.tool_choice not in (None, "none"):
-            raise APIError(f"tool_choice must be \"none\" or left out: this engine calls no tools, got "
-                           f"{self.tool_choice!r:.80}", param="tool_choice", code="unsupported_parameter")
-        return self
-
-    @property
-    def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    @property
-    def num_logprobs(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None

@@ -12,17 +12,28 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-# "kv_cache_exhausted": step03's engine, which cannot preempt, ends a request that finds no free block
-FinishReason = Literal["stop", "length", "kv_cache_exhausted"]
+# "kv_cache_exhausted": step03's engine, which cannot preempt, ends a request that finds no free block;
+# "tool_calls": a chat reply that ended after calling tools
+FinishReason = Literal["stop", "length", "tool_calls", "kv_cache_exhausted"]
+
+
+def omitted_when_none(**kwargs):
+    """A field left out of the JSON when None (a vLLM or optional OpenAI field that has nothing to say)."""
+    return Field(None, exclude_if=lambda value: value is None, **kwargs)
 
 
 # -- shared pieces ----------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(ge=0, description="prompt tokens found in the prefix cache (not computed again)")
+
+
 class Usage(BaseModel):
     """Token counts of a request (all prompts, all returned choices)."""
 
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     total_tokens: int = Field(ge=0)
+    prompt_tokens_details: PromptTokensDetails | None = omitted_when_none()
 
 
 class ErrorDetail(BaseModel):
@@ -83,10 +94,24 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str = Field(description="the arguments as JSON text")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: str | None = Field(None, description="always null: this server never refuses")
+    tool_calls: list[ToolCallOut] | None = omitted_when_none(description="the calls the reply made, if any")
+    reasoning_content: str | None = omitted_when_none(description="with a --reasoning-parser: the model's "
+                                                      "reasoning (vLLM's field)")
 
 
 class ChatChoice(BaseModel):
@@ -127,10 +152,26 @@ class CompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = omitted_when_none()
+    arguments: str = ""
+
+
+class ToolCallDelta(BaseModel):
+    """A piece of a tool call: the first one of each call has its ``id``, ``type`` and ``function.name``."""
+
+    index: int = Field(ge=0)
+    id: str | None = omitted_when_none()
+    type: Literal["function"] | None = omitted_when_none()
+    function: FunctionCallDelta
+
+
 class Delta(BaseModel):
     """A chunk's new text; only the first chunk of a choice names the role (``OpeningDelta``)."""
 
     content: str | None = None
+    reasoning_content: str | None = omitted_when_none(description="with a --reasoning-parser: more reasoning")
+    tool_calls: list[ToolCallDelta] | None = omitted_when_none()
 
 
 class OpeningDelta(Delta):
@@ -178,3 +219,7 @@ class Index(BaseModel):
     name: str
     model: str
     endpoints: list[str]
+
+
+class Version(BaseModel):
+    version: str = Field(description="this server's version (the paged package's)")

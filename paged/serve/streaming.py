@@ -2,13 +2,20 @@
 
 Both generation endpoints stream through ``events``; it is handed a ``Run``
 (``generation.py``: the request's engine ids, its params, its ``Formatter`` and
-the queue its outputs arrive on) and yields the events' text.
+the queue its outputs arrive on) and yields the events: chunk models (``sse``
+writes each as an event), or, for the largest ones, their event text already
+written off the loop. ``/v1/responses`` reads the same chunks and sends its own
+events (``responses.py``).
 
 * **Whole characters, no stop string.** Each choice's text goes through a
   ``TextStream`` (``detokenize.py``): a chunk never carries half a UTF-8
   character nor any prefix of a stop string, and on the last step the engine's
   cut text replaces the new tokens' text, so the chunks concatenate to exactly
   the non-streamed text.
+* **Reasoning and tool calls.** With a ``ChatParser`` (``chat_output.py``) each
+  choice's text goes through it, and a chunk carries what it lets through:
+  ``content``, ``reasoning_content``, ``tool_calls`` pieces; the last chunk's
+  ``finish_reason`` is ``tool_calls`` when the reply called tools.
 * **Chat opens each choice** with an empty ``role: assistant`` delta; ``echo``
   sends the prompt first (with ``logprobs``, once the prompt's logprobs came
   with the first output; those events, the largest a stream sends, are written
@@ -46,13 +53,15 @@ def response(events) -> StreamingResponse:
 
 
 async def events(run):
-    """The events of ``run`` (a ``generation.Run``), as text, until ``[DONE]`` or an error event."""
+    """The events of ``run`` (a ``generation.Run``): chunk models (or event text), until ``SSE_DONE`` or an
+    error (an ``ErrorResponse``)."""
     req, fmt, ids, n, finals = run.req, run.fmt, run.ids, run.params.n, {}
 
     def counts(i: int, index: int):  # continuous_usage_stats: this choice's counts so far, in every chunk
         return (len(ids[i]), sent_tokens[index]) if req.continuous_usage else None
 
     texts: dict[int, TextStream] = {}
+    parsers = {}  # index -> its ChatParser, with run.parse
     sent_tokens: dict[int, int] = {}
     offsets: dict[int, int] = {}
     ended: set[int] = set()  # choices whose last chunk is sent
@@ -64,20 +73,22 @@ async def events(run):
             for j in range(n):
                 index = i * n + j
                 texts[index], sent_tokens[index] = TextStream(run.tokenizer, run.params.stop), 0
+                if run.parse is not None:
+                    parsers[index] = run.parse()
                 offsets[index] = len(echo[i]) if echo else 0
                 if fmt.kind == "chat":
-                    yield sse(fmt.chunk(index, None, role=True, counts=counts(i, index)))
+                    yield fmt.chunk(index, None, role=True, counts=counts(i, index))
                 if echo and i not in echo_pending:
-                    yield sse(fmt.chunk(index, echo[i], counts=counts(i, index)))
+                    yield fmt.chunk(index, echo[i], counts=counts(i, index))
         pos = {rid: i for i, rid in enumerate(run.rids)}
         while len(finals) < len(run.rids):
             out = await run.outputs.get()
             if isinstance(out, BaseException):
-                yield sse(engine_failure(out, 500).event())
+                yield engine_failure(out, 500).event()
                 break
             run.timing.observe(out)
             if out.error is not None:
-                yield sse(request_failure(out.error, run.rename).event())
+                yield request_failure(out.error, run.rename).event()
                 break
             i = pos[out.request_id]
             if i in echo_pending and out.prompt_logprobs is not None:
@@ -105,13 +116,20 @@ async def events(run):
                 lp = fmt.logprobs(new, entries, offsets[index])
                 sent_tokens[index] = len(c.token_ids)
                 offsets[index] += sum(map(fmt.text_length, new)) if isinstance(lp, CompletionLogprobs) else 0
-                if text or lp or c.finish_reason:
-                    yield sse(fmt.chunk(index, text, lp, c.finish_reason, counts=counts(i, index)))
+                parsed, reason = None, c.finish_reason
+                if index in parsers:
+                    parser = parsers[index]
+                    parsed = parser.feed(text) if text else None
+                    if c.finish_reason is not None:
+                        parsed = (parsed + parser.finish()) if parsed is not None else parser.finish()
+                        reason = parser.finish_reason(c.finish_reason)
+                if (parsed if index in parsers else text) or lp or c.finish_reason:
+                    yield fmt.chunk(index, text, lp, reason, counts=counts(i, index), parsed=parsed)
             if out.finished:
                 finals[out.request_id] = out
         if req.include_usage and len(finals) == len(run.rids):
             done = sum(len(c.token_ids) for o in finals.values() for c in o.outputs)
-            yield sse(fmt.usage_chunk(sum(map(len, ids)), done))
+            yield fmt.usage_chunk(sum(map(len, ids)), done, sum(o.num_cached_tokens for o in finals.values()))
         yield SSE_DONE
     finally:  # also on cancellation: the client went away mid-stream
         run.abort_unfinished(finals)

@@ -34,7 +34,7 @@ from paged.serve import offload
 from paged.serve.body import parse_body
 from paged.serve.errors import APIError
 from paged.serve.openapi import COMPONENTS, error_responses
-from paged.serve.protocol import ChatMessage
+from paged.serve.chat_protocol import MAX_TOOLS, ChatMessage, Tool
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -58,6 +58,8 @@ class TokenizeChatRequest(BaseModel):
     add_special_tokens: StrictBool = False
     return_token_strs: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS, description="the functions the template lists, as "
+                                     "/v1/chat/completions passes them")
 
     @model_validator(mode="after")
     def _one_ending(self):
@@ -156,9 +158,10 @@ def install(app, served) -> None:
         if isinstance(req, TokenizeChatRequest):
             if served.chat is None:
                 raise APIError(served.no_chat, param="messages", code="chat_template_missing")
-            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+            messages = [m.for_template() for m in req.messages]
+            tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
             _, ids = await served.render_chat(messages, req.add_generation_prompt, req.continue_final_message,
-                                              req.add_special_tokens, req.chat_template_kwargs)
+                                              req.add_special_tokens, req.chat_template_kwargs, tools)
         else:
             (ids,) = await served.encode([req.prompt], req.add_special_tokens)
 

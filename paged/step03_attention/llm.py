@@ -5,6 +5,15 @@
     >>> out = llm.generate(["def add(a, b):"], SamplingParams(temperature=0, max_tokens=16))
     >>> out[0].outputs[0].text
 
+vLLM's offline API as a program written for it uses it: ``generate`` takes
+strings, token-id lists and prompt dicts (``prompts.py``); ``chat`` renders
+conversations with the checkpoint's template; ``beam_search`` takes
+``BeamSearchParams``; ``get_tokenizer`` gives a transformers-style tokenizer.
+The outputs carry ``Logprob`` objects and ``RequestOutput.metrics``, and
+``SamplingParams``' text keywords (``include_stop_str_in_output``,
+``skip_special_tokens``, ``detokenize``, ``truncate_prompt_tokens``) are applied
+here, after the engine: the engine always detokenizes one way.
+
 Each later step subclasses this class with its own engine (``engine_class``),
 so ``paged.stepNN_*.LLM`` is the engine as it stands at step NN.
 """
@@ -13,14 +22,18 @@ from __future__ import annotations
 
 import itertools
 import sys
+import time
+from dataclasses import replace
 
 import torch
 from tqdm.auto import tqdm
 
-from paged.step03_attention.engine import Engine
 from paged.errors import RequestError
-from paged.step03_attention.outputs import RequestOutput
 from paged.sampling.sampling_params import SamplingParams
+from paged.step03_attention.engine import Engine
+from paged.step03_attention.outputs import (BeamSearchOutput, BeamSearchSequence, Logprob, RequestMetrics,
+                                            RequestOutput)
+from paged.step03_attention.prompts import Tokenizer, as_prompt_list, split_prompt
 
 
 def default_model_path() -> str:
@@ -69,39 +82,139 @@ class LLM:
             raise ValueError(f"{self.model_path} has no tokenizer.json: pass token id lists instead")
         return self.tokenizer.encode(prompt).ids
 
-    def generate(
-        self,
-        prompts: str | list[str] | list[list[int]],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
-        use_tqdm: bool = True,
-    ) -> list[RequestOutput]:
-        """Generate for every prompt (strings or token-id lists); outputs in prompt order.
+    def get_tokenizer(self) -> Tokenizer:
+        """The checkpoint's tokenizer with transformers' methods (``encode``, ``decode``, ``apply_chat_template``)."""
+        if self.tokenizer is None:
+            raise ValueError(f"{self.model_path} has no tokenizer")
+        return Tokenizer(self.tokenizer, self.model.eos_token_ids, self.model.config.bos_token_id, self._renderer())
 
-        Every prompt is validated before any is queued, so a bad one raises
-        ``RequestError`` and nothing runs.
+    def _renderer(self, template: str | None = None):
+        from paged.models.chat_render import ChatRenderer
+
+        template = template or self.model.chat_template
+        if template is None or self.tokenizer is None:
+            return None
+        return ChatRenderer(self.tokenizer, template, self.model.special_tokens)
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt; outputs in prompt order.
+
+        A prompt is a string, a list of token ids, or a dict (``{"prompt": ...}`` or
+        ``{"prompt_token_ids": [...]}``); one prompt may be given alone. Every prompt is
+        validated before any is queued, so a bad one raises ``RequestError`` and nothing runs.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = as_prompt_list(prompts)
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        token_ids = [self.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        split = [split_prompt(p, self.encode) for p in prompts]
+        texts = [text for text, _ in split]
+        token_ids = [ids[-sp.truncate_prompt_tokens:] if sp.truncate_prompt_tokens else ids
+                     for (_, ids), sp in zip(split, params)]
         for i, (ids, sp) in enumerate(zip(token_ids, params)):
             try:
                 self.engine.check_request(ids, sp)
             except RequestError as e:
                 raise e.for_prompt(i) from None
         ids_of = []
-        for p, ids, sp in zip(prompts, token_ids, params):
+        for text, ids, sp in zip(texts, token_ids, params):
             rid = f"gen-{next(self._ids)}"
-            self.engine.add_request(rid, ids, sp, prompt=p if isinstance(p, str) else None)
+            self.engine.add_request(rid, ids, sp, prompt=text)
             ids_of.append(rid)
+        done = self._run(ids_of, use_tqdm)
+        return [self._finish(done[r], sp) for r, sp in zip(ids_of, params)]
+
+    def _run(self, ids_of: list[str], use_tqdm: bool) -> dict[str, RequestOutput]:
+        """Step until every request of ``ids_of`` finished; their final outputs, each with its ``metrics``."""
+        arrived = time.time()
+        times: dict[str, list] = {r: [None, None, arrived] for r in ids_of}  # scheduled, first token, last token
         done: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids_of), desc="generate", disable=not use_tqdm, unit="req") as bar:
             while self.engine.has_unfinished():
-                for out in self.engine.step():
+                started = time.time()
+                outputs = self.engine.step()
+                now = time.time()
+                for event in self.engine.events:
+                    if event.kind == "admitted" and event.request_id in times and times[event.request_id][0] is None:
+                        times[event.request_id][0] = started
+                for out in outputs:
+                    if out.request_id not in times:
+                        continue
+                    t = times[out.request_id]
+                    if any(c.token_ids for c in out.outputs):
+                        t[1] = t[1] or now
+                        t[2] = now
                     if out.finished:
+                        out.metrics = RequestMetrics(arrived, t[2], t[0], t[1], t[0] - arrived if t[0] else None, now)
                         done[out.request_id] = out
                         bar.update(1)
-        return [done[r] for r in ids_of]
+        return done
+
+    def _finish(self, out: RequestOutput, params: SamplingParams) -> RequestOutput:
+        """vLLM's text keywords applied, logprob floats as ``Logprob`` objects."""
+        outputs = []
+        for c in out.outputs:
+            text = c.text
+            if not params.skip_special_tokens and self.tokenizer is not None:
+                text = self.tokenizer.decode(c.token_ids, skip_special_tokens=False)
+                if c.finish_reason == "stop" and isinstance(c.stop_reason, str) and c.stop_reason in text:
+                    text = text[:text.index(c.stop_reason)]
+            if params.include_stop_str_in_output and c.finish_reason == "stop" and isinstance(c.stop_reason, str):
+                text += c.stop_reason
+            if not params.detokenize:
+                text = ""
+            outputs.append(replace(c, text=text, logprobs=self._logprobs(c.logprobs, params.logprobs)))
+        return replace(out, outputs=outputs, prompt_logprobs=self._logprobs(out.prompt_logprobs,
+                                                                            params.prompt_logprobs))
+
+    def _logprobs(self, entries, top: int | None):
+        """Each ``{token id: float}`` entry as ``{token id: Logprob}``. An entry holds the ``top`` most likely
+        tokens and the chosen one: a token's rank is its place among the top ones; the chosen token, when it
+        is not among them, has a rank past ``top`` that the entry does not tell (None)."""
+        if entries is None:
+            return None
+        decode = (lambda t: self.tokenizer.decode([t], skip_special_tokens=False)) if self.tokenizer else str
+        out = []
+        for entry in entries:
+            ranked = sorted(entry or {}, key=lambda t: -entry[t])
+            out.append(None if entry is None else {t: Logprob(entry[t], i + 1 if i < (top or 0) else None, decode(t))
+                                                   for i, t in enumerate(ranked)})
+        return out
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role", "content"}``) or to a list of them,
+        rendered with the checkpoint's chat template (or ``chat_template``); its end-of-turn token ends a
+        reply, as on the server."""
+        renderer = self._renderer(chat_template)
+        if renderer is None:
+            raise ValueError(f"{self.model_path} has no chat template (give chat_template=...) or no tokenizer")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [{"prompt": text, "prompt_token_ids": ids} for text, ids in
+                   (renderer.encode(c, add_generation_prompt and not continue_final_message, continue_final_message,
+                                    variables=chat_template_kwargs, tools=tools) for c in conversations)]
+        params = sampling_params or SamplingParams()
+        stop = renderer.end_of_turn_ids
+        params = [replace(p, stop_token_ids=[*p.stop_token_ids, *(t for t in stop if t not in p.stop_token_ids)])
+                  for p in (params if isinstance(params, list) else [params] * len(prompts))]
+        return self.generate(prompts, params, use_tqdm=use_tqdm)
+
+    def beam_search(self, prompts, params) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: ``params.beam_width`` beams per prompt, returned best first, each with
+        the prompt's tokens then its own (``tokens``) and their text."""
+        prompts = as_prompt_list(prompts)
+        sp = SamplingParams(n=params.beam_width, best_of=params.beam_width, use_beam_search=True, temperature=0.0,
+                            max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
+                            length_penalty=params.length_penalty, logprobs=0)
+        results = []
+        for out in self.generate(prompts, sp, use_tqdm=False):
+            prompt_text = out.prompt or ""
+            results.append(BeamSearchOutput([BeamSearchSequence(
+                tokens=out.prompt_token_ids + c.token_ids, logprobs=c.logprobs or [],
+                cum_logprob=c.cumulative_logprob or 0.0, text=prompt_text + c.text, finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason) for c in out.outputs]))
+        return results

@@ -64,10 +64,12 @@ class Server:
                 raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{output}")
             time.sleep(0.2)
 
-    def output(self) -> str:
+    def output(self, tail: int | None = 4000) -> str:
+        """The server's log: its last ``tail`` characters (None: all of it)."""
         self.log.flush()
         self.log.seek(0)
-        return self.log.read()[-4000:]
+        text = self.log.read()
+        return text if tail is None else text[-tail:]
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` as ``{"name{labels}": value}`` (no API key needed: only /v1 is guarded)."""
@@ -79,6 +81,10 @@ class Server:
                 out[key] = float(value)
         return out
 
+    def metric(self, name: str, **labels) -> float:
+        """The sum of ``name``'s series whose labels include ``labels`` (0 when none is exported)."""
+        return metric(self.metrics(), name, **labels)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -88,6 +94,13 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(5)
         self.log.close()
+
+
+def metric(scraped: dict[str, float], name: str, **labels) -> float:
+    """The sum of ``name``'s series in ``scraped`` (``Server.metrics``) whose labels include ``labels``."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for key, v in scraped.items()
+               if key.split("{")[0] == name and all(w in key for w in want))
 
 
 def server_args() -> list[str]:

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.serve.conftest import API_KEY
+from tests.serve.conftest import API_KEY, metric
 
 pytestmark = pytest.mark.step05
 
@@ -93,7 +93,7 @@ def wait_idle(server) -> float:
     deadline = time.monotonic() + IDLE_S
     while True:
         m = server.metrics()
-        if m["paged_num_requests_running"] == 0 and m["paged_num_requests_waiting"] == 0:
+        if metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:num_requests_waiting") == 0:
             return m[USED]
         assert time.monotonic() < deadline, f"not idle after {IDLE_S}s: {m}"
         time.sleep(0.05)

@@ -170,6 +170,28 @@ def test_snapshots_only_after_a_read_asked_for_one(model):
     assert view.number == 4
 
 
+def test_readers_share_one_snapshot_per_interval(model):
+    """Exact: two readers polling every 0.1 s while the engine is busy (told 2 s) neither delay the snapshots
+    nor multiply them: the first read after a snapshot (0.1 s after it) asks for the next 1.9 s later (2 s less
+    READ_LEAD_S), so one is taken every 2.1 s, as for one reader polling as told."""
+    engine, clock = _engine(model), FakeClock()
+    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
+    engine.add_observer(view.observe)
+    engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True))
+    engine.step()
+    clock.now += 0.5
+    engine.step()  # busy from here on: readers are told to come back in 2 s
+    taken = []
+    for tick in range(100):  # 10 s: each 0.1 s one of two readers reads, and the engine steps
+        clock.now += 0.1
+        view.read(have=view.number)
+        before = view.number
+        engine.step()
+        if view.number > before:
+            taken.append(round(tick * 0.1 + 0.1, 1))
+    assert len(taken) == 4 and [round(b - a, 1) for a, b in zip(taken, taken[1:])] == [2.1] * 3
+
+
 def test_cpu_budget_spaces_snapshots_by_their_cost(model):
     """Exact: a snapshot costing 5 ms of (fake) CPU is followed by the next no sooner than 5 ms / 1 % = 0.5 s."""
     engine, clock = _engine(model), FakeClock()

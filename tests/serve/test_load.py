@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from tests.serve.conftest import API_KEY
+from tests.serve.conftest import API_KEY, metric
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 NUM_LOAD = 200
@@ -22,7 +22,7 @@ def wait_idle(server) -> dict[str, float]:
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     while True:
         m = server.metrics()
-        if m["paged_num_requests_running"] == 0 and m["paged_num_requests_waiting"] == 0:
+        if metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:num_requests_waiting") == 0:
             return m
         assert time.monotonic() < deadline, f"still busy after {DRAIN_TIMEOUT_S}s: {m}"
         time.sleep(0.05)
@@ -66,9 +66,10 @@ def test_200_concurrent_streams_complete_and_free_every_block(server):
     m = wait_idle(server)
     assert m['paged_kv_blocks{device="cpu",state="free"}'] == m['paged_kv_blocks{device="cpu",state="total"}']
     assert m['paged_kv_slots{state="token_states"}'] == 0
-    generated = m["paged_generation_tokens_total"] - before["paged_generation_tokens_total"]
+    generated = metric(m, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
     assert generated == sum(r[0] for r in results)
-    assert m["paged_time_to_first_token_seconds_count"] - before["paged_time_to_first_token_seconds_count"] >= NUM_LOAD
+    ttft = "vllm:time_to_first_token_seconds_count"
+    assert metric(m, ttft, model_name="test-model") - metric(before, ttft) >= NUM_LOAD
     assert sum(v for k, v in m.items() if k.startswith("paged_preemptions_total")) > 0  # the cache was outgrown
     assert m['paged_kv_blocks{device="cpu_swap",state="used"}'] == 0
     print(f"\n{NUM_LOAD} concurrent streams, {int(generated)} tokens: {elapsed:.1f}s")
@@ -96,10 +97,10 @@ def test_clients_dropping_mid_stream_are_aborted_and_free_their_blocks(server):
     assert asyncio.run(run()) == [3] * NUM_DROP
     m = wait_idle(server)
     assert m['paged_kv_blocks{device="cpu",state="free"}'] == m['paged_kv_blocks{device="cpu",state="total"}']
-    aborted = m.get('paged_requests_finished_total{finish_reason="abort"}', 0) - before.get(
-        'paged_requests_finished_total{finish_reason="abort"}', 0)
+    aborted = metric(m, "vllm:request_success_total", finished_reason="abort") - metric(
+        before, "vllm:request_success_total", finished_reason="abort")
     assert aborted == NUM_DROP
-    generated = m["paged_generation_tokens_total"] - before["paged_generation_tokens_total"]
+    generated = metric(m, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
     assert generated < NUM_DROP * 80 / 2  # stopped early, not run to max_tokens
     # and the server still serves
     r = httpx.post(server.url + "/v1/completions", headers=HEADERS, timeout=60,
@@ -120,17 +121,17 @@ def test_non_streamed_clients_that_time_out_are_aborted(server):
     assert all(isinstance(r, httpx.TimeoutException) for r in asyncio.run(run()))
     m = wait_idle(server)
     assert m['paged_kv_blocks{device="cpu",state="free"}'] == m['paged_kv_blocks{device="cpu",state="total"}']
-    key = 'paged_requests_finished_total{finish_reason="abort"}'
-    assert m.get(key, 0) - before.get(key, 0) == 5
+    key = "vllm:request_success_total"
+    assert metric(m, key, finished_reason="abort") - metric(before, key, finished_reason="abort") == 5
 
 
 def test_metrics_exports_every_series(server):
     names = set(k.split("{")[0] for k in server.metrics())
-    for name in ["paged_num_requests_running", "paged_num_requests_waiting", "paged_num_requests_swapped",
-                 "paged_kv_blocks", "paged_kv_cache_usage_ratio", "paged_kv_slots", "paged_prefix_cache_hit_rate",
-                 "paged_preemptions_total", "paged_prompt_tokens_total", "paged_generation_tokens_total",
-                 "paged_time_to_first_token_seconds_bucket", "paged_time_per_output_token_seconds_bucket",
-                 "paged_e2e_request_latency_seconds_bucket"]:
+    for name in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_swapped",
+                 "paged_kv_blocks", "vllm:kv_cache_usage_perc", "paged_kv_slots", "paged_prefix_cache_hit_rate",
+                 "paged_preemptions_total", "paged_prompt_tokens_computed_total", "vllm:generation_tokens_total",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                 "vllm:e2e_request_latency_seconds_bucket"]:
         assert name in names, name
     m = server.metrics()
     assert {'paged_preemptions_total{mode="swap"}', 'paged_preemptions_total{mode="recompute"}'} <= set(m)

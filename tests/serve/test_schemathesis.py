@@ -86,11 +86,12 @@ def wait_idle(app) -> dict:
         time.sleep(0.02)
 
 
-OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
-              "POST /v1/chat/completions", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info",
-              "GET /metrics", "GET /"]
+OPERATIONS = ["GET /health", "GET /version", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
+              "POST /v1/chat/completions", "POST /v1/responses", "GET /v1/responses/{response_id}",
+              "POST /tokenize", "POST /detokenize", "GET /tokenizer_info", "GET /metrics", "GET /"]
 # the operations with something to break (a body): the others have no request the schema refuses
-WITH_BODY = ["POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize", "POST /detokenize"]
+WITH_BODY = ["POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses", "POST /tokenize",
+             "POST /detokenize"]
 RUNS = [(label, GenerationMode.POSITIVE) for label in OPERATIONS] + \
        [(label, GenerationMode.NEGATIVE) for label in WITH_BODY]
 
@@ -111,7 +112,10 @@ def test_every_documented_example_is_accepted_and_conforms(app, schema, label):
         case = operation.Case(body=example["value"], media_type="application/json")
         response = case.call_and_validate(headers=AUTH)
         assert response.status_code == 200, (name, response.text)
-        assert ("data: [DONE]" in response.text) == bool(example["value"].get("stream")), name
+        streamed = "text/event-stream" in str(response.headers.get("content-type"))
+        assert streamed == bool(example["value"].get("stream")), name
+        if streamed:  # a chat or completion stream ends with [DONE], a Responses stream with its Response
+            assert response.text.rstrip().endswith(("data: [DONE]", '"metadata":{}}}')), name
     assert wait_idle(app)["blocks_used"] == 0
 
 

@@ -1,0 +1,278 @@
+"""``POST /v1/responses``, ``GET /v1/responses/{id}``: OpenAI's Responses API over the chat path.
+
+A Responses request is a chat request in other clothes: ``responses_protocol``
+turns it into one (instructions, the previous response's conversation, the
+input items, function tools, ``text.format``), and ``chat.answer`` renders,
+constrains, submits and parses it as any chat request. What differs is the
+answer: ``ResponseBuilder`` turns the parsed reply — reasoning, content, tool
+calls — into the Response's output items, and, streamed, into the Responses
+events (``responses_schemas.py``), built from the same chat chunks a chat
+stream sends. A whole answer goes through the same builder, fed once, so the
+two agree item for item.
+
+``previous_response_id``: the server keeps the newest ``--response-store``
+responses it gave (in memory, for its lifetime; ``store: false`` keeps none),
+each with its conversation (without its instructions, as OpenAI's API does),
+so a client can send only the new input. An id the server no longer keeps is
+a 404 naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
+
+from paged.serve import chat, streaming
+from paged.serve.body import parse_body
+from paged.serve.chat_protocol import ChatCompletionRequest
+from paged.serve.errors import APIError, from_validation_error
+from paged.serve.openapi import error_responses, request_body
+from paged.serve.responses_protocol import ResponsesRequest
+from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, FunctionCallOut,
+                                           IncompleteDetails, InputTokensDetails, ItemEvent, MessageOut, OutputText,
+                                           OutputTokensDetails, PartEvent, ReasoningDeltaEvent, ReasoningDoneEvent,
+                                           ReasoningOut, ReasoningText, ResponseEvent, ResponseObject, ResponseUsage,
+                                           TextDeltaEvent, TextDoneEvent)
+from paged.serve.schemas import ErrorResponse
+
+MAX_STORED_CHARS = 64 * 2**20  # the store's conversations together, as JSON text: the oldest go first past it
+
+
+class ResponseStore:
+    """The newest responses and their conversations, bounded in count and in size (oldest evicted first)."""
+
+    def __init__(self, capacity: int, max_chars: int = MAX_STORED_CHARS) -> None:
+        self.capacity, self.max_chars = capacity, max_chars
+        self.entries: OrderedDict[str, tuple[ResponseObject, list[dict], int]] = OrderedDict()
+        self.chars = 0
+
+    def put(self, response: ResponseObject, conversation: list[dict]) -> None:
+        size = len(str(conversation))
+        if self.capacity == 0 or size > self.max_chars:
+            return
+        self.entries[response.id] = (response, conversation, size)
+        self.chars += size
+        while len(self.entries) > self.capacity or self.chars > self.max_chars:
+            self.chars -= self.entries.popitem(last=False)[1][2]
+
+    def get(self, response_id: str, param: str = "previous_response_id") -> tuple[ResponseObject, list[dict]]:
+        if response_id not in self.entries:
+            raise APIError(f"response {response_id[:80]!r} is not kept by this server (it keeps the newest "
+                           f"{self.capacity} it gave, with store not false, since it started)", 404, param=param,
+                           code="not_found")
+        response, conversation, _ = self.entries[response_id]
+        return response, conversation
+
+
+class ResponseBuilder:
+    """One response's output items and events, fed the reply's pieces in order (see the module's docstring)."""
+
+    def __init__(self, req: ResponsesRequest, model: str) -> None:
+        self.req, self.model = req, model
+        self.id, self.created = f"resp_{uuid.uuid4().hex}", time.time()
+        self.items: list = []  # MessageOut / FunctionCallOut / ReasoningOut, as they stand
+        self.open: object | None = None  # the item text goes into now
+        self.calls: dict[int, FunctionCallOut] = {}
+        self.seq = 0
+
+    def _event(self, cls, **fields):
+        event = cls(sequence_number=self.seq, **fields)
+        self.seq += 1
+        return event
+
+    def start(self) -> list:
+        snapshot = self.response("in_progress")
+        return [self._event(ResponseEvent, type=t, response=snapshot) for t in ("response.created",
+                                                                              "response.in_progress")]
+
+    def _close(self) -> list:
+        item, self.open = self.open, None
+        if item is None or item.status != "in_progress":
+            return []
+        item.status, index = "completed", self.items.index(item)
+        if isinstance(item, FunctionCallOut):
+            done = [self._event(ArgumentsDoneEvent, item_id=item.id, output_index=index, name=item.name,
+                                arguments=item.arguments)]
+        else:
+            part, text = item.content[0], item.content[0].text
+            cls = TextDoneEvent if isinstance(item, MessageOut) else ReasoningDoneEvent
+            done = [self._event(cls, item_id=item.id, output_index=index, content_index=0, text=text),
+                    self._event(PartEvent, type="response.content_part.done", item_id=item.id, output_index=index,
+                                content_index=0, part=part)]
+        return done + [self._event(ItemEvent, type="response.output_item.done", output_index=index, item=item)]
+
+    def _text(self, kind, text: str) -> list:
+        events = []
+        if not isinstance(self.open, kind):
+            events += self._close()
+            if kind is MessageOut:
+                self.open = MessageOut(id=f"msg_{uuid.uuid4().hex}", status="in_progress", content=[OutputText(text="")])
+            else:
+                self.open = ReasoningOut(id=f"rs_{uuid.uuid4().hex}", status="in_progress",
+                                         content=[ReasoningText(text="")])
+            self.items.append(self.open)
+            index, empty = len(self.items) - 1, self.open.model_copy(deep=True)
+            events += [self._event(ItemEvent, type="response.output_item.added", output_index=index, item=empty),
+                       self._event(PartEvent, type="response.content_part.added", item_id=self.open.id,
+                                   output_index=index, content_index=0, part=empty.content[0])]
+        self.open.content[0].text += text
+        cls = TextDeltaEvent if kind is MessageOut else ReasoningDeltaEvent
+        return events + [self._event(cls, item_id=self.open.id, output_index=self.items.index(self.open),
+                                     content_index=0, delta=text)]
+
+    def _call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> list:
+        events = []
+        item = self.calls.get(index)
+        if item is None:
+            events += self._close()
+            item = self.calls[index] = FunctionCallOut(id=f"fc_{uuid.uuid4().hex}", call_id=call_id or "", name=name
+                                                       or "", arguments="", status="in_progress")
+            self.items.append(item)
+            self.open = item
+            events.append(self._event(ItemEvent, type="response.output_item.added", output_index=len(self.items) - 1,
+                                      item=item.model_copy()))
+        item.arguments += arguments
+        if arguments:
+            events.append(self._event(ArgumentsDeltaEvent, item_id=item.id, output_index=self.items.index(item),
+                                      delta=arguments))
+        return events
+
+    def feed(self, reasoning: str | None, content: str | None, calls: list[tuple]) -> list:
+        """The events for what one step added: reasoning text, content text, call pieces ``(index, id, name,
+        arguments)``."""
+        events = self._text(ReasoningOut, reasoning) if reasoning else []
+        events += self._text(MessageOut, content) if content else []
+        for call in calls:
+            events += self._call(*call)
+        return events
+
+    def finish(self, reason: str | None, usage: ResponseUsage | None) -> tuple[list, ResponseObject]:
+        """Close the open item; the last event and the Response (``incomplete`` when cut by length)."""
+        events = self._close()
+        status = "incomplete" if reason == "length" else "completed"
+        final = self.response(status, usage)
+        return events + [self._event(ResponseEvent, type=f"response.{status}", response=final)], final
+
+    def response(self, status: str, usage: ResponseUsage | None = None) -> ResponseObject:
+        req = self.req
+        tools = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
+                  "strict": t.strict} for t in req.function_tools()]
+        choice = req.tool_choice
+        fmt = req.text.format.model_dump(exclude_none=True, by_alias=True) if req.text and req.text.format else None
+        return ResponseObject(
+            id=self.id, created_at=self.created, status=status, model=self.model,
+            output=[i.model_copy(deep=True) for i in self.items] if status != "in_progress" else [],
+            incomplete_details=IncompleteDetails() if status == "incomplete" else None,
+            instructions=req.instructions, max_output_tokens=req.max_output_tokens,
+            parallel_tool_calls=req.parallel_tool_calls is not False, previous_response_id=req.previous_response_id,
+            store=req.store, temperature=req.temperature, top_p=req.top_p, tools=tools,
+            tool_choice=(choice.model_dump() if hasattr(choice, "model_dump") else choice) or "auto",
+            text={"format": fmt or {"type": "text"}}, usage=usage)
+
+    def output_message(self) -> dict:
+        """The reply as the assistant message the next response's conversation holds."""
+        text = "".join(i.content[0].text for i in self.items if isinstance(i, MessageOut))
+        message = {"role": "assistant", "content": text or None}
+        calls = [i for i in self.items if isinstance(i, FunctionCallOut)]
+        if calls:
+            message["tool_calls"] = [{"id": c.call_id, "type": "function", "function": {
+                "name": c.name, "arguments": c.arguments}} for c in calls]
+        reasoning = "".join(i.content[0].text for i in self.items if isinstance(i, ReasoningOut))
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if message["content"] is None and not calls:
+            message["content"] = ""
+        return message
+
+
+def usage_of(usage, served, reasoning: str) -> ResponseUsage:
+    """A chat ``Usage`` in the Responses shape (``cache_write_tokens``: the prompt's full blocks this request
+    put in the prefix cache)."""
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+    written = usage.prompt_tokens // served.block_size * served.block_size - cached if served.prefix_caching else 0
+    thought = len(served.tokenizer.encode(reasoning).ids) if reasoning and served.tokenizer is not None else 0
+    return ResponseUsage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
+                         total_tokens=usage.total_tokens,
+                         input_tokens_details=InputTokensDetails(cached_tokens=cached, cache_write_tokens=max(0, written)),
+                         output_tokens_details=OutputTokensDetails(reasoning_tokens=thought))
+
+
+def sse(event) -> str:
+    return f"event: {event.type}\n{streaming.sse(event)}"
+
+
+def install(app, served, generator, store: ResponseStore) -> None:
+    """Add ``POST /v1/responses`` and ``GET /v1/responses/{response_id}`` to ``app``."""
+    errors = error_responses(400, 401, 413, 415, 421, 500, _404="the model, or previous_response_id, is not here",
+                             _503="the engine failed, or the server is stopping")
+    stream_doc = {"text/event-stream": {"schema": {"type": "object", "properties": {"event": {"type": "string"},
+                                                                                    "data": {"type": "string"}}}}}
+
+    @app.post("/v1/responses", tags=["OpenAI API"], summary="Create a response (OpenAI's Responses API)",
+              response_model=None, openapi_extra=request_body(ResponsesRequest),
+              responses={200: {"model": ResponseObject, "content": stream_doc,
+                               "description": "the response; with stream: true, its events"}, **errors})
+    async def create(raw: Request):
+        req = await parse_body(raw, ResponsesRequest)
+        conversation = store.get(req.previous_response_id)[1] if req.previous_response_id else []
+        body = req.chat_body(conversation)
+        try:
+            chat_req = ChatCompletionRequest.model_validate(body)
+        except ValidationError as e:
+            raise from_validation_error(e) from None
+        run = await chat.answer(chat_req, raw, served, generator, start_only=True)
+        builder = ResponseBuilder(req, served.name)
+        history = body["messages"][1:] if req.instructions else body["messages"]
+        if req.stream:
+            return StreamingResponse(events(run, builder, served, store, history), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        finals = await generator.collect(run, raw)
+        if finals is None:
+            return Response(status_code=499)
+        whole = generator.whole_response(run, finals)
+        choice = whole.choices[0]
+        message = choice.message
+        builder.feed(message.reasoning_content, message.content,
+                     [(i, c.id, c.function.name, c.function.arguments) for i, c in enumerate(message.tool_calls or [])])
+        _, final = builder.finish(choice.finish_reason, usage_of(whole.usage, served, message.reasoning_content or ""))
+        if req.store:
+            store.put(final, history + [builder.output_message()])
+        return Response(final.model_dump_json(), media_type="application/json")
+
+    @app.get("/v1/responses/{response_id}", tags=["OpenAI API"], summary="A response this server keeps",
+             responses=error_responses(401, _404="not kept (the newest --response-store are)"))
+    async def retrieve(response_id: str) -> ResponseObject:
+        return store.get(response_id, param="response_id")[0]
+
+
+async def events(run, builder: ResponseBuilder, served, store: ResponseStore, history: list[dict]):
+    """The Responses events of a streamed run, from the chat chunks ``streaming.events`` builds."""
+    for event in builder.start():
+        yield sse(event)
+    reason, reasoning = None, ""
+    async for chunk in streaming.events(run):
+        if isinstance(chunk, ErrorResponse):
+            err = chunk.error
+            yield sse(builder._event(ErrorEvent, code=err.code, message=err.message, param=err.param))
+            return
+        if isinstance(chunk, str):  # [DONE]
+            continue
+        if not chunk.choices:  # the usage chunk: the last one
+            closing, final = builder.finish(reason, usage_of(chunk.usage, served, reasoning))
+            for event in closing:
+                yield sse(event)
+            if builder.req.store:
+                store.put(final, history + [builder.output_message()])
+            continue
+        choice = chunk.choices[0]
+        delta = choice.delta
+        reason = choice.finish_reason or reason
+        reasoning += delta.reasoning_content or ""
+        calls = [(c.index, c.id, c.function.name, c.function.arguments) for c in delta.tool_calls or []]
+        for event in builder.feed(delta.reasoning_content, delta.content, calls):
+            yield sse(event)

@@ -1,0 +1,212 @@
+"""The ``POST /v1/responses`` request body (OpenAI's Responses API), and its conversation as chat messages.
+
+A Responses request carries its conversation as ``input`` (a string, or a list
+of items: messages with text parts, the model's earlier ``function_call`` s and
+the ``function_call_output`` s answering them, earlier ``reasoning``),
+``instructions`` (a system message that is not carried to the next response),
+the functions the model may call (``tools``, flat: ``{"type": "function",
+"name", "parameters"}``), ``text.format`` (plain, a JSON object, or a JSON
+schema) and ``max_output_tokens``. ``ResponsesRequest.chat_body`` turns it into
+the body of a chat request, so the same code renders, constrains, generates
+and parses it (``responses.py``). Tools of other types (web search, a shell,
+custom tools) are not served: they are dropped, and logged once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from paged.serve.chat_protocol import MAX_TOOLS, TOOL_NAME
+from paged.serve.extensions import OpenAIModel, RequestModel, note_ignored
+from paged.serve.protocol import bounds
+
+
+class TextPart(OpenAIModel):
+    """A text part of a message: ``input_text`` (the user's), ``output_text`` (an earlier reply's)."""
+
+    type: Literal["input_text", "output_text", "text"]
+    text: StrictStr
+
+
+class MessageItem(OpenAIModel):
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: StrictStr | list[TextPart]
+    id: StrictStr | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(OpenAIModel):
+    """A call the model made in an earlier response."""
+
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: StrictStr
+    arguments: StrictStr
+    id: StrictStr | None = None
+
+
+class FunctionCallOutputItem(OpenAIModel):
+    """The answer to a call, by its ``call_id``."""
+
+    type: Literal["function_call_output"]
+    call_id: StrictStr
+    output: StrictStr | list[TextPart]
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+
+
+class ReasoningTextPart(OpenAIModel):
+    type: Literal["reasoning_text", "summary_text"]
+    text: StrictStr
+
+
+class ReasoningItem(OpenAIModel):
+    """An earlier response's reasoning: it goes with the assistant message that follows it."""
+
+    type: Literal["reasoning"]
+    id: StrictStr | None = None
+    summary: list[ReasoningTextPart] = []
+    content: list[ReasoningTextPart] | None = None
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
+
+class FunctionTool(OpenAIModel):
+    type: Literal["function"]
+    name: StrictStr = Field(pattern=TOOL_NAME)
+    description: StrictStr | None = None
+    parameters: dict | None = None
+    strict: StrictBool | None = None
+
+
+class OtherTool(OpenAIModel):
+    """A tool of another type (``web_search``, ``custom``, ``local_shell``...): not served, dropped."""
+
+    note_extras: ClassVar[bool] = False  # dropped whole: its type is logged, not each of its fields
+    type: StrictStr
+
+
+class FunctionChoice(OpenAIModel):
+    type: Literal["function"]
+    name: StrictStr
+
+
+class TextFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    name: StrictStr | None = None
+    json_schema: dict | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+    description: StrictStr | None = None
+
+    model_config = {"populate_by_name": True}
+
+
+class TextConfig(OpenAIModel):
+    format: TextFormat | None = None
+    verbosity: Any = None
+
+
+class ResponsesRequest(RequestModel):
+    """``POST /v1/responses``: OpenAI's fields this server reads; any other is accepted and logged once."""
+
+    model: StrictStr | None = None
+    input: StrictStr | list[InputItem] = Field(description="a user message, or the conversation's items")
+    instructions: StrictStr | None = None
+    previous_response_id: StrictStr | None = Field(None, description="continue a response this server gave "
+                                                   "(and still keeps: the newest --response-store ones)")
+    max_output_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
+    temperature: StrictFloat | None = Field(None, **bounds(minimum=0, maximum=2))
+    top_p: StrictFloat | None = Field(None, **bounds(exclusive_minimum=0, maximum=1))
+    tools: list[FunctionTool | OtherTool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | dict | None = None
+    parallel_tool_calls: StrictBool | None = None
+    text: TextConfig | None = None
+    stream: StrictBool = False
+    store: StrictBool = True
+    seed: StrictInt | None = Field(None, description="vLLM's: this request's own generator")
+    reasoning: Any = None
+    include: Any = None
+    metadata: Any = None
+    user: Any = None
+    truncation: Any = None
+
+    def function_tools(self) -> list[FunctionTool]:
+        tools = [t for t in self.tools or [] if isinstance(t, FunctionTool)]
+        for other in {t.type for t in self.tools or [] if not isinstance(t, FunctionTool)}:
+            note_ignored(f"tools[type={other[:40]}]", "only function tools are served here; the model is not told "
+                         "of the others")
+        return tools
+
+    def chat_tool_choice(self):
+        """``tool_choice`` in the chat request's shape (another type of choice: the default, logged)."""
+        choice = self.tool_choice
+        if isinstance(choice, FunctionChoice):
+            return {"type": "function", "function": {"name": choice.name}}
+        if isinstance(choice, dict):
+            note_ignored(f"tool_choice[type={str(choice.get('type'))[:40]}]", "only function choices are served")
+            return None
+        return choice
+
+    def chat_body(self, history: list[dict]) -> dict:
+        """The chat request this one is: ``history`` (the previous response's conversation), ``instructions``
+        first, then ``input``; ``stream`` with the usage at the end, so the last event can report it."""
+        messages = ([{"role": "system", "content": self.instructions}] if self.instructions else []) + history
+        messages += input_messages(self.input)
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": self.stream}
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
+        tools = self.function_tools()
+        if tools:
+            body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True,
+                                                                           by_alias=True)} for t in tools]
+        choice = self.chat_tool_choice()
+        if choice is not None and (tools or choice == "none"):
+            body["tool_choice"] = choice
+        for ours, theirs in (("max_output_tokens", "max_completion_tokens"), ("temperature", "temperature"),
+                             ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"), ("seed", "seed")):
+            if getattr(self, ours) is not None:
+                body[theirs] = getattr(self, ours)
+        fmt = self.text.format if self.text is not None else None
+        if fmt is not None and fmt.type == "json_object":
+            body["response_format"] = {"type": "json_object"}
+        elif fmt is not None and fmt.type == "json_schema":
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": fmt.name or "output", "schema": fmt.json_schema or {}, "strict": fmt.strict}}
+        return body
+
+
+def input_messages(items: str | list) -> list[dict]:
+    """``input`` as chat messages: a call and the text before it form one assistant message, each call's
+    output a ``tool`` message, an earlier reasoning the next assistant message's ``reasoning_content``."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict] = []
+    reasoning = None
+    for item in items:
+        if isinstance(item, ReasoningItem):
+            reasoning = "".join(p.text for p in item.content or item.summary)
+            continue
+        if isinstance(item, FunctionCallOutputItem):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+            continue
+        last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
+        if isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            if last is None:
+                last = {"role": "assistant", "content": None}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": item.role, "content": item.text()})
+            last = messages[-1] if item.role == "assistant" else None
+        if last is not None and reasoning is not None:
+            last["reasoning_content"], reasoning = reasoning, None
+    return messages

@@ -1,0 +1,181 @@
+"""``/v1/responses`` (OpenAI's Responses API) and ``/version``, in-process on the demo model.
+
+Every answer and every stream event is parsed by the official ``openai``
+package's own types (``Response``, ``ResponseStreamEvent``), and the official
+client itself drives the API (``responses.create``, ``responses.stream``) over
+the app. Equalities are exact: a stream's deltas concatenate to its ``done``
+texts and to the same request unstreamed (greedy); ``previous_response_id``
+gives the prompt the whole conversation would give; forced calls validate
+against their tool's schema.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from paged import LLM
+from paged.demo import DEFAULT_MODEL_PATH
+from paged.serve.app import build_app
+from paged.serve.options import ServeOptions
+from paged.serve.responses import ResponseBuilder
+from paged.serve.responses_protocol import ResponsesRequest
+
+EVENT = TypeAdapter(ResponseStreamEvent)
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "name": "get_weather", "description": "weather", "parameters": CITY},
+         {"type": "web_search"}]  # another tool type: dropped, logged
+
+
+@pytest.fixture(scope="module")
+def c():
+    llm = LLM(str(DEFAULT_MODEL_PATH), dtype="float32", device="cpu", block_size=8, num_blocks=160, seed=0)
+    app = build_app(llm, "m", options=ServeOptions(enable_auto_tool_choice=True, tool_call_parser="hermes",
+                                                   response_store=4))
+    with TestClient(app) as client:
+        yield client
+
+
+def create(c, **body) -> dict:
+    r = c.post("/v1/responses", json={"temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    Response.model_validate(r.json())
+    return r.json()
+
+
+def stream(c, **body) -> list[dict]:
+    r = c.post("/v1/responses", json={"temperature": 0, "stream": True, **body})
+    assert r.status_code == 200, r.text
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    for event in events:
+        EVENT.validate_python(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+def text_of(response: dict) -> str:
+    return "".join(p["text"] for item in response["output"] if item["type"] == "message" for p in item["content"])
+
+
+def test_text_input_instructions_and_max_output_tokens(c):
+    out = create(c, input="def add(a, b):", instructions="Write Python.", max_output_tokens=6)
+    assert out["status"] == "incomplete" and out["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert out["usage"]["output_tokens"] == 6 and out["instructions"] == "Write Python."
+    assert text_of(out)
+    assert c.get(f"/v1/responses/{out['id']}").json() == out
+
+
+def test_a_stream_spells_the_same_response(c):
+    """Exact: output_text deltas = the done text = the completed response's text = the unstreamed text."""
+    body = dict(input=[{"role": "user", "content": [{"type": "input_text", "text": "def f(x):"}]}],
+                max_output_tokens=12)
+    events = stream(c, **body)
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.incomplete"
+    assert kinds[2:5] == ["response.output_item.added", "response.content_part.added", "response.output_text.delta"]
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    [done] = [e["text"] for e in events if e["type"] == "response.output_text.done"]
+    final = events[-1]["response"]
+    assert deltas == done == text_of(final) == text_of(create(c, **body))
+    assert final["usage"]["output_tokens"] == 12
+
+
+def test_previous_response_id_continues_the_conversation(c):
+    """Exact: the follow-up's prompt is the one the whole conversation, sent as items, gives."""
+    first = create(c, input="Say hi.", max_output_tokens=4, instructions="Be brief.")
+    follow = create(c, input="Again.", previous_response_id=first["id"], max_output_tokens=2)
+    whole = create(c, input=[{"role": "user", "content": "Say hi."},
+                             {"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": text_of(first)}]},
+                             {"role": "user", "content": "Again."}], max_output_tokens=2)
+    assert follow["usage"]["input_tokens"] == whole["usage"]["input_tokens"]  # instructions not carried over
+    assert follow["previous_response_id"] == first["id"]
+
+
+def test_responses_not_kept_are_404s_naming_the_field(c):
+    gone = create(c, input="x", max_output_tokens=1, store=False)
+    assert c.get(f"/v1/responses/{gone['id']}").status_code == 404
+    r = c.post("/v1/responses", json={"input": "x", "previous_response_id": gone["id"]})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"
+    first = create(c, input="x", max_output_tokens=1)
+    for _ in range(4):  # the store holds 4: the oldest goes
+        create(c, input="y", max_output_tokens=1)
+    assert c.get(f"/v1/responses/{first['id']}").status_code == 404
+
+
+def test_forced_function_calls_stream_as_function_call_items(c):
+    body = dict(input="Weather in Paris?", tools=TOOLS, tool_choice="required", max_output_tokens=40, seed=2)
+    whole = create(c, **body)
+    calls = [i for i in whole["output"] if i["type"] == "function_call"]
+    assert calls and whole["status"] == "completed" and whole["tools"] == [{**TOOLS[0], "strict": None}]
+    for call in calls:
+        assert call["name"] == "get_weather" and call["call_id"].startswith("call_")
+        jsonschema.validate(json.loads(call["arguments"]), CITY)
+    events = stream(c, **body)
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    done = [e["arguments"] for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert deltas == "".join(done) == "".join(call["arguments"] for call in calls)
+    named = create(c, **{**body, "tool_choice": {"type": "function", "name": "get_weather"}})
+    assert [i["name"] for i in named["output"]] == ["get_weather"]
+
+
+def test_a_tool_loop_sends_the_calls_output_back(c):
+    """The function_call and its function_call_output go back as input; the model answers."""
+    call = create(c, input="Weather in Paris?", tools=TOOLS, tool_choice="required", max_output_tokens=40)
+    fc = next(i for i in call["output"] if i["type"] == "function_call")
+    out = create(c, previous_response_id=call["id"], tools=TOOLS, tool_choice="none", max_output_tokens=4,
+                 input=[{"type": "function_call_output", "call_id": fc["call_id"], "output": "sunny"}])
+    assert out["status"] in ("completed", "incomplete") and out["output"][0]["type"] == "message"
+
+
+def test_text_format_json_schema(c):
+    fmt = {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}
+    out = create(c, input="A city as JSON.", text={"format": fmt}, max_output_tokens=40)
+    jsonschema.validate(json.loads(text_of(out)), CITY)
+    assert out["text"]["format"]["name"] == "city"
+
+
+def test_the_official_client(c):
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=c, max_retries=0)
+    response = client.responses.create(model="m", input="def g():", max_output_tokens=5, temperature=0)
+    assert response.output_text == text_of(response.model_dump())
+    events = list(client.responses.create(model="m", input="def g():", max_output_tokens=5, temperature=0,
+                                          stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == response.output_text
+    assert events[-1].type == "response.incomplete"
+    # the stream helper waits for response.completed: a reply that ends on its own (its JSON closes)
+    fmt = {"type": "json_schema", "name": "city", "schema": CITY}
+    with client.responses.stream(model="m", input="A city.", text={"format": fmt}, max_output_tokens=40) as s:
+        texts = [e.delta for e in s if e.type == "response.output_text.delta"]
+        final = s.get_final_response()
+    assert final.status == "completed" and "".join(texts) == final.output_text
+    jsonschema.validate(json.loads(final.output_text), CITY)
+
+
+def test_reasoning_then_text_then_a_call_as_events():
+    """The builder alone: a reasoning item, a message and a call, each opened, filled and closed in order,
+    each event one the official types accept."""
+    builder = ResponseBuilder(ResponsesRequest(input="x"), "m")
+    events = builder.start() + builder.feed("hm", None, []) + builder.feed("more", "Hi", []) + \
+        builder.feed(None, None, [(0, "call_1", "f", '{"a"')]) + builder.feed(None, None, [(0, None, None, ": 1}")])
+    closing, final = builder.finish("tool_calls", None)
+    kinds = [e.type for e in events + closing]
+    for e in events + closing:
+        EVENT.validate_python(e.model_dump())
+    assert [i.type for i in final.output] == ["reasoning", "message", "function_call"]
+    assert final.output[0].content[0].text == "hmmore" and final.output[2].arguments == '{"a": 1}'
+    assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done") == 3
+    assert kinds[-1] == "response.completed"
+
+
+def test_version(c):
+    from paged.serve.app import __version__
+
+    assert c.get("/version").json() == {"version": __version__}
