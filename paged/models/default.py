@@ -181,16 +181,24 @@ def fetch_gemma3() -> Path:
     return path
 
 
-def main() -> int:
-    """``python -m paged.models.default``: fetch SmolLM2 and Gemma 3 270M if missing; a failure is a warning,
-    exit status 0."""
-    for name, fetch, present in ((CHAT_MODEL_NAME, fetch_chat_model, chat_model_path().is_file()),
-                                 (GEMMA3_NAME, fetch_gemma3, (cache_dir() / GEMMA3_FILE).is_file())):
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paged.models.default [NAME ...]``: fetch the named models (default: SmolLM2 and Gemma 3
+    270M) if missing; a failed download is a warning, exit status 0. ``make serve`` fetches SmolLM2 alone
+    (``make install`` both: the tests use Gemma 3)."""
+    models = {CHAT_MODEL_NAME: (fetch_chat_model, chat_model_path().is_file()),
+              GEMMA3_NAME: (fetch_gemma3, (cache_dir() / GEMMA3_FILE).is_file())}
+    names = sys.argv[1:] if argv is None else argv
+    unknown = [name for name in names if name not in models]
+    if unknown:
+        raise SystemExit(f"python -m paged.models.default: unknown model {unknown[0]!r}; "
+                         f"the models it fetches: {', '.join(models)}")
+    for name in names or models:
+        fetch, present = models[name]
         try:
             path = fetch()
         except (RuntimeError, ValueError, OSError) as err:
             print(f"warning: could not fetch {name} ({err}); its tests skip, and `make serve` and LLM() use "
-                  f"the next model there is. Retry with: python -m paged.models.default", file=sys.stderr)
+                  f"the next model there is. Retry with: python -m paged.models.default {name}", file=sys.stderr)
             continue
         print(f"{name}: {path} ({'already present' if present else 'fetched'})")
     return 0
