@@ -87,7 +87,7 @@ def build_lock(folder: Path, library: str) -> Iterator[None]:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         (folder / "lock").unlink(missing_ok=True)  # cpp_extension's, from a builder that is gone
         if not (folder / library).exists():
-            print(f"paged: compiling the C++ kernels into {folder} (once per checkout; minutes on 2 cores; "
+            print(f"paged: compiling the C++ kernels into {folder} (once per copy of the sources and CPU: minutes on 2 cores; "
                   "python -m paged.kernels shows the progress)", file=sys.stderr, flush=True)
         yield
     finally:
