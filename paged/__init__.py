@@ -6,7 +6,10 @@ ladder (step06: ``tensor_parallel_size=1`` by default, no worker process then);
 the engine refuses raises ``RequestError`` (a ``ValueError`` naming the field).
 """
 
+from paged import _openmp
 from paged._lazy import lazy_package
+
+_openmp.apply()  # before any torch import of ours: libgomp reads OMP_WAIT_POLICY once, when torch loads it
 
 # from step06, on first use: ``import paged.step03_attention.scheduler`` loads no model and no torch
 _OWN = {name: "paged.step06_tensor_parallel" for name in

@@ -19,6 +19,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, is_hypothesis_test, settings
 
+# OpenMP threads that sleep between parallel regions instead of spinning (paged/_openmp.py): on a machine
+# other processes keep busy, spinning threads made the suite several times slower. Set here, before any
+# test module imports torch (libgomp reads it once, when torch loads it); servers the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
 # GGUF files loaded by the tests keep their converted weights (paged/models/gguf_cache.py) in a
 # folder of this run, removed at its end: the suite neither reads nor leaves entries in the user's cache.
 if "PAGED_GGUF_CACHE" not in os.environ:

@@ -19,7 +19,7 @@ import posixpath
 import re
 from pathlib import Path
 
-from mkdocs.structure.files import File
+from mkdocs.structure.files import File, InclusionLevel
 
 ROOTS = ("paged", "tests", "labs", "tools", "csrc")
 SOURCE_DIR = "source"
@@ -64,7 +64,9 @@ def on_files(files, config):
     _pages.clear()
     _pages.update({p: f"{SOURCE_DIR}/{p}.md" for p in sorted(named)})
     for path, uri in _pages.items():
-        files.append(File.generated(config, uri, content=_page_markdown(root, path)))
+        # reached from the pages that name them, not from the nav: said so, so mkdocs lists none as missing from it
+        files.append(File.generated(config, uri, content=_page_markdown(root, path),
+                                    inclusion=InclusionLevel.NOT_IN_NAV))
     return files
 
 

@@ -5,14 +5,20 @@ without outputs; this runs each one once, fails on the first error, and writes
 the executed copy (outputs and plots included) to ``build/notebooks/``, where the
 docs build (``tools/mkdocs_notebooks.py``) renders it as a page. The committed
 notebooks are never written.
+
+The kernel talks to this process over Unix sockets in a private temporary folder (jupyter's
+``ipc`` transport) rather than over loopback TCP, which anyone on the machine could connect
+to and which the kernel warns about at every start.
 """
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from traitlets.config import Config
 
 
 def main(folder: str = "docs/notebooks", out: str = "build/notebooks") -> int:
@@ -24,8 +30,10 @@ def main(folder: str = "docs/notebooks", out: str = "build/notebooks") -> int:
     for path in paths:
         start = time.perf_counter()
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        with tempfile.TemporaryDirectory(prefix="paged-kernel-") as sockets:
+            ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
+            NotebookClient(nb, timeout=600, kernel_name="python3", config=ipc,
+                           resources={"metadata": {"path": str(path.parent)}}).execute()
         nbformat.write(nb, Path(out) / path.name)
         print(f"ran {path} in {time.perf_counter() - start:.1f} s -> {Path(out) / path.name}")
     print(f"{len(paths)} notebooks ran without error")

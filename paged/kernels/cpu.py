@@ -11,9 +11,8 @@ folder named after the torch version, the CPU's features, a hash of the
 sources and a hash of where they and torch are, so a cache shared between
 machines never hands one CPU code built for another, nor one checkout a library
 built from another's sources, and two checkouts never rebuild each other's. Later imports
-reuse the build, and cpp_extension's lock file keeps concurrent processes
-(pytest workers) from building at once; a lock older than ``STALE_LOCK_S`` was
-left by a killed build and is removed.
+reuse the build; ``build_cache.build_lock`` keeps concurrent processes
+(pytest workers) from building at once, and no process waits on a build that was killed.
 
 If the build fails, ``load()`` warns once and returns ``None``, and
 ``paged_attention_decode`` / ``paged_attention_prefill`` fall back to gathering
@@ -40,13 +39,12 @@ import hashlib
 import os
 import platform
 import threading
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
-from paged.kernels.build_cache import build_dir, place_key, source_key
+from paged.kernels.build_cache import build_dir, build_lock, place_key, source_key
 
 _SOURCES = ("bindings.cpp", "paged_attention_avx512.cpp", "paged_prefill_avx512.cpp", "paged_attention_scalar.cpp",
             "fused_ops.cpp", "quant_linear.cpp")
@@ -82,37 +80,20 @@ def _build_dir(src: Path) -> Path:
     return build_dir("paged_cpu", _cpu_key(), f"src{source_key(src)}", f"at{place_key(src)}")
 
 
-# A build takes a minute or two; torch's lock file names no owner, so one left by a process
-# killed mid-build would make every later process wait forever. Older than this, it is stale.
-STALE_LOCK_S = 15 * 60
-
-
-def _clear_stale_lock(build_dir: Path) -> None:
-    lock = build_dir / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > STALE_LOCK_S:
-        warnings.warn(f"paged: removing a stale kernel build lock ({lock}, {age / 60:.0f} min old: "
-                      "a build was killed)", RuntimeWarning, stacklevel=3)
-        lock.unlink(missing_ok=True)
-
-
 def _build(verbose: bool):
     from torch.utils import cpp_extension
 
     src = _source_dir()
     build_dir = _build_dir(src)
-    _clear_stale_lock(build_dir)
-    return cpp_extension.load(
-        name="paged_cpu",
-        sources=[str(src / name) for name in _SOURCES],
-        extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(build_dir),
-        verbose=verbose,
-    )
+    with build_lock(build_dir, "paged_cpu.so"):
+        return cpp_extension.load(
+            name="paged_cpu",
+            sources=[str(src / name) for name in _SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+            verbose=verbose,
+        )
 
 
 def load(verbose: bool = False, *, strict: bool = False):

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from paged.kernels.build_cache import build_dir, place_key
+from paged.kernels.build_cache import build_dir, build_lock, place_key
 
 __all__ = ["available", "copy_blocks", "load", "paged_attention_decode", "paged_attention_v1", "paged_attention_v2",
            "select_version", "write_kv"]  # fmt: skip
@@ -94,16 +94,18 @@ def load(verbose: bool = False):
             # headers into the flags so that editing a header rebuilds too.
             digest = hashlib.sha1(b"".join((src / h).read_bytes() for h in _HEADERS)).hexdigest()[:12]
             try:
-                _module = cpp_extension.load(
-                    name="paged_cuda",
-                    sources=[str(src / name) for name in (*_KERNELS, _BINDING)],
-                    extra_cflags=["-O3"],
-                    # -Xptxas=-v: ptxas reports each kernel's registers, shared memory and spills;
-                    # the report shows in the build log only with verbose=True (tools/gpu_check.py keeps it)
-                    extra_cuda_cflags=["-O3", "-Xptxas=-v", f"-DPAGED_HEADERS={digest}"],
-                    build_directory=str(_build_dir()),
-                    verbose=verbose,
-                )
+                folder = _build_dir()
+                with build_lock(folder, "paged_cuda.so"):
+                    _module = cpp_extension.load(
+                        name="paged_cuda",
+                        sources=[str(src / name) for name in (*_KERNELS, _BINDING)],
+                        extra_cflags=["-O3"],
+                        # -Xptxas=-v: ptxas reports each kernel's registers, shared memory and spills;
+                        # the report shows in the build log only with verbose=True (tools/gpu_check.py keeps it)
+                        extra_cuda_cflags=["-O3", "-Xptxas=-v", f"-DPAGED_HEADERS={digest}"],
+                        build_directory=str(folder),
+                        verbose=verbose,
+                    )
             except Exception as err:  # the compiler's output is in err
                 raise RuntimeError(f"building the CUDA kernels of {src} failed: {err}") from err
     return _module

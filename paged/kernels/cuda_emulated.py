@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from paged.kernels.build_cache import build_dir, place_key, source_key
+from paged.kernels.build_cache import build_dir, build_lock, place_key, source_key
 from paged.kernels.cuda import decode_with, source_dir
 
 __all__ = ["available", "copy_blocks", "load", "paged_attention_decode", "paged_attention_v1", "paged_attention_v2",
@@ -78,13 +78,15 @@ def load(verbose: bool = False):
 
             src = source_dir()
             try:
-                _module = cpp_extension.load(
-                    name="paged_cuda_emulated",
-                    sources=[str(src / name) for name in _SOURCES],
-                    extra_cflags=_FLAGS,
-                    build_directory=str(_build_dir(src)),
-                    verbose=verbose,
-                )
+                folder = _build_dir(src)
+                with build_lock(folder, "paged_cuda_emulated.so"):
+                    _module = cpp_extension.load(
+                        name="paged_cuda_emulated",
+                        sources=[str(src / name) for name in _SOURCES],
+                        extra_cflags=_FLAGS,
+                        build_directory=str(folder),
+                        verbose=verbose,
+                    )
             except Exception as err:  # the compiler's output is in err
                 _error = RuntimeError(f"building the CUDA device emulation of {src} failed: {err}")
                 raise _error from err

