@@ -5,9 +5,10 @@
 
 One greedy batch of ``--num-seqs`` sequences decodes ``--steps`` iterations
 on each setup, and the driver (rank 0) reports per decode iteration: the
-step's wall time (mean and slowest), the tokens per second that makes, and
-from its ``TPGroup.traffic`` tally the calls, payload bytes and seconds of
-its all-reduces, all-gathers (the LM head) and plan broadcasts. Setups:
+step's wall time (mean, median, slowest), the tokens per second of the
+mean, and from its ``TPGroup.traffic`` tally the calls, payload bytes and
+seconds of its all-reduces, all-gathers (the LM head) and plan broadcasts.
+Setups:
 
 * ``tp=1``: one process, no collective (the baseline the others pay against);
 * ``tp=2 one host``: the driver and one spawned worker over loopback;
@@ -19,9 +20,10 @@ its all-reduces, all-gathers (the LM head) and plan broadcasts. Setups:
   fault ``link_probe`` first measures the link itself (one TCP connection's
   round trip and throughput), so the row shows what the fault did to it;
 * a cut (``cut:reset``, ``cut:silent``): the driver is ``python -m
-  paged.serve``, four streams run, and the link is cut under them
-  (``tp_network_cut``): what the clients got and after how long, when each
-  host exited and with what code, and whether a process was left.
+  paged.serve``, and the link is cut under four streams, or while the
+  server is idle (``--cut-when``; ``tp_network_cut``): what the clients got
+  and after how long, when each host exited and with what code, and
+  whether a process was left.
 
 The faults that leave the link working share one deployment, started once;
 the link is changed between measurements. A collective's seconds on rank 0
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -91,7 +94,7 @@ def model_path(args) -> str:
 
 
 def measure(llm, num_seqs: int, steps: int) -> dict:
-    """Per decode iteration of one greedy batch: step ms (mean, max), tokens/s, rank 0's collectives."""
+    """Per decode iteration of one greedy batch: step ms (mean, median, max), tokens/s, rank 0's collectives."""
     from paged import SamplingParams
 
     engine = llm.engine
@@ -107,7 +110,8 @@ def measure(llm, num_seqs: int, steps: int) -> dict:
         engine.step()
         times.append(time.perf_counter() - t)
     n = len(times)
-    out = {"step_ms": 1e3 * sum(times) / n, "max_step_ms": 1e3 * max(times), "iterations": n,
+    out = {"step_ms": 1e3 * sum(times) / n, "median_step_ms": 1e3 * statistics.median(times),
+           "max_step_ms": 1e3 * max(times), "iterations": n,
            "tokens_per_s": num_seqs * n / sum(times)}
     for kind, (calls, nbytes, seconds) in before.items():
         t = group.traffic[kind]
@@ -150,7 +154,8 @@ def _row(name: str, m: dict, base: float | None) -> str:
     link = m.get("link", {})
     probe = f"{link['rtt_ms']:>7.3f} {link['mbit_s']:>8.1f}" if "mbit_s" in link else f"{'-':>7} {'-':>8}"
     vs = f"{m['step_ms'] / base:>6.2f}x" if base else f"{'-':>7}"
-    return (f"{name:<30} {probe} {m['step_ms']:>8.1f} {m['max_step_ms']:>8.1f} {vs} {m['tokens_per_s']:>7.1f} "
+    return (f"{name:<30} {probe} {m['step_ms']:>8.1f} {m['median_step_ms']:>8.1f} {m['max_step_ms']:>8.1f} {vs} "
+            f"{m['tokens_per_s']:>7.1f} "
             f"{_cell(m, 'broadcast')} {_cell(m, 'all_reduce')} {_cell(m, 'all_gather')}")
 
 
@@ -161,8 +166,8 @@ def print_table(results: dict, cuts: dict) -> None:
         print("# per decode iteration, rank 0 sends: " + "; ".join(
             f"{k.replace('_', '-')} {payload[k]['calls']:.0f} call(s), {payload[k]['bytes'] / 1024:.1f} KiB"
             for k in ("broadcast", "all_reduce", "all_gather")))
-    print(f"{'setup':<30} {'rtt ms':>7} {'Mbit/s':>8} {'step ms':>8} {'max ms':>8} {'vs none':>7} {'tok/s':>7} "
-          f"{'bcast ms':>9} {'allred ms':>9} {'allgat ms':>9}")
+    print(f"{'setup':<30} {'rtt ms':>7} {'Mbit/s':>8} {'step ms':>8} {'median':>8} {'max':>8} {'vs none':>7} "
+          f"{'tok/s':>7} {'bcast ms':>9} {'allred ms':>9} {'allgat ms':>9}")
     for name, m in results.items():
         print(_row(name, m, base if "two hosts" in name else None))
     for name, c in cuts.items():
