@@ -166,6 +166,8 @@ def print_table(results: dict, cuts: dict) -> None:
         print("# per decode iteration, rank 0 sends: " + "; ".join(
             f"{k.replace('_', '-')} {payload[k]['calls']:.0f} call(s), {payload[k]['bytes'] / 1024:.1f} KiB"
             for k in ("broadcast", "all_reduce", "all_gather")))
+    print("# rtt ms, Mbit/s: the link itself under the fault (one TCP connection); the rest per decode iteration: "
+          "the step (mean, median, slowest), tokens/s of the mean, rank 0's ms in each collective")
     print(f"{'setup':<30} {'rtt ms':>7} {'Mbit/s':>8} {'step ms':>8} {'median':>8} {'max':>8} {'vs none':>7} "
           f"{'tok/s':>7} {'bcast ms':>9} {'allred ms':>9} {'allgat ms':>9}")
     for name, m in results.items():
