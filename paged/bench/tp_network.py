@@ -131,7 +131,7 @@ def make_llm(args, tp: int, nnodes: int = 1):
 def _driver(args) -> int:
     """In host A: one measurement per line read from stdin (the fault's name), until EOF; an error ends it."""
     with make_llm(args, 2, nnodes=2) as llm:
-        measure(llm, args.num_seqs, 4)  # warm-up
+        measure(llm, args.num_seqs, args.steps)  # warm-up: a whole measurement, or the first row pays for it
         print(json.dumps({"ready": True}), flush=True)
         for line in sys.stdin:
             try:
@@ -189,7 +189,7 @@ def run(args) -> int:
     if not args.no_local:
         for name, tp in (("tp=1", 1), ("tp=2 one host", 2)):
             with make_llm(args, tp) as llm:
-                measure(llm, args.num_seqs, 4)  # warm-up
+                measure(llm, args.num_seqs, args.steps)  # warm-up: a whole measurement, or the first row pays for it
                 results[name] = measure(llm, args.num_seqs, args.steps)
     why, cuts = unavailable(), {}
     if why:
