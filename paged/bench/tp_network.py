@@ -10,7 +10,8 @@ mean, and from its ``TPGroup.traffic`` tally the calls, payload bytes and
 seconds of its all-reduces, all-gathers (the LM head) and plan broadcasts.
 Setups:
 
-* ``tp=1``: one process, no collective (the baseline the others pay against);
+* ``tp=1``: one process, no collective (the baseline the others pay against),
+  with the intra-op threads of one rank of tp = 2 (cores // 2);
 * ``tp=2 one host``: the driver and one spawned worker over loopback;
 * ``tp=2 two hosts, FAULT``: the driver in one network namespace, the
   headless worker (``python -m paged.serve --headless``) in another, joined
@@ -26,7 +27,9 @@ Setups:
   whether a process was left.
 
 The faults that leave the link working share one deployment, started once;
-the link is changed between measurements. A collective's seconds on rank 0
+the link is changed between measurements, and the faults take turns
+``--rounds`` times over (each row: the medians of its rounds), so a load
+that comes and goes on the machine does not land on one row. A collective's seconds on rank 0
 include waiting for the other rank to reach it, not only the wire. The model
 is the bundled demo model unless ``--model`` says otherwise; figures from a
 loaded 2-core CPU are noisy, the ratios between setups of one run are what to read.
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -43,7 +47,7 @@ import time
 from paged.bench.link_faults import Fault
 from paged.bench.netns import NamespaceError, unavailable
 from paged.bench.tp_network_cut import CUT_STREAMS, cut, describe
-from paged.bench.tp_network_hosts import cpu_name, measure_faults
+from paged.bench.tp_network_hosts import combine, cpu_name, measure_faults
 
 DEFAULT_FAULTS = "none,rate:1gbit,rate:100mbit,rate:10mbit,loss:1,loss:5,cut:reset,cut:silent"
 
@@ -56,6 +60,8 @@ def add_arguments(p) -> None:
                         "(nftables tcp resets), cut:silent (every packet dropped); default: %(default)s")
     p.add_argument("--num-seqs", type=_positive(int), default=8, help="sequences in the decoding batch")
     p.add_argument("--steps", type=_positive(int), default=32, help="decode iterations measured per setup")
+    p.add_argument("--rounds", type=_positive(int), default=3,
+                   help="measurements per setup, taken in turns; each row holds their medians")
     p.add_argument("--distributed-timeout", type=_positive(float), default=10.0,
                    help="seconds a collective may wait in the cut deployments (the silent cut is noticed then)")
     p.add_argument("--cut-when", default="streams,idle", choices=["streams", "idle", "streams,idle"],
@@ -183,14 +189,19 @@ def run(args) -> int:
         return _driver(args)
     faults, cpu, load_start = args.faults, cpu_name(), _load()
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu}; model {model_path(args)}; "
-          f"{args.num_seqs} sequences, {args.steps} decode iterations per setup; 1-minute load average "
-          f"{load_start} at the start")
+          f"{args.num_seqs} sequences, {args.steps} decode iterations per setup, the median of {args.rounds} rounds; "
+          f"1-minute load average {load_start} at the start")
     results: dict[str, dict] = {}
     if not args.no_local:
+        import torch
+
+        # tp = 1 gets the threads one rank of tp = 2 gets (cores // 2): with every core's worth of
+        # OpenMP threads, a shared machine's other jobs make them spin (600 ms a step instead of 31 here)
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // 2))
         for name, tp in (("tp=1", 1), ("tp=2 one host", 2)):
             with make_llm(args, tp) as llm:
                 measure(llm, args.num_seqs, args.steps)  # warm-up: a whole measurement, or the first row pays for it
-                results[name] = measure(llm, args.num_seqs, args.steps)
+                results[name] = combine([measure(llm, args.num_seqs, args.steps) for _ in range(args.rounds)])
     why, cuts = unavailable(), {}
     if why:
         results["tp=2 two hosts"] = {"skipped": why}
@@ -207,6 +218,7 @@ def run(args) -> int:
     print_table(results, cuts)
     print(f"# 1-minute load average {_load()} at the end")
     if args.json:
-        print(json.dumps({"cpu": cpu, "num_seqs": args.num_seqs, "steps": args.steps, "load_start": load_start,
+        print(json.dumps({"cpu": cpu, "num_seqs": args.num_seqs, "steps": args.steps, "rounds": args.rounds,
+                          "load_start": load_start,
                           "load_end": _load(), "results": results, "cuts": cuts}))
     return 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -116,25 +117,51 @@ class Measuring:
         self.log.close()
 
 
+def combine(runs: list[dict]) -> dict:
+    """One row from several rounds of one setup: each figure's median over the rounds, the slowest step of all."""
+    def med(get):
+        return statistics.median(get(r) for r in runs)
+
+    out = {"rounds": len(runs), "iterations": runs[0]["iterations"], "step_ms": med(lambda r: r["step_ms"]),
+           "median_step_ms": med(lambda r: r["median_step_ms"]), "max_step_ms": max(r["max_step_ms"] for r in runs),
+           "tokens_per_s": med(lambda r: r["tokens_per_s"])}
+    if "link" in runs[0]:
+        out["link"] = {k: med(lambda r: r["link"][k]) for k in ("rtt_ms", "mbit_s")}
+    for kind in ("broadcast", "all_reduce", "all_gather"):
+        if kind in runs[0]:
+            out[kind] = {**runs[0][kind], "ms": med(lambda r: r[kind]["ms"])}
+    return out
+
+
 def measure_faults(args, faults: list[Fault], model: str) -> dict[str, dict]:
-    """One row per fault: the link probe's round trip and throughput, then ``tp_network.measure``'s figures."""
-    results, pending = {}, list(faults)
-    while pending:
+    """One row per fault: the link probe's round trip and throughput, then ``tp_network.measure``'s figures.
+
+    The faults take turns, ``args.rounds`` times over (none, 1gbit, …, none, 1gbit, …), and each row holds
+    the medians over its rounds (``combine``): a load that comes and goes on the machine spreads over all
+    the rows instead of landing on one.
+    """
+    runs: dict[Fault, list[dict]] = {f: [] for f in faults}
+    ended: dict[Fault, dict] = {}  # a fault that could not be applied, or under which the engine failed
+    queue = [f for _ in range(args.rounds) for f in faults]
+    while queue:
         with TwoHosts() as hosts:
             deployment = Measuring(args, hosts, model)
             try:
-                while pending:
-                    fault = pending.pop(0)
-                    name = f"tp=2 two hosts, {fault.label}"
+                while queue:
+                    fault = queue.pop(0)
+                    if fault in ended:
+                        continue
                     try:
                         with link_fault(hosts, fault):
                             link = measure_link(hosts)
-                            results[name] = {"fault": str(fault), "link": link, **deployment.measure(fault)}
+                            m = deployment.measure(fault)
                     except NamespaceError as exc:
-                        results[name] = {"fault": str(fault), "skipped": str(exc)}
+                        ended[fault] = {"fault": str(fault), "skipped": str(exc)}
                         continue
-                    if "error" in results[name]:
+                    if "error" in m:
+                        ended[fault] = {"fault": str(fault), "link": link, **m}
                         break  # the engine is stopped; the next fault starts a fresh deployment
+                    runs[fault].append({"link": link, **m})
             finally:
                 deployment.close()
-    return results
+    return {f"tp=2 two hosts, {f.label}": ended.get(f) or {"fault": str(f), **combine(runs[f])} for f in faults}

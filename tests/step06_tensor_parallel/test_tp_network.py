@@ -47,7 +47,7 @@ def _namespaces() -> str:
 def test_tp_network_measures_a_capped_link_and_an_idle_cut_fails_the_next_request_at_once():
     bench = subprocess.Popen([sys.executable, "-m", "paged.bench", "tp_network", "--no-local", "--faults",
                               "rate:100mbit,cut:reset", "--cut-when", "idle", "--num-seqs", "2", "--steps", "2",
-                              "--distributed-timeout", str(DISTRIBUTED_TIMEOUT_S), "--json"], cwd=ROOT,
+                              "--rounds", "1", "--distributed-timeout", str(DISTRIBUTED_TIMEOUT_S), "--json"], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = bench.communicate(timeout=900)
     assert bench.returncode == 0, stderr[-4000:]
