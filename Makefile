@@ -19,13 +19,17 @@ PLAYER_RUNS := build/player/.recorded
 
 install: $(STAMP) $(KERNELS) chat-model iproute2 chromium
 
-# The two-host test and `paged.bench tp_network` make network namespaces with iproute2 (`ip`, `tc`):
-# installed here when missing and root; otherwise a warning, and that test skips itself with the reason.
+# The two-host test and `paged.bench tp_network` make network namespaces with iproute2 (`ip`, `tc`)
+# and put link faults on them with nftables (`nft`): installed here when missing and root; otherwise a
+# warning, and those tests skip themselves with the reason.
 .PHONY: iproute2
 iproute2:
 	@command -v ip >/dev/null && command -v tc >/dev/null || \
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get install -y -q iproute2; } || \
 		echo "make install: iproute2 (ip, tc) is missing; the two-host test will be skipped" >&2
+	@command -v nft >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get install -y -q nftables; } || \
+		echo "make install: nftables (nft) is missing; the link-fault tests will be skipped" >&2
 
 # Debian's Chromium: the block-table player's test (tests/test_player.py, in `make test`) and `make docs-check`
 # drive it headless. Installed when missing and root (apt's lists updated first if apt cannot find it);

@@ -2,7 +2,6 @@
 
     with TwoHosts() as hosts:                     # 10.233.0.1 (driver side) <-> 10.233.0.2
         hosts.popen("a", [python, "-m", "paged.serve", ...])
-        hosts.delay("5ms")                        # tc netem, on both ends: 5 ms each way
         hosts.link_down()                         # `ip link set ... down`: the cable is cut
 
 Each namespace has its own loopback and its own routing table and sees
@@ -10,7 +9,8 @@ only its end of the veth, so the traffic between the two sides crosses a
 real (virtual) link and stays inside the pair. Names carry the pid and a
 counter, so concurrent runs do not collide. Leaving the ``with`` kills every
 process still in either namespace and deletes both (the veth goes with
-them), even after an error.
+them, and any qdisc or nft table in them), even after an error. Bandwidth
+caps, loss and cuts on the link: ``link_faults.py``.
 """
 
 from __future__ import annotations
@@ -100,18 +100,6 @@ class TwoHosts:
         """Cut the cable: both ends down, so nothing crosses either way."""
         for side in "ab":
             _ip("-n", self.ns[side], "link", "set", self.dev[side], "down")
-
-    def delay(self, each_way: str | None) -> None:
-        """``tc netem`` delay on both ends (the round trip is twice ``each_way``); None removes it."""
-        for side in "ab":
-            subprocess.run([*self.prefix(side), "tc", "qdisc", "del", "dev", self.dev[side], "root"],
-                           capture_output=True, timeout=CMD_TIMEOUT_S)
-            if each_way:
-                r = subprocess.run([*self.prefix(side), "tc", "qdisc", "add", "dev", self.dev[side], "root",
-                                    "netem", "delay", each_way], capture_output=True, text=True,
-                                   timeout=CMD_TIMEOUT_S)
-                if r.returncode != 0:
-                    raise NamespaceError(f"tc netem delay {each_way}: {r.stderr.strip()}")
 
     # -- the end ---------------------------------------------------------------------------------
     def kill_all(self) -> list[int]:

@@ -20,7 +20,10 @@ machine never needed.
 * **Losing a host** (heartbeats): each remote rank adds 1 to its
   ``BEAT_KEY`` counter every ``HEARTBEAT_S``; the driver samples the counters
   (``Heartbeats``). A rank whose counter stood still for ``LOST_AFTER_S`` is
-  lost: after a failed collective the driver names it with its host. Counters,
+  lost: after a failed collective the driver names it with its host, and
+  before a plan it fails at once rather than send the plan into a cut
+  link and wait out the collective's timeout (an idle server's next
+  request after its remote host went silent). Counters,
   not timestamps: the two hosts' clocks need not agree. A remote rank whose
   store calls fail, or get no answer for ``DRIVER_LOST_S``, has lost the
   driver and exits.
@@ -160,9 +163,21 @@ class Heartbeats:
         """Seconds since ``rank``'s counter last moved."""
         return time.monotonic() - self._seen[rank][1]
 
-    def lost(self) -> list[int]:
-        """The ranks silent for more than ``LOST_AFTER_S``."""
-        return [r for r in self.ranks if self.silent_for(r) > LOST_AFTER_S]
+    def lost(self, confirm: bool = False) -> list[int]:
+        """The ranks silent for more than ``LOST_AFTER_S``.
+
+        ``confirm``: read each such rank's counter again first, so a sampler that has not run lately (this
+        process was paused, say) does not call a beating rank lost.
+        """
+        silent = [r for r in self.ranks if self.silent_for(r) > LOST_AFTER_S]
+        for r in silent if confirm else ():
+            try:
+                value = self._read(r)
+            except Exception:  # the store is closing with the engine: the view stands
+                continue
+            if value != self._seen[r][0]:
+                self._seen[r] = (value, time.monotonic())
+        return [r for r in silent if self.silent_for(r) > LOST_AFTER_S]
 
     def stop(self) -> None:
         self._stop.set()

@@ -11,7 +11,9 @@ call hangs):
 * a spawned worker sends its exception (with traceback) over its pipe and
   exits at once; its sockets close, so every peer blocked in a collective
   fails within milliseconds instead of waiting for a timeout;
-* before each plan the driver polls the pipes and the processes' exit codes;
+* before each plan the driver polls the pipes and the processes' exit codes,
+  and the heartbeats of the ranks on other hosts (a rank already lost is
+  named at once, not after the plan's broadcast times out);
 * after a failed collective it waits up to ``FAULT_GRACE_S`` for the worker
   at fault to show itself, prefers a model error over a death over a
   broken-connection error, stops every process, and raises ``WorkerError``;
@@ -92,12 +94,20 @@ class WorkerGroup:
         """Broadcast a plan or a control message to every rank (after checking they are all alive)."""
         if self.stopped:
             raise WorkerError(f"the tensor-parallel workers are stopped ({self.stopped}); create a new engine")
-        if self._poll():
+        if self._poll() or self._remote_lost():
             self.fail(None)
         try:
             self.group.broadcast_object(message)
         except BaseException as exc:
             self.fail(exc)
+
+    def _remote_lost(self) -> bool:
+        """Whether a rank on another host is lost (its heartbeat stood still, confirmed by a fresh read).
+
+        Asked before each plan: a plan sent into a cut link would only wait out the collective's timeout
+        (``--distributed-timeout``, 300 s by default) before the same verdict.
+        """
+        return self.heartbeats is not None and bool(self.heartbeats.lost(confirm=True))
 
     def _poll(self, remote: bool = False) -> bool:
         """Collect error reports that arrived; True if some worker reported one or is dead."""

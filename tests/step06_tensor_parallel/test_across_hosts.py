@@ -5,7 +5,7 @@ hosts: host A (10.233.0.1) runs the driver — ``python -m paged.serve
 --tensor-parallel-size 2 --nnodes 2 --master-addr 10.233.0.1`` — and host B
 (10.233.0.2) the headless worker — the same with ``--node-rank 1 --headless``.
 Each sees only its end of the link, so every plan and every all-reduce
-crosses it. The HTTP client runs inside A (``netns_client.py``).
+crosses it. The HTTP client runs inside A (``paged/bench/netns_client.py``).
 
 What must hold:
 
@@ -25,24 +25,22 @@ Without root (or without iproute2) the test is skipped, with the reason.
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from paged.bench import netns_client
 from paged.bench.netns import TwoHosts, unavailable
+from paged.bench.netns_client import StreamClient
 from paged.demo import DEFAULT_MODEL_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIENT = Path(__file__).with_name("netns_client.py")
 PORT, REF_PORT, MASTER_PORT = 8000, 8001, 29600  # inside fresh namespaces: nothing else listens there
 STARTUP_TIMEOUT_S = 240  # three Python processes importing torch on a loaded 2-core machine
 EXIT_TIMEOUT_S = 60  # the driver and the headless host, once the fault is noticed
@@ -96,56 +94,16 @@ def start(hosts: TwoHosts, tmp: Path, name: str, tp: int, port: int = PORT) -> t
 
 
 def wait_healthy(hosts: TwoHosts, driver: Proc, worker: Proc | None, port: int = PORT) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    probe = _python("-c", f"import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/health', timeout=2)")
-    while True:
-        for p in (driver, worker):
-            if p is not None and p.proc.poll() is not None:
-                raise AssertionError(f"exited with {p.proc.returncode} during start-up:\n{p.output()[-4000:]}")
-        if hosts.popen("a", probe, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).wait(30) == 0:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not healthy after {STARTUP_TIMEOUT_S} s:\n{driver.output()[-4000:]}")
-        time.sleep(0.5)
+    try:
+        netns_client.wait_healthy(hosts, port, [p.proc for p in (driver, worker) if p is not None], STARTUP_TIMEOUT_S)
+    except RuntimeError as exc:
+        logs = "\n".join(p.output()[-4000:] for p in (driver, worker) if p is not None)
+        raise AssertionError(f"{exc}:\n{logs}") from None
 
 
-class Client:
-    """``netns_client.py`` in namespace A; its JSON lines arrive on ``events`` as they are printed."""
-
-    def __init__(self, hosts: TwoHosts, bodies: list[dict], port: int = PORT) -> None:
-        self.proc = hosts.popen("a", _python(str(CLIENT), str(port), json.dumps(bodies)), stdout=subprocess.PIPE,
-                                text=True, env=_env())
-        self.events: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.n = len(bodies)
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-
-    def next(self, timeout: float = CLIENT_TIMEOUT_S) -> dict:
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"the client printed nothing for {timeout} s") from None
-
-    def wait_first(self, count: int) -> dict[int, dict]:
-        """Wait until ``count`` streams sent their first token; returns any that ended meanwhile."""
-        started, ended = set(), {}
-        while len(started) < count:
-            e = self.next()
-            (started.add(e["i"]) if e["event"] == "first" else ended.__setitem__(e["i"], e))
-            assert not ended, f"a stream ended before every stream started: {ended}"
-        return ended
-
-    def results(self, ended: dict | None = None) -> list[dict]:
-        ended = dict(ended or {})
-        while len(ended) < self.n:
-            e = self.next()
-            if e["event"] == "end":
-                ended[e["i"]] = e
-        self.proc.wait(30)
-        return [ended[i] for i in range(self.n)]
+def stream_client(hosts: TwoHosts, bodies: list[dict], port: int = PORT) -> StreamClient:
+    """``netns_client.py`` in namespace A, sending ``bodies`` to ``port``."""
+    return StreamClient(hosts, bodies, port, CLIENT_TIMEOUT_S, env=_env())
 
 
 def greedy(prompt: str, stream: bool = False, max_tokens: int = 24) -> dict:
@@ -153,7 +111,7 @@ def greedy(prompt: str, stream: bool = False, max_tokens: int = 24) -> dict:
             "ignore_eos": True}
 
 
-def assert_fault_contained(hosts: TwoHosts, client: Client, driver: Proc, worker: Proc, cut: bool) -> str:
+def assert_fault_contained(hosts: TwoHosts, client: StreamClient, driver: Proc, worker: Proc, cut: bool) -> str:
     """Every stream ended with an error naming the lost rank and host; both sides exited; nothing is left."""
     t = time.monotonic()
     outcomes = client.results()
@@ -180,25 +138,25 @@ def test_tp2_across_two_hosts_equals_tp1_streams_under_load_and_a_killed_remote_
         ref, _ = start(hosts, tmp_path, "tp1", tp=1, port=REF_PORT)
         driver, worker = start(hosts, tmp_path, "tp2", tp=2)
         wait_healthy(hosts, ref, None, REF_PORT)
-        reference = Client(hosts, [greedy(p) for p in PROMPTS], REF_PORT).results()
+        reference = stream_client(hosts, [greedy(p) for p in PROMPTS], REF_PORT).results()
         assert [o["error"] for o in reference] == [None] * len(PROMPTS)
         expected = [o["text"] for o in reference]
         ref.proc.terminate()
         assert ref.proc.wait(30) is not None
         wait_healthy(hosts, driver, worker)
-        got = Client(hosts, [greedy(p) for p in PROMPTS]).results()
+        got = stream_client(hosts, [greedy(p) for p in PROMPTS]).results()
         assert [o["error"] for o in got] == [None] * len(PROMPTS)
         assert [o["text"] for o in got] == expected
 
         # one stream under load: six other requests at once
         load = [greedy(p, max_tokens=16) for p in PROMPTS + PROMPTS[:2]]
-        outcomes = Client(hosts, [greedy(PROMPTS[0], stream=True, max_tokens=32), *load]).results()
+        outcomes = stream_client(hosts, [greedy(PROMPTS[0], stream=True, max_tokens=32), *load]).results()
         assert outcomes[0]["done"] and outcomes[0]["error"] is None, outcomes[0]
         assert outcomes[0]["text"].startswith(expected[0]), (outcomes[0]["text"], expected[0])
         assert [(o["error"], o["tokens"]) for o in outcomes[1:]] == [(None, 16)] * len(load)
 
         # SIGKILL the remote rank mid-stream
-        client = Client(hosts, [greedy(p, stream=True, max_tokens=LONG) for p in PROMPTS])
+        client = stream_client(hosts, [greedy(p, stream=True, max_tokens=LONG) for p in PROMPTS])
         client.wait_first(len(PROMPTS))
         assert hosts.pids("b") == [worker.proc.pid]  # `ip netns exec` execs: the headless host is rank 1 itself
         os.kill(worker.proc.pid, signal.SIGKILL)
@@ -213,7 +171,7 @@ def test_a_cut_link_mid_stream_ends_every_stream_naming_the_lost_host(tmp_path):
     with TwoHosts() as hosts:
         driver, worker = start(hosts, tmp_path, "cut", tp=2)
         wait_healthy(hosts, driver, worker)
-        client = Client(hosts, [greedy(p, stream=True, max_tokens=LONG) for p in PROMPTS])
+        client = stream_client(hosts, [greedy(p, stream=True, max_tokens=LONG) for p in PROMPTS])
         client.wait_first(len(PROMPTS))
         hosts.link_down()
         assert_fault_contained(hosts, client, driver, worker, cut=True)

@@ -125,3 +125,52 @@ def test_a_lost_remote_rank_is_named_with_its_host_and_node():
     assert (rank, certain) == (1, True)
     assert cause.startswith("was lost: no heartbeat for 12 s"), cause
     assert g.workers[0].where() == "rank 1 on host 10.233.0.2 (node 1)"
+
+
+def test_heartbeats_confirm_a_silent_rank_by_reading_its_counter_again(monkeypatch):
+    """A sampler that has not run lately must not call a beating rank lost: ``lost(confirm=True)`` re-reads."""
+    monkeypatch.setattr(hosts, "HEARTBEAT_S", 3600.0)  # the sampler never samples within this test
+    monkeypatch.setattr(hosts, "LOST_AFTER_S", 0.2)
+    store = _store()
+    beats = Heartbeats(store, [1, 2])
+    try:
+        time.sleep(0.3)
+        store.add(BEAT_KEY.format(rank=1), 1)  # rank 1 beat; rank 2 did not
+        assert beats.lost() == [1, 2]  # the stale view
+        assert beats.lost(confirm=True) == [2]
+        assert beats.lost() == [2]  # the re-read is remembered
+    finally:
+        beats.stop()
+
+
+def test_a_plan_for_a_rank_already_lost_fails_at_once_instead_of_waiting_out_the_collective():
+    """An idle server whose remote host went silent (a cut link): the next plan names the rank now; before, the
+    broadcast into the cut link waited for the whole ``--distributed-timeout`` (300 s by default)."""
+    class Silent:
+        def lost(self, confirm=False):
+            return [1]
+
+        def silent_for(self, rank):
+            return 21.0
+
+        def stop(self):
+            pass
+
+    class CutLink:
+        broadcasts = 0
+
+        def broadcast_object(self, obj, timeout=None):
+            CutLink.broadcasts += 1
+            time.sleep(2.0)  # a stand-in for the distributed timeout
+            raise RuntimeError("[gloo] Timed out waiting 10000ms for send operation to complete")
+
+        def close(self):
+            pass
+
+    g = WorkerGroup([_Worker(1, host="10.233.0.2", node=1)])
+    g.group, g.heartbeats = CutLink(), Silent()
+    t = time.monotonic()
+    with pytest.raises(WorkerError, match=r"rank 1 on host 10\.233\.0\.2 \(node 1\) was lost: no heartbeat for 21 s"):
+        g.send(("plan",))
+    assert CutLink.broadcasts == 0 and time.monotonic() - t < 1.0
+    assert g.stopped == "a worker failed"
