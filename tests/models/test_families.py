@@ -63,17 +63,8 @@ def pair(request, tmp_path_factory):
     """(kind, transformers model in float32, our model loaded in float32)."""
     hf = build_hf_model(request.param).float()
     path = save_checkpoint(hf, tmp_path_factory.mktemp(request.param))
-    with pytest.warns(UserWarning, match="sliding-window") if hf.config.sliding_window else _nothing():
-        loaded = load_model(path, dtype=torch.float32)
+    loaded = load_model(path, dtype=torch.float32)
     return request.param, hf, loaded.model
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_families_logits_equal_transformers_float32_toleranced(pair):
@@ -133,8 +124,7 @@ def test_families_refusals_name_the_problem(tmp_path):
     """Specific errors: Phi-3 sharded, a multimodal Gemma 3 folder, a GGUF file with LongRoPE factors."""
     folder = save_checkpoint(build_hf_model("phi3"), tmp_path / "phi3")
     with pytest.raises(ModelLoadError, match="tensor parallelism is not supported for model_type 'phi3'"):
-        with pytest.warns(UserWarning, match="sliding-window"):
-            load_model(folder, dtype="float32", shard=lambda model, layout: {})
+        load_model(folder, dtype="float32", shard=lambda model, layout: {})
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "gemma3"}))
     with pytest.raises(ModelLoadError, match="multimodal Gemma 3 folder"):
