@@ -5,9 +5,10 @@ unused slots, -1 in unused table entries) with a window W drawn from the
 edges (1, below the block size, multiples of the block size and one either
 side, longer than every context) and a soft-cap (none; 2, where it bends the
 scores of tens that sharpness 8 makes; 50, Gemma 2's). Each sequence's table
-entries before the block holding its first query's window start are set to -1
-and those blocks to NaN: a kernel that read them, or a binding that checked
-them, fails (they are what a KV manager could free, docs/models.md).
+entries before the block holding its first query's window start are set to a
+block id far past the cache (``FAR``) and those blocks to NaN: a kernel that
+read one would crash, a binding that checked them would refuse them (they are
+what a KV manager could free, docs/models.md).
 
 Levels of equality:
 
@@ -36,24 +37,15 @@ from paged.kernels import cpu
 from paged.kernels.contiguous import causal_attention
 from tests.kernels.test_cpu_kernel import _cpu_has_avx512f
 from tests.kernels.test_cpu_prefill import DIMS, IMPL_DTYPES, IMPLS, TOLERANCE, make_prefill, prefill_cases
-from tests.strategies import shuffled_free_list
+from tests.strategies import shuffled_free_list, softcaps, windows
 
-SOFTCAPS = [None, 2.0, 50.0]
+FAR = 2**31 - 1  # a block id no cache has: reading block FAR faults, it is ~2^31 blocks past the cache
 
 
 @pytest.fixture(scope="module")
 def ext():
     """The compiled extension (built once; a failed build fails the tests)."""
     return cpu.load(strict=True)
-
-
-@st.composite
-def windows(draw, block_size: int, longest: int):
-    """A window W from the edges: 1, below B, k*B - 1, k*B, k*B + 1, longer than every context; or anywhere."""
-    k = draw(st.integers(1, 4))
-    edges = [1, max(1, block_size - 1), max(1, k * block_size - 1), k * block_size, k * block_size + 1,
-             longest + 1, 10**6]
-    return draw(st.one_of(st.sampled_from(edges), st.integers(1, longest + 2)))
 
 
 @st.composite
@@ -64,12 +56,12 @@ def window_cases(draw, dims=DIMS["scalar"], max_seqs=3, max_blocks=5, decode=Fal
         seqs = [(max(ctx, 1), 1) for ctx, _ in seqs]
         order = draw(shuffled_free_list(sum(-(-c // b) for c, _ in seqs) + 2))
     window = draw(windows(b, max(c for c, _ in seqs)))
-    return (b, h, h_kv, d, seqs, order, sharpness, seed), window, draw(st.sampled_from(SOFTCAPS))
+    return (b, h, h_kv, d, seqs, order, sharpness, seed), window, draw(softcaps)
 
 
 def make_window(case, window, dtype):
     """make_prefill's inputs and K/V, with each sequence's blocks before its first query's window
-    taken out: table entries -1, cache blocks NaN."""
+    taken out: table entries FAR, cache blocks NaN."""
     args, kv = make_prefill(case, dtype)
     query, key_cache, value_cache, tables, context_lens, query_lens, scale = args
     block_size = key_cache.shape[1]
@@ -78,7 +70,7 @@ def make_window(case, window, dtype):
         for j in range(first):
             key_cache[tables[s, j]] = float("nan")
             value_cache[tables[s, j]] = float("nan")
-            tables[s, j] = -1
+            tables[s, j] = FAR
     return args, kv
 
 
@@ -233,7 +225,8 @@ def test_window_table_entries_before_the_window_are_not_checked_but_inside_are(e
     a freed block); one inside the window must be a block of the cache."""
     args, kv = make_window((4, 4, 2, 16, [(20, 2)], list(range(7)), 1.0, 0), 6, torch.float64)
     tables = args[3]
-    assert (tables[0, :3] == -1).all() and tables[0, 3] >= 0  # blocks 0-2 (positions 0-11) precede 13 .. 18
+    assert (tables[0, :3] == FAR).all() and tables[0, 3] < 7  # blocks 0-2 (positions 0-11) precede 13 .. 18
+    tables[0, :3] = -1
     torch.testing.assert_close(cpu.paged_attention_prefill(*args, window=6), oracle(args, kv, 6, None),
                                **TOLERANCE[torch.float64])
     with pytest.raises(ValueError, match=r"block_tables\[0, 2\] = -1 is not a physical block"):

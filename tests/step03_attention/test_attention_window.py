@@ -32,9 +32,9 @@ from paged.kernels.contiguous import causal_attention
 from paged.step03_attention import PagedAttention, blockwise_attention, reference_attention
 from paged.step03_attention import backends
 from paged.step03_attention.backends import attention_path
-from tests.kernels.test_cpu_window import SOFTCAPS, windows
 from tests.step03_attention.test_attention_paths import SCALE, _paged_batch, batches
 from tests.step03_attention.test_attention_seam import _alone_and_in_chunks
+from tests.strategies import softcaps, windows
 from tests.tolerances import FLOAT64
 
 BACKENDS = ["reference", "blockwise", "cpu"]
@@ -44,7 +44,7 @@ BACKENDS = ["reference", "blockwise", "cpu"]
 def window_batches(draw):
     """(batch, window, softcap)."""
     batch = draw(batches())
-    return batch, draw(windows(batch.block_size, max(batch.context_lens))), draw(st.sampled_from(SOFTCAPS))
+    return batch, draw(windows(batch.block_size, max(batch.context_lens))), draw(softcaps)
 
 
 def _setup(batch, batch_invariant=False):
