@@ -35,6 +35,20 @@ head_dims = st.sampled_from([8, 16, 32, 64, 128])
 
 
 @st.composite
+def windows(draw, block_size: int, longest: int):
+    """A sliding window W from the edges that break paged code: 1, below the block size, k*B - 1,
+    k*B, k*B + 1, longer than every context (``longest`` tokens); or anywhere up to there."""
+    k = draw(st.integers(1, 4))
+    edges = [1, max(1, block_size - 1), max(1, k * block_size - 1), k * block_size, k * block_size + 1,
+             longest + 1, 10**6]
+    return draw(st.one_of(st.sampled_from(edges), st.integers(1, longest + 2)))
+
+
+# Score soft-caps: none; 2, which bends scores of tens; 50, Gemma 2's.
+softcaps = st.sampled_from([None, 2.0, 50.0])
+
+
+@st.composite
 def shuffled_free_list(draw, num_blocks: int):
     """A permutation of ``range(num_blocks)``: the allocator's initial free order."""
     return draw(st.permutations(list(range(num_blocks))))

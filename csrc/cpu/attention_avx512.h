@@ -166,17 +166,20 @@ inline void accumulate_rows(const T* v_block, int64_t row, int64_t n, const floa
 
 // One block's online-softmax update of one row, 16 tokens per instruction:
 // block max, new running max m, p = exp(score - m) in place of the scores
-// sc[0, n), running sum l rescaled by alpha = exp(m_old - m), which the
-// accumulator is multiplied by next.
-inline void fold_scores(float* sc, int64_t n, float& m, float& l, float& alpha) {
+// sc[t0, n) (the tokens the row sees: t0 > 0 where its window starts inside
+// the block), running sum l rescaled by alpha = exp(m_old - m), which the
+// accumulator is multiplied by next. Lane t % 16 sums token t's p whatever t0 is.
+inline void fold_scores(float* sc, int64_t t0, int64_t n, float& m, float& l, float& alpha) {
+  const int64_t start = t0 / 16 * 16;
   __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t t = 0; t < n; t += 16) mx = _mm512_mask_max_ps(mx, tail_mask(n - t), mx, _mm512_loadu_ps(sc + t));
+  for (int64_t t = start; t < n; t += 16)
+    mx = _mm512_mask_max_ps(mx, range_mask(t0 - t, n - t), mx, _mm512_loadu_ps(sc + t));
   const float m_old = m;
   const float m_new = std::max(m_old, _mm512_reduce_max_ps(mx));  // max: exact in any order
   const __m512 mv = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t t = 0; t < n; t += 16) {
-    const __mmask16 k = tail_mask(n - t);
+  for (int64_t t = start; t < n; t += 16) {
+    const __mmask16 k = range_mask(t0 - t, n - t);
     const __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sc + t), mv));
     _mm512_mask_storeu_ps(sc + t, k, p);
     sum = _mm512_mask_add_ps(sum, k, sum, p);
@@ -219,10 +222,19 @@ inline void start_rows(const T* query, int64_t q_stride_h, float scale, int64_t 
   }
 }
 
+// Soft-capped scores sc[t0, n) in place (softcap16, 16 tokens per instruction).
+inline void softcap_scores(float* sc, int64_t t0, int64_t n, float cap) {
+  for (int64_t t = t0 / 16 * 16; t < n; t += 16) {
+    const __mmask16 k = range_mask(t0 - t, n - t);
+    _mm512_mask_storeu_ps(sc + t, k, softcap16(_mm512_maskz_loadu_ps(k, sc + t), cap));
+  }
+}
+
 // Attends the G query heads of one token (query: its head kvh * G, rows
 // q_stride_h apart) over logical blocks [j0, j1) of its sequence (block table
-// `table`, ctx tokens visible); leaves the running max, sum and accumulator in
-// rows 0 .. G-1 of w.
+// `table`, ctx tokens visible; with a window, the last a.window of them, which
+// start in block first_key(a, ctx - 1) / B: j0 is never below it); leaves the
+// running max, sum and accumulator in rows 0 .. G-1 of w.
 template <typename T, int NC>
 void decode_item(const DecodeArgs& a, const T* query, const int32_t* table, int64_t ctx, int64_t kvh,
                  int64_t j0, int64_t j1, Scratch& w) {
@@ -231,11 +243,13 @@ void decode_item(const DecodeArgs& a, const T* query, const int32_t* table, int6
   const int64_t row = a.num_kv_heads * D;  // elements between tokens of one head
   const T* key_cache = static_cast<const T*>(a.key_cache) + kvh * D;
   const T* value_cache = static_cast<const T*>(a.value_cache) + kvh * D;
-  const float scale = static_cast<float>(a.scale);
+  const float scale = static_cast<float>(a.scale), cap = static_cast<float>(a.softcap);
+  const int64_t lo = first_key(a, ctx - 1);  // the window's first key (0 without one)
   start_rows<T, NC>(query, a.q_stride_h, scale, 0, G, w);
 
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t n = std::min(B, ctx - j * B);
+    const int64_t t0 = std::max<int64_t>(0, lo - j * B);  // the block's first token the window holds
     const T* k_block = key_cache + static_cast<int64_t>(table[j]) * B * row;  // token t at + t * row
     const T* v_block = value_cache + static_cast<int64_t>(table[j]) * B * row;
     // The next block is elsewhere and this head's rows in it are H_kv * D
@@ -250,7 +264,7 @@ void decode_item(const DecodeArgs& a, const T* query, const int32_t* table, int6
     }
 
     // 1. scores[g, t] = q_g . k_t for the whole group, each key row loaded once
-    for (int64_t t = 0; t < n; ++t) {
+    for (int64_t t = t0; t < n; ++t) {
       KeyRow<T, NC> k;
       k.load(k_block + t * row);
       for (int64_t g = 0; g < G; ++g) {
@@ -258,9 +272,12 @@ void decode_item(const DecodeArgs& a, const T* query, const int32_t* table, int6
         else w.scores[g * stride + t] = k.dot(&w.q[g * D], 0);
       }
     }
-    // 2. online softmax of each head's scores; 3. acc = acc * alpha + p V
-    for (int64_t g = 0; g < G; ++g) fold_scores(&w.scores[g * stride], n, w.m[g], w.l[g], w.alpha[g]);
-    accumulate_rows<T, NC>(v_block, row, n, w.scores.data(), stride, 1, w.alpha.data(), w.acc.data(), G);
+    if (a.softcap > 0)
+      for (int64_t g = 0; g < G; ++g) softcap_scores(&w.scores[g * stride], t0, n, cap);
+    // 2. online softmax of each head's scores; 3. acc = acc * alpha + p V over the tokens seen
+    for (int64_t g = 0; g < G; ++g) fold_scores(&w.scores[g * stride], t0, n, w.m[g], w.l[g], w.alpha[g]);
+    accumulate_rows<T, NC>(v_block + t0 * row, row, n - t0, w.scores.data() + t0, stride, 1, w.alpha.data(),
+                           w.acc.data(), G);
   }
 }
 

@@ -1,7 +1,7 @@
 // AVX-512 building blocks shared by the CPU kernels: widening loads of float32
-// and bfloat16 rows, a vectorized exp, tail masks, an L2 prefetch of strided
-// rows, the fixed summation tree of 16 lanes (one vector, or 16 vectors lane by
-// lane) and a 16 x 16 transpose. Only compiled where the compiler targets
+// and bfloat16 rows, a vectorized exp and tanh (soft-capped scores), tail and
+// range masks, an L2 prefetch of strided rows, the fixed summation tree of 16
+// lanes (one vector, or 16 vectors lane by lane) and a 16 x 16 transpose. Only compiled where the compiler targets
 // AVX-512F (-march=native on a CPU that has it); every caller keeps a scalar
 // path for the other CPUs.
 #pragma once
@@ -10,6 +10,7 @@
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 
@@ -102,6 +103,39 @@ inline __m512i broadcast32(const void* p) {
 
 inline __mmask16 tail_mask(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1u);
+}
+
+// Lanes i with lo <= i < hi (either bound may lie outside 0 .. 16): the
+// tokens of a 16-token chunk that a windowed query sees.
+inline __mmask16 range_mask(int64_t lo, int64_t hi) {
+  auto below = [](int64_t k) { return k <= 0 ? __mmask16(0) : tail_mask(k); };
+  return below(hi) & __mmask16(~below(lo));
+}
+
+// tanh(x), ~2 ulp: below |x| = 0.625 an odd polynomial (the minimax
+// coefficients of Cephes' tanhf), where 1 - e would cancel; above, (1 - e) /
+// (1 + e) with e = exp(-2|x|) <= 1 (exp16's domain), the sign put back.
+inline __m512 tanh16(__m512 x) {
+  const __m512 z = _mm512_abs_ps(x), one = _mm512_set1_ps(1.0f);
+  const __m512 e = exp16(_mm512_mul_ps(z, _mm512_set1_ps(-2.0f)));
+  const __m512 far = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));  // tanh |x|
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+  const __m512 s = _mm512_mul_ps(x, x);
+  __m512 p = _mm512_set1_ps(-5.70498872745e-3f);
+  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(2.06390887954e-2f));
+  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-5.37397155531e-2f));
+  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.33314422036e-1f));
+  p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-3.33332819422e-1f));
+  const __m512 near = _mm512_fmadd_ps(_mm512_mul_ps(p, s), x, x);  // x + x^3 P(x^2)
+  const __mmask16 small = _mm512_cmp_ps_mask(z, _mm512_set1_ps(0.625f), _CMP_LT_OQ);
+  return _mm512_mask_blend_ps(small, _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(far), sign)), near);
+}
+
+// Soft-capped scores: cap * tanh(s / cap) (Gemma 2), lane by lane, so that
+// decode (16 tokens per vector) and prefill (16 query rows) round alike.
+inline __m512 softcap16(__m512 s, float cap) {
+  const __m512 c = _mm512_set1_ps(cap);
+  return _mm512_mul_ps(c, tanh16(_mm512_div_ps(s, c)));
 }
 
 // Ask for n rows of `bytes` each, `row` elements apart, into L2 (into L1 they

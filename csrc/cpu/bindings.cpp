@@ -13,7 +13,8 @@
 // against the oracle; partition_blocks forces avx512's split-context
 // partitioning (tests) or leaves it to the kernel (-1). prefill takes the same
 // impl, and query_tile (query tokens per work item: speed only, the tests vary
-// it to show the bits do not move). write_kv has one
+// it to show the bits do not move). Both take a sliding window and a score
+// soft-cap (None: none; paged_attention.h). write_kv has one
 // implementation (a row copy per token).
 
 // Narrow includes instead of <torch/extension.h>: they halve the first build.
@@ -22,6 +23,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cmath>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -126,10 +128,11 @@ Inputs check_inputs(const at::Tensor& query_in, const at::Tensor& key_cache, con
   return in;
 }
 
-// Every block a sequence of len tokens reads must be a physical block of the cache.
-void check_blocks(const Inputs& in, int64_t s, int64_t len) {
+// Every block a sequence of len tokens reads (from the one holding position
+// `from`, its first query's window start) must be a physical block of the cache.
+void check_blocks(const Inputs& in, int64_t s, int64_t len, int64_t from = 0) {
   const int32_t* table = in.block_tables.data_ptr<int32_t>();
-  for (int64_t j = 0; j * in.B < len; ++j) {
+  for (int64_t j = from / in.B; j * in.B < len; ++j) {
     const int64_t b = table[s * in.M + j];
     TORCH_CHECK_VALUE(b >= 0 && b < in.N, "block_tables[", s, ", ", j, "] = ", b,
                       " is not a physical block of the cache (N = ", in.N, ")");
@@ -139,6 +142,18 @@ void check_blocks(const Inputs& in, int64_t s, int64_t len) {
 void check_impl(const std::string& impl) {
   TORCH_CHECK_VALUE(impl == "auto" || impl == "scalar" || impl == "avx512",
                     "impl must be 'auto', 'scalar' or 'avx512', got '", impl, "'");
+}
+
+// A sliding window of at least one key (None: none) and a positive, finite soft-cap (None: none),
+// stored in args (0 meaning none).
+void set_window_and_softcap(paged::DecodeArgs& args, const c10::optional<int64_t>& window,
+                            const c10::optional<double>& softcap) {
+  TORCH_CHECK_VALUE(!window.has_value() || *window >= 1, "window must be >= 1 (keys a query sees, itself "
+                    "included) or None, got ", window.value_or(0));
+  TORCH_CHECK_VALUE(!softcap.has_value() || (std::isfinite(*softcap) && *softcap > 0),
+                    "softcap must be a finite number > 0 or None, got ", softcap.value_or(0));
+  args.window = window.value_or(0);
+  args.softcap = softcap.value_or(0);
 }
 
 void fill_args(paged::DecodeArgs& args, const Inputs& in, const at::Tensor& key_cache, const at::Tensor& value_cache,
@@ -182,23 +197,24 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
                   const at::Tensor& block_tables_in,  // [S, M] int32
                   const at::Tensor& context_lens_in,  // [S] int32
                   double scale, c10::optional<at::Tensor> out_in, const std::string& impl,
-                  int64_t partition_blocks) {
+                  int64_t partition_blocks, c10::optional<int64_t> window, c10::optional<double> softcap) {
   const int64_t S = query_in.dim() == 3 ? query_in.size(0) : 0;
   Inputs in = check_inputs(query_in, key_cache, value_cache, block_tables_in, context_lens_in, S, out_in,
                            "[S, H, D] (one token per sequence)");
+  paged::DecodeArgs args;
+  set_window_and_softcap(args, window, softcap);
   const int32_t* lens = in.context_lens.data_ptr<int32_t>();
   for (int64_t s = 0; s < S; ++s) {
     TORCH_CHECK_VALUE(lens[s] >= 1 && lens[s] <= in.M * in.B, "context_lens[", s, "] = ", lens[s],
                       " must be in [1, M * B] = [1, ", in.M * in.B, "] (M = ", in.M,
                       " block-table columns, B = ", in.B, ")");
-    check_blocks(in, s, lens[s]);
+    check_blocks(in, s, lens[s], paged::first_key(args, lens[s] - 1));
   }
   check_impl(impl);
   TORCH_CHECK_VALUE(partition_blocks >= -1, "partition_blocks must be -1 (auto), 0 (none) or a block count, got ",
                     partition_blocks);
   if (S == 0 || in.H == 0) return in.out;
 
-  paged::DecodeArgs args;
   fill_args(args, in, key_cache, value_cache, scale);
   args.partition_blocks = partition_blocks;
   run_kernel(impl, args, in, paged::paged_attention_decode_scalar, paged::paged_attention_decode_avx512);
@@ -212,7 +228,7 @@ at::Tensor prefill(const at::Tensor& query_in,   // [T, H, D] the new tokens of 
                    const at::Tensor& context_lens_in,  // [S] int32, new tokens included
                    const at::Tensor& query_lens_in,    // [S] int32, new tokens of each sequence
                    double scale, c10::optional<at::Tensor> out_in, const std::string& impl,
-                   int64_t query_tile) {
+                   int64_t query_tile, c10::optional<int64_t> window, c10::optional<double> softcap) {
   TORCH_CHECK_VALUE(context_lens_in.dim() == 1, "context_lens must be [S] (one length per sequence), got shape ",
                     shape_of(context_lens_in));
   const int64_t S = context_lens_in.size(0);
@@ -225,6 +241,8 @@ at::Tensor prefill(const at::Tensor& query_in,   // [T, H, D] the new tokens of 
                     "query_lens must be [S] with S = ", S, ", got shape ", shape_of(query_lens_in));
   const at::Tensor query_lens = query_lens_in.contiguous();
   const int32_t* q_lens = query_lens.data_ptr<int32_t>();
+  paged::PrefillArgs args;
+  set_window_and_softcap(args, window, softcap);
   const int32_t* lens = in.context_lens.data_ptr<int32_t>();
   std::vector<int64_t> starts(S);
   int64_t rows = 0;
@@ -234,7 +252,7 @@ at::Tensor prefill(const at::Tensor& query_in,   // [T, H, D] the new tokens of 
                       " block-table columns, B = ", in.B, ")");
     TORCH_CHECK_VALUE(q_lens[s] >= 0 && q_lens[s] <= lens[s], "query_lens[", s, "] = ", q_lens[s],
                       " must be in [0, context_lens[", s, "]] = [0, ", lens[s], "]");
-    check_blocks(in, s, lens[s]);
+    check_blocks(in, s, lens[s], paged::first_key(args, lens[s] - q_lens[s]));
     starts[s] = rows;
     rows += q_lens[s];
   }
@@ -244,7 +262,6 @@ at::Tensor prefill(const at::Tensor& query_in,   // [T, H, D] the new tokens of 
   TORCH_CHECK_VALUE(query_tile >= 1, "query_tile must be >= 1, got ", query_tile);
   if (rows == 0 || in.H == 0) return in.out;
 
-  paged::PrefillArgs args;
   fill_args(args, in, key_cache, value_cache, scale);
   args.query_lens = q_lens;
   args.query_starts = starts.data();
@@ -310,12 +327,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "Paged attention decode, one query per sequence",
         py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("context_lens"), py::arg("scale"), py::arg("out") = py::none(),
-        py::arg("impl") = "auto", py::arg("partition_blocks") = -1,
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("impl") = "auto", py::arg("partition_blocks") = -1, py::arg("window") = py::none(),
+        py::arg("softcap") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("prefill", &prefill, "Paged attention of many causal queries per sequence (prompts, chunks)",
         py::arg("query"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("context_lens"), py::arg("query_lens"), py::arg("scale"), py::arg("out") = py::none(),
-        py::arg("impl") = "auto", py::arg("query_tile") = 32, py::call_guard<py::gil_scoped_release>());
+        py::arg("impl") = "auto", py::arg("query_tile") = 32, py::arg("window") = py::none(),
+        py::arg("softcap") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("write_kv", &write_kv, "Write new K/V rows into the cache by slot mapping",
         py::arg("key_cache"), py::arg("value_cache"), py::arg("k"), py::arg("v"),
         py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());

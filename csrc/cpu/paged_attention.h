@@ -16,8 +16,9 @@ namespace paged {
 enum class DType { kFloat32, kBFloat16, kFloat64 };
 
 // One decode step: every sequence s has exactly one query token, which sits
-// at position context_lens[s] - 1 and attends to all context_lens[s] tokens.
-// The binding checks every field before a kernel sees it.
+// at position context_lens[s] - 1 and attends to all context_lens[s] tokens
+// (with a window W, to the last W of them). The binding checks every field
+// before a kernel sees it.
 struct DecodeArgs {
   const void* query;           // [S, H, D], rows of D contiguous (strides below)
   const void* key_cache;       // [N, B, H_kv, D] contiguous
@@ -39,12 +40,23 @@ struct DecodeArgs {
   // avx512: blocks per partition of a sequence (split-context, for few
   // sequences on many threads); 0: none, -1: chosen from the sizes and thread count.
   int64_t partition_blocks = -1;
+  // Sliding window W (0: none): the query at position p sees keys p - W + 1 .. p
+  // only, so its loop over blocks starts at the block holding p - W + 1.
+  int64_t window = 0;
+  // Soft-capping (0: none): each score s = scale * q.k becomes
+  // softcap * tanh(s / softcap) before the softmax (Gemma 2).
+  double softcap = 0;
 };
+
+// The first key position the query at position pos sees (its window's start).
+inline int64_t first_key(const DecodeArgs& a, int64_t pos) {
+  return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+}
 
 // Many query tokens per sequence (prompts, prompt chunks, decode tokens, packed):
 // sequence s has query_lens[s] new tokens at query rows query_starts[s] ...;
 // its i-th sits at position context_lens[s] - query_lens[s] + i and attends to
-// keys 0 .. that position (causal). The DecodeArgs fields mean what they mean
+// keys 0 .. that position (causal; with a window W, the last W of them). The DecodeArgs fields mean what they mean
 // there, except that query and out rows are tokens: q_stride_s and
 // out_stride_s are the strides between token rows. The binding checks every
 // field before a kernel sees it.

@@ -31,6 +31,13 @@
 // bits this kernel gives it without split-context: the two share the per-row
 // steps of attention_avx512.h.
 //
+// Sliding windows and soft-capping (DecodeArgs::window, ::softcap): a query
+// at position p with a window W reads blocks from the one holding p - W + 1,
+// and in that block only the tokens from it on (fold_scores masks the others
+// out of the max and the sum; V is accumulated from there). A soft-capped
+// score becomes softcap * tanh(score / softcap) before the softmax (softcap16,
+// elementwise, so prefill rounds it alike).
+//
 // Scheduling (this file): work items are spread over torch's thread count with
 // a dynamic OpenMP schedule, so sequences of different lengths balance. When
 // sequences x KV heads are too few for the threads (one long request, MQA),
@@ -48,6 +55,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "attention_avx512.h"
@@ -63,6 +71,13 @@ using avx512::decode_item;
 using avx512::write_out;
 using detail::for_each_item;
 
+// The logical blocks [first, last) sequence s's query reads: from the one
+// holding its window's first key (block 0 without a window) to its last.
+inline std::pair<int64_t, int64_t> blocks_read(const DecodeArgs& a, int64_t s) {
+  const int64_t ctx = a.context_lens[s];
+  return {first_key(a, ctx - 1) / a.block_size, (ctx + a.block_size - 1) / a.block_size};
+}
+
 // Blocks per partition of a sequence: 0 (none) when sequences x KV heads
 // already give every thread a couple of items; else enough partitions of at
 // least 256 tokens to occupy the threads (few long sequences, many cores).
@@ -71,8 +86,10 @@ inline int64_t partition_blocks(const DecodeArgs& a) {
   const int64_t items = a.num_seqs * a.num_kv_heads, want = 2 * int64_t(a.num_threads);
   if (items >= want) return 0;
   int64_t max_blocks = 0;
-  for (int64_t s = 0; s < a.num_seqs; ++s)
-    max_blocks = std::max<int64_t>(max_blocks, (a.context_lens[s] + a.block_size - 1) / a.block_size);
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const auto [first, last] = blocks_read(a, s);
+    max_blocks = std::max<int64_t>(max_blocks, last - first);
+  }
   const int64_t parts = (want + items - 1) / items;
   const int64_t blocks = std::max((max_blocks + parts - 1) / parts, (256 + a.block_size - 1) / a.block_size);
   return blocks >= max_blocks ? 0 : blocks;
@@ -91,26 +108,31 @@ void run_whole_sequences(const DecodeArgs& a) {
   const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
   for_each_item<Scratch>(a, a.num_seqs * H_kv, [&](int64_t i, Scratch& w) {
     const int64_t s = i / H_kv, kvh = i % H_kv;
-    decode_blocks<T, NC>(a, s, kvh, 0, (a.context_lens[s] + a.block_size - 1) / a.block_size, w);
+    const auto [first, last] = blocks_read(a, s);
+    decode_blocks<T, NC>(a, s, kvh, first, last, w);
     write_out<T, NC>(a, static_cast<T*>(a.out) + s * a.out_stride_s + kvh * G * a.out_stride_h, w);
   });
 }
 
-// Split-context: partition p of a sequence covers blocks [p * pb, (p + 1) * pb);
-// each keeps its own max m_p, sum l_p and accumulator; then
+// Split-context: partition p of a sequence covers blocks [first + p * pb,
+// first + (p + 1) * pb) of those it reads (blocks_read); each keeps its own
+// max m_p, sum l_p and accumulator; then
 // out = sum_p exp(m_p - m) acc_p / sum_p exp(m_p - m) l_p.
 template <typename T, int NC>
 void run_split_context(const DecodeArgs& a, int64_t pb) {
   constexpr int D = 16 * NC;
-  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv, B = a.block_size;
-  auto blocks_of = [&](int64_t s) { return (a.context_lens[s] + B - 1) / B; };
+  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
   int64_t parts = 1;
-  for (int64_t s = 0; s < a.num_seqs; ++s) parts = std::max(parts, (blocks_of(s) + pb - 1) / pb);
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const auto [first, last] = blocks_read(a, s);
+    parts = std::max(parts, (last - first + pb - 1) / pb);
+  }
   const int64_t heads = a.num_seqs * a.num_heads;  // partial state index: (s * H + h) * parts + p
   std::vector<float> m(heads * parts), l(heads * parts), acc(heads * parts * D);
   for_each_item<Scratch>(a, a.num_seqs * H_kv * parts, [&](int64_t i, Scratch& w) {
     const int64_t p = i % parts, kvh = (i / parts) % H_kv, s = i / (parts * H_kv);
-    const int64_t j0 = p * pb, j1 = std::min(blocks_of(s), j0 + pb);
+    const auto [first, last] = blocks_read(a, s);
+    const int64_t j0 = first + p * pb, j1 = std::min(last, j0 + pb);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t at = (s * a.num_heads + kvh * G + g) * parts + p;
       m[at] = -std::numeric_limits<float>::infinity();

@@ -43,7 +43,8 @@ struct ScratchScalar {
 
 // Attends the G query heads of one token (query: its head kvh * G, rows
 // q_stride_h apart) over the first ctx tokens of its sequence (block table
-// `table`); writes the G output rows (out: head kvh * G, out_stride_h apart).
+// `table`), the last a.window of them with a window; writes the G output rows
+// (out: head kvh * G, out_stride_h apart).
 template <typename T>
 void decode_item_scalar(const DecodeArgs& a, const T* query, const int32_t* table, int64_t ctx, int64_t kvh,
                         T* out, ScratchScalar<T>& w) {
@@ -63,20 +64,24 @@ void decode_item_scalar(const DecodeArgs& a, const T* query, const int32_t* tabl
     w.l[g] = 0;
   }
 
-  for (int64_t j = 0; j * B < ctx; ++j) {
-    const int64_t n = std::min(B, ctx - j * B);  // filled slots of this block
+  const int64_t lo = first_key(a, ctx - 1);  // the window's first key (0 without one)
+  const Acc cap = static_cast<Acc>(a.softcap);
+  for (int64_t j = lo / B; j * B < ctx; ++j) {
+    const int64_t n = std::min(B, ctx - j * B);         // filled slots of this block
+    const int64_t t0 = std::max<int64_t>(0, lo - j * B);  // its first slot the window holds
     const int64_t base = (static_cast<int64_t>(table[j]) * B * a.num_kv_heads + kvh) * D;
     const T* k_block = key_cache + base;    // row t at k_block + t * row
     const T* v_block = value_cache + base;
     for (int64_t g = 0; g < G; ++g) {
       const Acc* q = &w.q[g * D];
       Acc* acc = &w.acc[g * D];
-      // scores of this block and their maximum
+      // scores of this block (soft-capped) and their maximum
       Acc block_max = -std::numeric_limits<Acc>::infinity();
-      for (int64_t t = 0; t < n; ++t) {
+      for (int64_t t = t0; t < n; ++t) {
         const T* k = k_block + t * row;
         Acc dot = 0;
         for (int64_t d = 0; d < D; ++d) dot += q[d] * static_cast<Acc>(k[d]);
+        if (a.softcap > 0) dot = cap * std::tanh(dot / cap);
         w.scores[t] = dot;
         block_max = std::max(block_max, dot);
       }
@@ -85,7 +90,7 @@ void decode_item_scalar(const DecodeArgs& a, const T* query, const int32_t* tabl
       const Acc alpha = std::exp(w.m[g] - m_new);  // exp(-inf) = 0 on the first block
       w.l[g] *= alpha;
       for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
-      for (int64_t t = 0; t < n; ++t) {
+      for (int64_t t = t0; t < n; ++t) {
         const Acc p = std::exp(w.scores[t] - m_new);
         w.l[g] += p;
         const T* v = v_block + t * row;
@@ -116,7 +121,7 @@ void run_scalar(const DecodeArgs& a) {
 
 // Prefill is decode of each query token over the keys it may see: token i of
 // sequence s, at position p = context_lens[s] - query_lens[s] + i, as a decode
-// query with context p + 1. One item per (sequence, KV head).
+// query with context p + 1 (and the same window). One item per (sequence, KV head).
 template <typename T>
 void run_prefill_scalar(const PrefillArgs& a) {
   const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;

@@ -177,20 +177,28 @@ inline void scores16(const float* columns, int64_t group_stride, const T* k, int
 }
 
 // fold_scores for 16 rows at once, lane r being row r: p[t * p_tok] (16 rows'
-// scores of token t) become exp(score - m) where t < n[r]; the max is exact in
-// any order, and the sum of p over t keeps fold_scores's tree (lane t % 16 of
-// its chunk sums, then sum16), so every lane gets fold_scores's bits.
-// alpha = exp(m_old - m) by std::exp, as there, for the lanes whose max moved.
+// scores of token t) become exp(score - m) where from[r] <= t < n[r] (from:
+// where a row's window starts in the block; kFrom false: 0 for every lane);
+// the max is exact in any order, and the sum of p over t keeps fold_scores's
+// tree (lane t % 16 of its chunk sums, then sum16), so every lane gets
+// fold_scores's bits. alpha = exp(m_old - m) by std::exp, as there, for the
+// lanes whose max moved. t runs over [t_min, n_max), the tokens some lane sees.
 // (Unmasked loads then a blend, not masked loads: those would wait for the
 // scores' stores to reach the cache.)
-inline void fold16(float* p, int64_t p_tok, __m512i n, int64_t n_max, float* m, float* l, float* alpha) {
-  auto seen = [&](int64_t t) { return _mm512_cmpgt_epi32_mask(n, _mm512_set1_epi32(int32_t(t))); };
+template <bool kFrom>
+inline void fold16(float* p, int64_t p_tok, __m512i from, __m512i n, int64_t t_min, int64_t n_max, float* m, float* l,
+                   float* alpha) {
+  auto seen = [&](int64_t t) {
+    const __m512i tv = _mm512_set1_epi32(int32_t(t));
+    if constexpr (kFrom) return _mm512_mask_cmpgt_epi32_mask(_mm512_cmple_epi32_mask(from, tv), n, tv);
+    else return _mm512_cmpgt_epi32_mask(n, tv);
+  };
   __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t t = 0; t < n_max; ++t) mx = _mm512_mask_max_ps(mx, seen(t), mx, _mm512_loadu_ps(p + t * p_tok));
+  for (int64_t t = t_min; t < n_max; ++t) mx = _mm512_mask_max_ps(mx, seen(t), mx, _mm512_loadu_ps(p + t * p_tok));
   const __m512 m_old = _mm512_loadu_ps(m), m_new = _mm512_max_ps(m_old, mx);
   __m512 sums[16];
   for (int i = 0; i < 16; ++i) sums[i] = _mm512_setzero_ps();
-  for (int64_t t = 0; t < n_max; ++t) {
+  for (int64_t t = t_min; t < n_max; ++t) {
     const __mmask16 k = seen(t);
     const __m512 e = avx512::exp16(_mm512_sub_ps(_mm512_maskz_mov_ps(k, _mm512_loadu_ps(p + t * p_tok)), m_new));
     _mm512_storeu_ps(p + t * p_tok, e);  // lanes not seen: never read
@@ -211,16 +219,17 @@ template <typename T, int NC>
 void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int64_t i1, PrefillScratch& ps) {
   constexpr int D = 16 * NC, kCols = kQueryCols<T, NC>, kGroups = 2, kKeys = 2;  // row groups x keys per scores16
   Scratch& w = ps.rows;
-  const int64_t G = a.num_heads / a.num_kv_heads, B = a.block_size, row = a.num_kv_heads * D;
+  const int64_t G = a.num_heads / a.num_kv_heads, B = a.block_size, row = a.num_kv_heads * D, W = a.window;
   const int64_t first = a.context_lens[s] - a.query_lens[s], start = a.query_starts[s];
   const int32_t* table = a.block_tables + s * a.max_blocks;
   const T* query = static_cast<const T*>(a.query) + start * a.q_stride_s + kvh * G * a.q_stride_h;
   T* out = static_cast<T*>(a.out) + start * a.out_stride_s + kvh * G * a.out_stride_h;
-  const float scale = static_cast<float>(a.scale);
+  const float scale = static_cast<float>(a.scale), cap = static_cast<float>(a.softcap);
 
   if (i1 - i0 == 1) {  // one token: decode's item, the same bits without the transposes
     const int64_t ctx = first + i0 + 1;
-    avx512::decode_item<T, NC>(a, query + i0 * a.q_stride_s, table, ctx, kvh, 0, (ctx + B - 1) / B, w);
+    avx512::decode_item<T, NC>(a, query + i0 * a.q_stride_s, table, ctx, kvh, first_key(a, ctx - 1) / B,
+                               (ctx + B - 1) / B, w);
     avx512::write_out<T, NC>(a, out + i0 * a.out_stride_s, w);
     return;
   }
@@ -236,10 +245,18 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
 
   const T* key_cache = static_cast<const T*>(a.key_cache) + kvh * D;
   const T* value_cache = static_cast<const T*>(a.value_cache) + kvh * D;
+  // query i sees tokens [seen_from, seen_to) of block j: from its window's first key, up to itself
+  auto seen_from = [&](int64_t i, int64_t j) { return std::clamp<int64_t>(first_key(a, first + i) - j * B, 0, B); };
+  auto seen_to = [&](int64_t i, int64_t j) { return std::clamp<int64_t>(first + i + 1 - j * B, 0, B); };
   const int64_t last = first + i1 - 1;  // position of the tile's last query
-  for (int64_t j = 0; j * B <= last; ++j) {
-    const int64_t ia = std::max(i0, j * B - first);                               // first query that sees block j
-    const int64_t i_full = std::min(i1, std::max(ia, (j + 1) * B - 1 - first));  // first that sees all of it
+  for (int64_t j = first_key(a, first + i0) / B; j * B <= last; ++j) {
+    const int64_t ia = std::max(i0, j * B - first);  // first query that sees block j
+    // one past the last that sees it (later ones' windows start past it)
+    const int64_t ib = W > 0 ? std::clamp<int64_t>((j + 1) * B + W - 1 - first, ia, i1) : i1;
+    // [i_full, i_end): the queries that see all of it (past its last token, window from its first or before)
+    const int64_t i_full = std::min(ib, std::max(ia, (j + 1) * B - 1 - first));
+    const int64_t i_end = W > 0 ? std::clamp<int64_t>(j * B + W - first, i_full, ib) : ib;
+    const int64_t rows_seen = (ib - i0) * G;
     const T* k_block = key_cache + static_cast<int64_t>(table[j]) * B * row;
     const T* v_block = value_cache + static_cast<int64_t>(table[j]) * B * row;
     if ((j + 1) * B <= last) {  // the next block into L2, as in decode_item
@@ -248,22 +265,27 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
       avx512::prefetch_rows(value_cache + next, row, n_next, D * int64_t(sizeof(T)));
     }
     // scores and softmax update, 16 rows at a time, of every row that sees the block
-    for (int64_t r0 = (ia - i0) * G / 16 * 16; r0 < rows; r0 += 16 * kGroups) {
-      const int64_t groups = std::min<int64_t>(kGroups, (rows - r0 + 15) / 16);
-      alignas(64) int32_t n[kGroups][16];  // tokens of the block row r0 + 16 g + lane sees (0: none)
-      int64_t n_max = B;
-      if (r0 >= (i_full - i0) * G && r0 + 16 * groups <= rows) {  // all see the whole block: the common case
+    for (int64_t r0 = (ia - i0) * G / 16 * 16; r0 < rows_seen; r0 += 16 * kGroups) {
+      const int64_t groups = std::min<int64_t>(kGroups, (rows_seen - r0 + 15) / 16);
+      // tokens [from, n) of the block row r0 + 16 g + lane sees (n = 0: none)
+      alignas(64) int32_t from[kGroups][16], n[kGroups][16];
+      int64_t t_min = 0, n_max = B;
+      bool windowed = false;  // some row's window starts inside the block
+      if (r0 >= (i_full - i0) * G && r0 + 16 * groups <= (i_end - i0) * G) {  // all see the whole block: the common case
         for (int64_t g = 0; g < groups; ++g) _mm512_store_si512(n[g], _mm512_set1_epi32(int32_t(B)));
       } else {
-        n_max = 0;
+        t_min = B, n_max = 0;
         for (int64_t r = 0; r < 16 * groups; ++r) {
           const int64_t i = i0 + (r0 + r) / G;
-          n[r / 16][r % 16] = r0 + r < rows && i >= ia ? int32_t(std::min(B, first + i + 1 - j * B)) : 0;
-          n_max = std::max<int64_t>(n_max, n[r / 16][r % 16]);
+          const bool sees = r0 + r < rows_seen && i >= ia;
+          from[r / 16][r % 16] = sees ? int32_t(seen_from(i, j)) : 0;
+          n[r / 16][r % 16] = sees ? int32_t(seen_to(i, j)) : 0;
+          if (sees) t_min = std::min<int64_t>(t_min, from[r / 16][r % 16]), n_max = std::max<int64_t>(n_max, n[r / 16][r % 16]);
+          windowed |= from[r / 16][r % 16] > 0;
         }
       }
       const float* columns = &ps.columns[r0 * kCols];
-      int64_t t = 0;
+      int64_t t = t_min;
       if (groups == kGroups)
         for (; t + kKeys <= n_max; t += kKeys)
           scores16<T, NC, kGroups, kKeys>(columns, 16 * kCols, k_block + t * row, row, scale, &ps.p[t * P + r0], P);
@@ -271,19 +293,34 @@ void prefill_tile(const PrefillArgs& a, int64_t s, int64_t kvh, int64_t i0, int6
         for (int64_t g = 0; g < groups; ++g)
           scores16<T, NC, 1, 1>(columns + g * 16 * kCols, 0, k_block + t * row, row, scale,
                                 &ps.p[t * P + r0 + 16 * g], P);
-      for (int64_t g = 0; g < groups; ++g)
-        fold16(&ps.p[r0 + 16 * g], P, _mm512_load_si512(n[g]), n_max, &w.m[r0 + 16 * g], &w.l[r0 + 16 * g],
-               &w.alpha[r0 + 16 * g]);
+      if (a.softcap > 0)  // decode's softcap_scores, elementwise: the same bits 16 rows at a time
+        for (t = t_min; t < n_max; ++t)
+          for (int64_t g = 0; g < groups; ++g) {
+            float* x = &ps.p[t * P + r0 + 16 * g];
+            _mm512_storeu_ps(x, avx512::softcap16(_mm512_loadu_ps(x), cap));
+          }
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t r = r0 + 16 * g;
+        if (windowed)
+          fold16<true>(&ps.p[r], P, _mm512_load_si512(from[g]), _mm512_load_si512(n[g]), t_min, n_max, &w.m[r],
+                       &w.l[r], &w.alpha[r]);
+        else
+          fold16<false>(&ps.p[r], P, _mm512_setzero_si512(), _mm512_load_si512(n[g]), t_min, n_max, &w.m[r], &w.l[r],
+                        &w.alpha[r]);
+      }
     }
-    // acc = acc * alpha + p V: the diagonal queries one by one, then all that see the whole block
-    for (int64_t i = ia; i < i_full; ++i) {
-      const int64_t r = (i - i0) * G;
-      avx512::accumulate_rows<T, NC>(v_block, row, first + i + 1 - j * B, &ps.p[r], 1, P, &w.alpha[r],
-                                     &w.acc[r * D], G);
-    }
-    if (i_full < i1) {
+    // acc = acc * alpha + p V: the queries that see part of the block (the diagonal, a window's
+    // edge) one by one, over their tokens, then all that see the whole block together
+    auto accumulate_part = [&](int64_t i) {
+      const int64_t r = (i - i0) * G, t0 = seen_from(i, j);
+      avx512::accumulate_rows<T, NC>(v_block + t0 * row, row, seen_to(i, j) - t0, &ps.p[t0 * P + r], 1, P,
+                                     &w.alpha[r], &w.acc[r * D], G);
+    };
+    for (int64_t i = ia; i < i_full; ++i) accumulate_part(i);
+    for (int64_t i = i_end; i < ib; ++i) accumulate_part(i);
+    if (i_full < i_end) {
       const int64_t r = (i_full - i0) * G;
-      avx512::accumulate_rows<T, NC>(v_block, row, B, &ps.p[r], 1, P, &w.alpha[r], &w.acc[r * D], rows - r);
+      avx512::accumulate_rows<T, NC>(v_block, row, B, &ps.p[r], 1, P, &w.alpha[r], &w.acc[r * D], (i_end - i_full) * G);
     }
   }
   for (int64_t r = 0; r < rows; ++r)
@@ -300,7 +337,8 @@ void run_prefill(const PrefillArgs& args) {
   for (int64_t s = 0; s < a.num_seqs; ++s)
     for (int64_t i0 = 0; i0 < a.query_lens[s]; i0 += QT) {
       const int64_t i1 = std::min<int64_t>(a.query_lens[s], i0 + QT);
-      tiles.emplace_back((i1 - i0) * (a.context_lens[s] - a.query_lens[s] + i1), s, i0, i1);
+      const int64_t keys = a.context_lens[s] - a.query_lens[s] + i1;  // the last query's context
+      tiles.emplace_back((i1 - i0) * (a.window > 0 ? std::min(keys, a.window + i1 - i0) : keys), s, i0, i1);
     }
   std::sort(tiles.begin(), tiles.end(), [](const auto& x, const auto& y) { return std::get<0>(x) > std::get<0>(y); });
   for_each_item<PrefillScratch>(a, int64_t(tiles.size()) * H_kv, [&](int64_t item, PrefillScratch& ps) {

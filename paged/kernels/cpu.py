@@ -145,12 +145,17 @@ def paged_attention_decode(
     scale: float,
     out: torch.Tensor | None = None,  # [S, H, D]
     partition_blocks: int = -1,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [S, H, D]
     """Decode attention of one query per sequence over its paged K/V.
 
     ``partition_blocks``: -1 lets the AVX-512 kernel split long sequences into
     partitions when the batch is too small for the threads; 0 never splits (a
     query's result then does not depend on the batch: batch-invariant mode).
+    ``window`` W: the query at position p sees keys ``p - W + 1 .. p`` only (the
+    kernel starts at the block holding the first); ``softcap``: each score s
+    becomes ``softcap * tanh(s / softcap)`` before the softmax.
 
     Query head ``h`` reads KV head ``h // (H // H_kv)``. Sequence ``s`` sees the
     ``context_lens[s]`` tokens in physical blocks ``block_tables[s, :ceil(len/B)]``
@@ -159,14 +164,15 @@ def paged_attention_decode(
 
     Raises:
         TypeError: a tensor has the wrong dtype.
-        ValueError: a shape, layout, context length or block id is out of range.
+        ValueError: a shape, layout, context length or block id is out of range, the window is
+            below 1, the soft-cap not a finite number above 0.
     """
     module = load()
     if module is None:
-        result = _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
+        result = _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, scale, window, softcap)
         return result if out is None else out.copy_(result)
     return module.decode(query, key_cache, value_cache, block_tables, context_lens, float(scale), out,
-                         partition_blocks=partition_blocks)
+                         partition_blocks=partition_blocks, window=window, softcap=softcap)
 
 
 def paged_attention_prefill(
@@ -179,6 +185,8 @@ def paged_attention_prefill(
     scale: float,
     out: torch.Tensor | None = None,  # [T, H, D]
     query_tile: int = 32,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, H, D]
     """Causal attention of many query tokens per sequence over its paged K/V.
 
@@ -189,42 +197,50 @@ def paged_attention_prefill(
     (entries past that are ignored). This covers a whole prompt, a chunk of one,
     a prompt's tail over a cached prefix and a decode token (``query_lens[s] =
     1``) in one call. Query head ``h`` reads KV head ``h // (H // H_kv)``.
-    float32, bfloat16 (float32 accumulation) and float64.
+    ``window`` and ``softcap`` as in ``paged_attention_decode``. float32,
+    bfloat16 (float32 accumulation) and float64.
 
     Each token's result is bitwise what ``paged_attention_decode(...,
-    partition_blocks=0)`` gives that token alone (context = its position + 1):
-    the KV blocks are walked at absolute positions, in the decode kernel's order
-    and arithmetic. ``query_tile`` (query tokens per work item) changes only
-    the speed.
+    partition_blocks=0)`` gives that token alone (context = its position + 1,
+    the same window and soft-cap): the KV blocks are walked at absolute
+    positions, in the decode kernel's order and arithmetic, a window's first
+    block fixed by the token's position. ``query_tile`` (query tokens per work
+    item) changes only the speed.
 
     Raises:
         TypeError: a tensor has the wrong dtype.
         ValueError: a shape or layout is wrong, a length is out of range
             (``0 <= query_lens[s] <= context_lens[s] <= M * B``, ``sum(query_lens) == T``),
-            or a block id is not a block of the cache.
+            a block id is not a block of the cache, the window is below 1, the
+            soft-cap not a finite number above 0.
     """
     module = load()
     if module is None:
-        result = _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale)
+        result = _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale,
+                                   window, softcap)
         return result if out is None else out.copy_(result)
     return module.prefill(query, key_cache, value_cache, block_tables, context_lens, query_lens, float(scale), out,
-                          query_tile=query_tile)
+                          query_tile=query_tile, window=window, softcap=softcap)
 
 
-def _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, scale) -> torch.Tensor:
+def _gathered_decode(query, key_cache, value_cache, block_tables, context_lens, scale, window=None,
+                     softcap=None) -> torch.Tensor:
     """The decode path without the kernel: ``_gathered_prefill`` with one query per sequence."""
     ones = torch.ones(len(context_lens), dtype=torch.int32)
-    return _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens, ones, scale)
+    return _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens, ones, scale, window, softcap)
 
 
-def _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale) -> torch.Tensor:
+def _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale, window=None,
+                      softcap=None) -> torch.Tensor:
     """The path without the kernel: each sequence's blocks copied into contiguous K/V, then SDPA.
 
     The same computation as step03's ``reference_attention``, written against
-    ``paged.models`` only: kernels sit below the steps. Bad lengths raise the
-    kernel's errors.
+    ``paged.models`` only: kernels sit below the steps. Bad lengths, windows and
+    soft-caps raise the kernel's errors.
     """
-    from paged.kernels.contiguous import causal_attention
+    from paged.kernels.contiguous import causal_attention, check_window_and_softcap
+
+    check_window_and_softcap(window, softcap)
 
     block_size = key_cache.shape[1]
     ctx, q_lens = context_lens.tolist(), query_lens.tolist()
@@ -242,7 +258,7 @@ def _gathered_prefill(query, key_cache, value_cache, block_tables, context_lens,
         blocks = block_tables[s, : -(-n // block_size)].long()
         k = key_cache.index_select(0, blocks).flatten(0, 1)[:n]  # [n, H_kv, D]
         v = value_cache.index_select(0, blocks).flatten(0, 1)[:n]
-        out[start : start + q] = causal_attention(query[start : start + q], k, v, scale)
+        out[start : start + q] = causal_attention(query[start : start + q], k, v, scale, window, softcap)
         start += q
     return out
 

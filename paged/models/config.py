@@ -137,6 +137,13 @@ class ModelConfig:
             )
         if self.layer_types is not None and len(self.layer_types) != self.num_layers:
             raise ModelLoadError(f"layer_types names {len(self.layer_types)} layers, the model has {self.num_layers}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ModelLoadError(f"sliding_window must be >= 1 (keys a query sees, itself included), "
+                                 f"got {self.sliding_window}")
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            cap = getattr(self, name)
+            if cap is not None and not (math.isfinite(cap) and cap > 0):
+                raise ModelLoadError(f"{name} must be a finite number > 0, got {cap}")
 
     def window(self, layer: int) -> int | None:
         """The sliding window of layer ``layer``, or None when it attends to the whole sequence."""
@@ -155,12 +162,10 @@ class ModelConfig:
     def max_model_len(self) -> int:
         """Longest sequence (prompt + output) the paged engine runs exactly for this model.
 
-        The model's context, capped at the sliding window, where sliding-window and full causal
-        attention agree: the paged attention path does not mask by window yet (the models and
-        ``ContiguousAttention`` do, so the reference runs to ``max_position_embeddings``); and, for
-        LongRoPE, at the original context, where Phi-3 uses its short factors only.
+        The model's context (a sliding window does not shorten it: every attention path masks by
+        window); for LongRoPE, the original context, where Phi-3 uses its short factors only.
         """
-        limit = min(self.max_position_embeddings, self.sliding_window or math.inf)
+        limit = self.max_position_embeddings
         if self.rope_scaling is not None and self.rope_scaling["rope_type"] == "longrope":
             limit = min(limit, self.rope_scaling["original_max_position_embeddings"])
         return limit

@@ -126,6 +126,11 @@ def _window(hf: dict, model_type: str, num_layers: int) -> tuple[int | None, tup
     if model_type in ("gemma2", "gemma3_text") and not types:  # written before configs listed them
         pattern = 2 if model_type == "gemma2" else int(hf.get("sliding_window_pattern", 6))
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if model_type in ("qwen2", "qwen3") and not types:  # Qwen slides from layer max_window_layers on
+        first = int(hf.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if set(types or ()) == {"full_attention"}:
+        return None, None
     if not types or set(types) == {"sliding_attention"}:
         return int(window), None
     return int(window), tuple(types)

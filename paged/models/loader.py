@@ -20,7 +20,6 @@ rank never holds the whole model. A ``.gguf`` file goes through
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import torch
@@ -167,13 +166,6 @@ def load_model(
         return load_gguf(path, dtype, device, quantization)
     config = read_config(path)
     dtype = (config.torch_dtype or torch.float32) if dtype == "auto" else parse_dtype(dtype)
-    if config.sliding_window and config.sliding_window < config.max_position_embeddings:
-        warnings.warn(
-            f"{path}: sliding-window attention (window {config.sliding_window}) is not masked by the paged "
-            f"engine yet; it runs sequences up to max_model_len={config.max_model_len} tokens, where it equals "
-            "full attention",
-            stacklevel=2,
-        )
     with torch.device("meta"):
         model = build_model(config)
     if shard is not None and not model.tp_plan:

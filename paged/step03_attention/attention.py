@@ -5,7 +5,8 @@ the new tokens of every sequence packed together. ``PagedAttention`` is that
 callable for a paged ``KVCache``: the paper's fused "reshape and write" (store
 each new key and value at its slot, ``block * B + offset``), then attention of
 each sequence's new queries over its blocks (paper §4.1, Figure 5), the query
-at position p seeing keys 0 .. p. Which kernel runs is the backend's choice
+at position p seeing keys 0 .. p (p - W + 1 .. p in a layer with a sliding
+window W; scores soft-capped in a layer with a ``softcap``). Which kernel runs is the backend's choice
 (``backends.attention_path``), and so is how a token's result is kept
 independent of the batch when the engine asks for that (batch-invariant mode).
 
@@ -99,11 +100,13 @@ class PagedAttention:
         self._attend = attention_path(backend, meta.batch_invariant)
 
     # --8<-- [start:paged_attention]
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
-        """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]."""
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
+                 window: int | None = None, softcap: float | None = None):
+        """q [T, H, D], k/v [T, H_kv, D] -> [T, H, D]; ``window`` and ``softcap`` as in the models'
+        ``Attention`` protocol (a sliding window, soft-capped scores)."""
         m = self.meta
         self._write(layer, k, v, m.slot_mapping)  # each new token's key and value at its slot
         kc, vc = self.kv_cache.key(layer), self.kv_cache.value(layer)  # [N, B, H_kv, D]
         # each sequence's queries over its blocks (m.block_tables, m.context_lens, m.query_lens)
-        return self._attend(q, kc, vc, m, scale)
+        return self._attend(q, kc, vc, m, scale, window, softcap)
     # --8<-- [end:paged_attention]

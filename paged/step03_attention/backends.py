@@ -29,6 +29,16 @@ Without the mode each takes its fastest route: the native kernels decode
 (the cpu one split into partitions when the batch is small), a prompt with
 nothing cached goes through ``prefill_attention`` (SDPA's fused kernel), one
 over a cached prefix through the reference path.
+
+Sliding windows and soft-capped scores (the keywords ``window`` and
+``softcap`` of the models' attention call) reach every path: the PyTorch
+paths mask and cap (``reference``, ``blockwise``); the cpu kernels start a
+query's block loop at its window and cap each score, and on the cpu backend a
+batch with a prompt in a layer that has either goes through the prefill kernel
+in both modes (SDPA's fused kernel has neither; the prefill kernel reads only
+the window's blocks). The CUDA kernels have neither yet: on ``cuda`` and
+``emulated-cuda`` such a layer runs the reference path (``_reference_for_options``
+says so once).
 """
 
 from __future__ import annotations
@@ -132,28 +142,61 @@ def kv_writer(name: str, kv_cache) -> Callable:
 
 
 def attention_path(name: str, batch_invariant: bool) -> Callable:
-    """``attend(query [T, H, D], key_cache [N, B, H_kv, D], value_cache, meta, scale) -> [T, H, D]``
-    for backend ``name``: the new queries of every sequence in ``meta`` (an
-    ``AttentionMetadata``) over its blocks, causally. With ``batch_invariant`` a
-    token's result does not depend on the rest of the batch (see the module doc)."""
+    """``attend(query [T, H, D], key_cache [N, B, H_kv, D], value_cache, meta, scale, window=None,
+    softcap=None) -> [T, H, D]`` for backend ``name``: the new queries of every sequence in ``meta``
+    (an ``AttentionMetadata``) over its blocks, causally, within a sliding ``window`` and with
+    soft-capped scores when given. With ``batch_invariant`` a token's result does not depend on
+    the rest of the batch (see the module doc)."""
     module = _kernels(name) if name in NATIVE else None
     if name in ("reference", "blockwise") or module is None:
         fn = blockwise_attention if name == "blockwise" else reference_attention
         if batch_invariant:
-            return lambda q, kc, vc, m, scale: fn(q, kc, vc, *m.per_token, None, scale)
-        return lambda q, kc, vc, m, scale: fn(q, kc, vc, m.block_tables, m.context_lens,
-                                             None if m.all_decode else m.query_lens, scale)
-    if name == "cpu" and batch_invariant:
-        decode = functools.partial(module.paged_attention_decode, partition_blocks=0)
+            return lambda q, kc, vc, m, scale, window=None, softcap=None: fn(
+                q, kc, vc, *m.per_token, None, scale, window, softcap)
+        return lambda q, kc, vc, m, scale, window=None, softcap=None: fn(
+            q, kc, vc, m.block_tables, m.context_lens, None if m.all_decode else m.query_lens, scale, window, softcap)
+    if name == "cpu":
+        return _cpu_path(module, batch_invariant)
+    # cuda, emulated-cuda
+    if batch_invariant:  # v1, one query per row
+        fast = lambda q, kc, vc, m, scale: module.paged_attention_v1(q, kc, vc, *m.per_token, scale)  # noqa: E731
+    else:
+        fast = functools.partial(_fastest, module.paged_attention_decode)
+    return _reference_for_options(name, fast, attention_path("reference", batch_invariant))
 
-        def attend(q, kc, vc, m, scale):
-            if m.all_decode:
-                return decode(q, kc, vc, m.block_tables, m.context_lens, scale)
-            return module.paged_attention_prefill(q, kc, vc, m.block_tables, m.context_lens, m.query_lens_tensor, scale)
-        return attend
-    if batch_invariant:  # cuda, emulated-cuda: v1, one query per row
-        return lambda q, kc, vc, m, scale: module.paged_attention_v1(q, kc, vc, *m.per_token, scale)
-    return functools.partial(_fastest, module.paged_attention_decode)
+
+def _cpu_path(module, batch_invariant: bool) -> Callable:
+    """The cpu backend: all-decode batches through the decode kernel (never split into partitions
+    in batch-invariant mode), batches with a prompt through the prefill kernel in that mode or
+    when the layer has a window or a soft-cap, else by ``_fastest``."""
+    decode = functools.partial(module.paged_attention_decode, partition_blocks=0 if batch_invariant else -1)
+
+    def attend(q, kc, vc, m, scale, window=None, softcap=None):
+        if m.all_decode:
+            return decode(q, kc, vc, m.block_tables, m.context_lens, scale, window=window, softcap=softcap)
+        if batch_invariant or window is not None or softcap is not None:
+            return module.paged_attention_prefill(q, kc, vc, m.block_tables, m.context_lens, m.query_lens_tensor,
+                                                  scale, window=window, softcap=softcap)
+        return _fastest(decode, q, kc, vc, m, scale)
+    return attend
+
+
+_ROUTED: set[str] = set()  # the backends whose windowed / soft-capped layers went to the reference path
+
+
+def _reference_for_options(name: str, fast: Callable, reference: Callable) -> Callable:
+    """``fast`` for the layers without a window or a soft-cap, ``reference`` for those with one:
+    csrc/cuda masks no window and caps no score yet. Warns the first time it happens in a process."""
+
+    def attend(q, kc, vc, m, scale, window=None, softcap=None):
+        if window is None and softcap is None:
+            return fast(q, kc, vc, m, scale)
+        if name not in _ROUTED:
+            _ROUTED.add(name)
+            warnings.warn(f"the {name} attention kernels have no sliding window or soft-capping yet: layers "
+                          "with one run the reference path (gather, then SDPA)", stacklevel=2)
+        return reference(q, kc, vc, m, scale, window, softcap)
+    return attend
 
 
 def _fastest(decode, q, key_cache, value_cache, m, scale):

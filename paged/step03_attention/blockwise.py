@@ -14,14 +14,18 @@ accumulated by ``exp(m_old - m_new)``. At the end ``o = acc / l``. This is the
 loop every kernel (``csrc/cpu``, ``csrc/cuda``) runs, written readably. It is
 slow on purpose: one Python iteration per block.
 
-Same arguments and result as ``reference.reference_attention``; equal to it up
-to the reordering of the sums (tests: toleranced, float64 for tight bounds).
+A sliding window starts the loop at the block holding the first query's
+window start and masks the keys a query's window has left behind; a soft-cap
+bends each score before the mask. Same arguments and result as
+``reference.reference_attention``; equal to it up to the reordering of the
+sums (tests: toleranced, float64 for tight bounds).
 """
 
 from __future__ import annotations
 
 import torch
 
+from paged.kernels.contiguous import check_window_and_softcap
 from paged.step03_attention.reference import _lens
 
 
@@ -45,7 +49,7 @@ def online_softmax_update(m, l, acc, s, v):
 
 
 # --8<-- [start:blockwise]
-def _one_sequence(q, key_cache, value_cache, blocks, context_len, scale):
+def _one_sequence(q, key_cache, value_cache, blocks, context_len, scale, window=None, softcap=None):
     """q [T_q, H, D] for the last T_q of ``context_len`` positions -> [T_q, H, D]."""
     t_q, h, d = q.shape
     block_size, h_kv = key_cache.shape[1], key_cache.shape[2]
@@ -56,28 +60,38 @@ def _one_sequence(q, key_cache, value_cache, blocks, context_len, scale):
     m = torch.full((t_q, h_kv, group), float("-inf"), dtype=qg.dtype)  # running max
     l = torch.zeros((t_q, h_kv, group), dtype=qg.dtype)  # running sum of exp
     acc = torch.zeros((t_q, h_kv, group, d), dtype=qg.dtype)  # unnormalised output
-    for j in range(-(-context_len // block_size)):  # logical block j
+    # with a window, no query sees a key before the first query's window start p - W + 1
+    first = 0 if window is None else max(0, context_len - t_q - window + 1)
+    for j in range(first // block_size, -(-context_len // block_size)):  # logical block j
         phys = int(blocks[j])
         n = min(block_size, context_len - j * block_size)  # #filled of block j
         k = key_cache[phys, :n].to(qg.dtype)  # [n, H_kv, D]
         v = value_cache[phys, :n].to(qg.dtype)  # [n, H_kv, D]
         s = torch.einsum("qhgd,nhd->qhgn", qg, k) * scale  # [T_q, H_kv, G, n]
-        # causal mask: query at position p sees keys 0 .. p (only prompt rows, T_q > 1, have any masked)
+        if softcap is not None:  # Gemma 2: scores bent into (-softcap, softcap) before the mask
+            s = torch.tanh(s / softcap) * softcap
+        # causal mask: query at position p sees keys 0 .. p (only prompt rows, T_q > 1, have any masked),
+        # with a window keys p - W + 1 .. p
         pos_k = torch.arange(j * block_size, j * block_size + n)
-        s = s.masked_fill((pos_k[None, :] > pos_q[:, None])[:, None, None, :], float("-inf"))
+        hidden = pos_k[None, :] > pos_q[:, None]  # [T_q, n]
+        if window is not None:
+            hidden |= pos_k[None, :] <= pos_q[:, None] - window
+        s = s.masked_fill(hidden[:, None, None, :], float("-inf"))
         m, l, acc = online_softmax_update(m, l, acc, s, v)
     return (acc / l[..., None]).reshape(t_q, h, d).to(q.dtype)
 # --8<-- [end:blockwise]
 
 
-def blockwise_attention(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale):
+def blockwise_attention(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale,
+                        window=None, softcap=None):
     """Paged attention block by block with an online softmax (see module doc)."""
+    check_window_and_softcap(window, softcap)
     q_lens, ctx = _lens(query, context_lens, query_lens)
     out = torch.empty_like(query)
     start = 0
     for s, (q_len, c) in enumerate(zip(q_lens, ctx)):
         out[start : start + q_len] = _one_sequence(
-            query[start : start + q_len], key_cache, value_cache, block_tables[s], c, scale
+            query[start : start + q_len], key_cache, value_cache, block_tables[s], c, scale, window, softcap
         )
         start += q_len
     return out

@@ -17,11 +17,16 @@ Every attention path of step03 takes the same arguments:
     context_lens  [S] int32       tokens of sequence s in the cache, new ones included
     query_lens    [S] or None     new tokens of sequence s (None: one each, decode)
     scale         float
+    window        int or None     sliding window W (keyword; None: none)
+    softcap       float or None   score soft-cap (keyword; None: none)
 
 Query ``i`` of sequence ``s`` sits at position ``context_lens[s] - query_lens[s] + i``
 and attends causally to every cached token up to that position. This covers
 decode (one new token), prefill (all tokens new) and prefill over a cached
-prefix (step04's shared prefixes, step05's recomputation) with one rule.
+prefix (step04's shared prefixes, step05's recomputation) with one rule. A
+window W keeps the query at position p to keys ``p - W + 1 .. p``; a soft-cap
+turns each score s into ``softcap * tanh(s / softcap)`` before the softmax
+(``causal_attention`` defines both).
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ causal_sdpa = causal_attention
 
 
 # --8<-- [start:reference]
-def reference_attention(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale):
+def reference_attention(query, key_cache, value_cache, block_tables, context_lens, query_lens, scale,
+                        window=None, softcap=None):
     """Paged attention by gathering each sequence into a contiguous tensor (see module doc)."""
     q_lens, ctx = _lens(query, context_lens, query_lens)
     out = torch.empty_like(query)
@@ -73,7 +79,7 @@ def reference_attention(query, key_cache, value_cache, block_tables, context_len
     for s, (q_len, c) in enumerate(zip(q_lens, ctx)):
         k = gather_blocks(key_cache, block_tables[s], c)  # [c, H_kv, D]
         v = gather_blocks(value_cache, block_tables[s], c)
-        out[start : start + q_len] = causal_sdpa(query[start : start + q_len], k, v, scale)
+        out[start : start + q_len] = causal_sdpa(query[start : start + q_len], k, v, scale, window, softcap)
         start += q_len
     return out
 # --8<-- [end:reference]

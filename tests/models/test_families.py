@@ -63,17 +63,8 @@ def pair(request, tmp_path_factory):
     """(kind, transformers model in float32, our model loaded in float32)."""
     hf = build_hf_model(request.param).float()
     path = save_checkpoint(hf, tmp_path_factory.mktemp(request.param))
-    with pytest.warns(UserWarning, match="sliding-window") if hf.config.sliding_window else _nothing():
-        loaded = load_model(path, dtype=torch.float32)
+    loaded = load_model(path, dtype=torch.float32)
     return request.param, hf, loaded.model
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_families_logits_equal_transformers_float32_toleranced(pair):
@@ -133,8 +124,7 @@ def test_families_refusals_name_the_problem(tmp_path):
     """Specific errors: Phi-3 sharded, a multimodal Gemma 3 folder, a GGUF file with LongRoPE factors."""
     folder = save_checkpoint(build_hf_model("phi3"), tmp_path / "phi3")
     with pytest.raises(ModelLoadError, match="tensor parallelism is not supported for model_type 'phi3'"):
-        with pytest.warns(UserWarning, match="sliding-window"):
-            load_model(folder, dtype="float32", shard=lambda model, layout: {})
+        load_model(folder, dtype="float32", shard=lambda model, layout: {})
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "gemma3"}))
     with pytest.raises(ModelLoadError, match="multimodal Gemma 3 folder"):
@@ -144,3 +134,38 @@ def test_families_refusals_name_the_problem(tmp_path):
                       extra_tensors={"rope_factors_short.weight": np.ones(8, np.float32)})
     with pytest.raises(ModelLoadError, match="LongRoPE factors"):
         load_model(path)
+
+
+def _qwen2_config(**fields) -> dict:
+    return {**build_hf_model("qwen2").config.to_dict(), "num_hidden_layers": 4, **fields}
+
+
+def test_qwen_window_applies_from_max_window_layers_on_as_in_transformers():
+    """Exact: a Qwen2 config with ``use_sliding_window`` and no ``layer_types`` slides on layers
+    ``>= max_window_layers`` only (transformers' rule); every layer full: no window at all."""
+    import transformers
+
+    from paged.models.hf_config import parse_hf_config
+
+    hf = _qwen2_config(use_sliding_window=True, sliding_window=8, max_window_layers=2)
+    hf.pop("layer_types", None)
+    ours = parse_hf_config(hf)
+    theirs = transformers.Qwen2Config(**hf).layer_types
+    assert [ours.window(i) is not None for i in range(4)] == [t == "sliding_attention" for t in theirs] \
+        == [False, False, True, True]
+    assert parse_hf_config({**hf, "max_window_layers": 4}).sliding_window is None
+    assert parse_hf_config({**hf, "use_sliding_window": False}).sliding_window is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"sliding_window": -4}, "sliding_window must be >= 1"),
+    ({"attn_logit_softcapping": -50.0}, "attn_logit_softcapping must be a finite number > 0"),
+    ({"final_logit_softcapping": float("inf")}, "final_logit_softcapping must be a finite number > 0"),
+], ids=["negative-window", "negative-softcap", "infinite-softcap"])
+def test_config_refuses_a_window_below_1_and_bad_softcaps(fields, message):
+    """Specific errors, raised when the config is parsed (before a weight is read)."""
+    from paged.models.hf_config import parse_hf_config
+
+    hf = {**build_hf_model("gemma2").config.to_dict(), **fields}
+    with pytest.raises(ModelLoadError, match=message):
+        parse_hf_config(hf)

@@ -82,9 +82,10 @@ def test_paged_attention_equals_contiguous_in_both_modes_toleranced(backend, bat
     torch.testing.assert_close(out, expected, **(CUDA_FLOAT32 if backend == "emulated-cuda" else FLOAT64))
 
 
-def _alone_and_in_chunks(backend, cache, meta, query, scale):
+def _alone_and_in_chunks(backend, cache, meta, query, scale, **options):
     """Each token attended alone (a 1-token decode over the context it sees), and each
-    sequence's tokens in two chunks (its first half, then the rest over it)."""
+    sequence's tokens in two chunks (its first half, then the rest over it); ``options``: the
+    layer's ``window`` / ``softcap``."""
     attend = attention_path(backend, True)
     alone, chunked, start = torch.empty_like(query), torch.empty_like(query), 0
     for s, (q_len, c) in enumerate(zip(meta.query_lens, meta.context_lens_host)):
@@ -92,14 +93,14 @@ def _alone_and_in_chunks(backend, cache, meta, query, scale):
         for i in range(q_len):
             one = AttentionMetadata.build([0], table, [c - q_len + i + 1], [1], "cpu", batch_invariant=True)
             alone[start + i : start + i + 1] = attend(query[start + i : start + i + 1], cache.key(0), cache.value(0),
-                                                      one, scale)
+                                                      one, scale, **options)
         half = q_len // 2
         for lo, hi in [(0, half), (half, q_len)]:
             if hi > lo:
                 part = AttentionMetadata.build([0] * (hi - lo), table, [c - q_len + hi], [hi - lo], "cpu",
                                                batch_invariant=True)
                 chunked[start + lo : start + hi] = attend(query[start + lo : start + hi], cache.key(0), cache.value(0),
-                                                          part, scale)
+                                                          part, scale, **options)
         start += q_len
     return alone, chunked
 
