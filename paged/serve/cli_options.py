@@ -37,7 +37,7 @@ ENGINE_OPTIONS = {
     "tensor_parallel_size": "--tensor-parallel-size", "attention_backend": "--attention-backend",
     "seed": "--seed", "batch_invariant": "--batch-invariant", "nnodes": "--nnodes", "master_addr": "--master-addr",
     "master_port": "--master-port", "distributed_timeout": "--distributed-timeout", "join_timeout": "--join-timeout",
-    "quantization": "--quantization",
+    "quantization": "--quantization", "long_prefill_token_threshold": "--long-prefill-token-threshold",
 }
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
           "float32": "float32", "float64": "float64"}
@@ -85,6 +85,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -139,6 +149,9 @@ def parser() -> argparse.ArgumentParser:
                    help="reuse cached full prompt blocks (engine default on)")
     g.add_argument("--max-num-seqs", type=positive_int, help="most sequences in one iteration (engine default 256)")
     g.add_argument("--max-num-batched-tokens", type=positive_int, help="most tokens in one iteration")
+    g.add_argument("--long-prefill-token-threshold", type=non_negative_int, metavar="N",
+                   help="most prompt tokens one sequence computes in an iteration, so a request arriving "
+                        "during a long prompt starts within one iteration (0: no cap; step05)")
     g.add_argument("--max-model-len", type=token_count, metavar="N", help="context length: 4096, 4k, 4K or auto "
                    "(default: the model's)")
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N", help="tensor parallelism "
