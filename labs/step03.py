@@ -26,7 +26,7 @@ its code, the reference, is folded under "after the lab".
 import torch  # noqa: F401
 
 
-def attend_one_sequence(q, key_cache, value_cache, blocks, context_len, scale):
+def attend_one_sequence(q, key_cache, value_cache, blocks, context_len, scale, window=None, softcap=None):
     """Attention of one sequence's last ``T_q`` positions over its ``context_len`` tokens.
 
     Args:
@@ -35,6 +35,8 @@ def attend_one_sequence(q, key_cache, value_cache, blocks, context_len, scale):
         blocks: the block table, ``blocks[j]`` = physical block of logical block ``j``.
         context_len: tokens of the sequence whose K/V are in the cache (the queries' own included).
         scale: multiply the scores ``q · k`` by it.
+        window, softcap: a sliding window and a score soft-cap (Gemma, Phi-3); the lab's tests
+            always pass None, so leave them alone: the reference shows the two lines they add.
 
     Returns:
         ``[T_q, H, D]`` in ``q``'s dtype. Query head ``h`` reads KV head ``h // (H // H_kv)``;

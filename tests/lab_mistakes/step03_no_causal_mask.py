@@ -3,7 +3,7 @@
 import torch
 
 
-def attend_one_sequence(q, key_cache, value_cache, blocks, context_len, scale):
+def attend_one_sequence(q, key_cache, value_cache, blocks, context_len, scale, window=None, softcap=None):
     t_q, h, d = q.shape
     block_size, h_kv = key_cache.shape[1], key_cache.shape[2]
     qg = q.reshape(t_q, h_kv, h // h_kv, d)  # [T_q, H_kv, G, D]
