@@ -151,7 +151,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-num-batched-tokens", type=positive_int, help="most tokens in one iteration")
     g.add_argument("--long-prefill-token-threshold", type=non_negative_int, metavar="N",
                    help="most prompt tokens one sequence computes in an iteration, so a request arriving "
-                        "during a long prompt starts within one iteration (0: no cap; step05)")
+                        "during a long prompt starts within one iteration (engine default 256; 0: no cap; step05)")
     g.add_argument("--max-model-len", type=token_count, metavar="N", help="context length: 4096, 4k, 4K or auto "
                    "(default: the model's)")
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N", help="tensor parallelism "

@@ -29,7 +29,10 @@ logger = logging.getLogger("paged")
 
 DEFAULT_SWAP_SPACE = 256 * 2**20  # bytes of host memory for swapped-out blocks
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 0  # prompt tokens one sequence computes in an iteration, at most (0: no cap)
+# Prompt tokens one sequence computes in an iteration, at most: a request arriving beside a long prompt
+# waits about one such chunk (docs/benchmarks.md: 256 took an 8 000-token prompt's neighbour from 15.5 s
+# to 0.5 s and cost the long prompt 6 % of its time to first token). 0: only the token budget caps a chunk.
+DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 256
 
 
 class PreemptingEngine(SharingEngine):
@@ -40,7 +43,7 @@ class PreemptingEngine(SharingEngine):
         swap_space: bytes of host memory for swapped-out blocks (0 disables swapping).
         long_prefill_token_threshold: the most prompt tokens one sequence computes in an iteration
             (``ChunkedPrefill``; vLLM's name), so that an iteration stays short and a request arriving
-            during a long prefill starts within one; 0: only the token budget caps a chunk.
+            during a long prefill starts within one; default 256; 0: only the token budget caps a chunk.
         **kwargs (object): as ``SharingEngine``; ``max_num_batched_tokens`` defaults to 2048
             and may be smaller than a prompt (chunked prefill).
     """

@@ -35,7 +35,7 @@ ACCEPTED = [["paged/demo/model"], ["-tp", "1"], ["--dtype", "half"], ["--dtype",
             ["--allowed-origins", '["http://localhost"]'], ["--max-logprobs", "5"], ["--served-model-name", "a", "b"],
             ["--num-gpu-blocks-override", "64"], ["--kv-cache-memory-bytes", "1073741824"],
             ["--pipeline-parallel-size", "1"], ["--kv-cache-dtype", "auto"], ["--scheduling-policy", "fcfs"],
-            ["--response-role", "assistant"], ["--disable-fastapi-docs"], ["--long-prefill-token-threshold", "256"]]
+            ["--response-role", "assistant"], ["--disable-fastapi-docs"], ["--long-prefill-token-threshold", "96"]]
 WARNED = [["--gpu-memory-utilization", "0.9"], ["--enforce-eager"], ["--trust-remote-code"], ["--revision", "x"],
           ["--download-dir", "/tmp"], ["--enable-chunked-prefill"], ["--disable-log-requests"], ["-O", "3"],
           ["--limit-mm-per-prompt", "{}"], ["--enable-prompt-tokens-details"]]
@@ -91,9 +91,9 @@ def test_vllms_units():
 
 def test_long_prefill_token_threshold_reaches_the_engine_and_a_negative_one_is_refused(capsys):
     """Exact: the flag's value is the engine's ``ChunkedPrefill`` cap; -1 stops the parser naming the bound."""
-    args = parse(["paged/demo/model", "--long-prefill-token-threshold", "256", "--num-blocks", "16"])
+    args = parse(["paged/demo/model", "--long-prefill-token-threshold", "96", "--num-blocks", "16"])
     llm = cli.load_llm(args)
-    assert llm.engine.scheduler.chunking.long_prefill_token_threshold == 256
+    assert llm.engine.scheduler.chunking.long_prefill_token_threshold == 96
     with pytest.raises(SystemExit) as exc:
         parse(["--long-prefill-token-threshold", "-1"])
     assert exc.value.code == 2 and "must be >= 0, got -1" in capsys.readouterr().err

@@ -176,7 +176,7 @@ def test_a_lone_row_padded_to_two_gets_the_bits_it_gets_among_others(demo):
     bfloat16 bits now and then: without the padding, 23 of these 256 rows came out otherwise through the
     down projection (K = 1536) on an AMD EPYC Zen 4, as SmolLM2's layer-5 down projection did in a real
     answer (``test_smollm2_answer_bitwise_equal_across_axes``)."""
-    from paged.models.layers import Linear
+    from paged.models.layers import Linear, _can_prepack
 
     gen = torch.Generator().manual_seed(0)
     demo.model.prepare_for_serving(batch_invariant=True)
@@ -187,7 +187,9 @@ def test_a_lone_row_padded_to_two_gets_the_bits_it_gets_among_others(demo):
             layer.weight.copy_((torch.randn(o, i, generator=gen) * 0.05).to(torch.bfloat16))
         layer.pad_one_row = True
         layers.append(layer)
-    assert all(m.pad_one_row for m in layers) and any(m.packed_weight is not None for m in layers[:-3])
+    # packed where this CPU's oneDNN packs bfloat16 weights (AVX-512 or AVX-NE-CONVERT), plain GEMMs elsewhere
+    assert all(m.pad_one_row for m in layers)
+    assert any(m.packed_weight is not None for m in layers[:-3]) == _can_prepack()
     with torch.inference_mode():
         for layer in layers:
             x = (3 * torch.randn(256, layer.in_features, generator=gen)).to(torch.bfloat16)

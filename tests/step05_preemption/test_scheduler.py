@@ -7,6 +7,7 @@ import torch
 
 from paged.models import load_model
 from paged.step05_preemption import PreemptingEngine, SamplingParams
+from paged.step05_preemption.engine import DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
 from tests.hf_models import build_hf_model, save_checkpoint
 
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -160,3 +161,19 @@ def test_long_prefill_token_threshold_caps_each_chunk_of_a_prompt(model):
         for out in plain.step():
             expected[out.request_id] = out.outputs[0].token_ids
     assert answers == expected
+
+
+def test_at_the_defaults_a_newcomer_starts_beside_a_long_prompt():
+    """The engine's default chunk cap (256) leaves room in the token budget (2 048): a 2-token request
+    added after a 1 000-token prompt's first chunk is admitted in the very next iteration and finishes
+    there, while the long prompt is still mid-prefill (with no cap the prompt's chunks would take the
+    whole budget and the newcomer would wait until the prompt is done)."""
+    long_model = load_model(save_checkpoint(build_hf_model("llama", max_position_embeddings=1024), tempfile.mkdtemp()),
+                            dtype=torch.float64)
+    engine = _engine(long_model, num_blocks=300)
+    assert engine.scheduler.chunking.long_prefill_token_threshold == DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD > 0
+    engine.add_request("long", [3 + i % 50 for i in range(1000)], SamplingParams(max_tokens=1, **GREEDY))
+    engine.step()
+    engine.add_request("new", [5, 6], SamplingParams(max_tokens=1, **GREEDY))
+    finished = {out.request_id for out in engine.step() if out.finished}
+    assert finished == {"new"} and engine.requests["long"].seqs[0].num_pending == 1000 - 2 * 256
