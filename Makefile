@@ -77,7 +77,7 @@ $(KATEX): tools/katex/package-lock.json
 	npm ci --prefix tools/katex --no-audit --no-fund --silent
 
 # The docs build runs every notebook (once, when stale) and renders the executed copies.
-test: install lint
+test: install lint $(KATEX)
 	$(PY) -m pytest -p no:cacheprovider
 	$(MAKE) docs
 
