@@ -124,7 +124,7 @@ class Engine:
             "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s%s",
             num_blocks, block_size, num_blocks * block_size,
             self.kv_cache.data.numel() * self.kv_cache.data.element_size() / 2**20, how, self.backend,
-            ", per token (batch-invariant)" if self.batch_invariant else "",
+            ", batch-invariant" if self.batch_invariant else "",
         )
         self._rng = random.Random(seed)
         self.requests: dict[str, Request] = {}
@@ -213,8 +213,9 @@ class Engine:
         self.requests[request_id] = self.scheduler.add(request_id, prompt_token_ids, params, seed, prompt)
 
     def _batch_invariant(self, requested: bool | None) -> bool:
-        """Whether the runner attends per token; step03's default is off: prompts take the
-        faster prompt paths (a prompt's tokens then may differ in the last bits from the
+        """Whether a token's result must not depend on its batch (the backend then fixes each
+        token's reduction order by its position); step03's default is off: prompts may take
+        the faster prompt paths (a prompt's tokens then may differ in the last bits from the
         same tokens computed one at a time)."""
         return bool(requested)
 
