@@ -60,15 +60,18 @@ $(KERNELS): $(SERVE_STAMP) $(wildcard csrc/cpu/*)
 # The stamps are rebuilt only when the project's dependencies change, so a second
 # `make install` does nothing. torch is pinned first: on these machines 2.13.0
 # is a local CPU build, and an unpinned torch would pull a multi-GB CUDA build.
+# EDITABLE: setuptools warns at every editable install (a UserWarning box of stars
+# about folders named like the package); it says nothing about this project.
+EDITABLE := PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install --quiet -e
 $(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[serve]'
+	$(EDITABLE) '.[serve]'
 	touch $@
 
 $(STAMP): $(SERVE_STAMP)
-	$(PY) -m pip install --quiet -e '.[test,docs]'
+	$(EDITABLE) '.[test,docs]'
 	touch $@
 
 $(KATEX): tools/katex/package-lock.json
