@@ -60,9 +60,10 @@ $(KERNELS): $(SERVE_STAMP) $(wildcard csrc/cpu/*)
 # The stamps are rebuilt only when the project's dependencies change, so a second
 # `make install` does nothing. torch is pinned first: on these machines 2.13.0
 # is a local CPU build, and an unpinned torch would pull a multi-GB CUDA build.
-# EDITABLE: setuptools warns at every editable install (a UserWarning box of stars
-# about folders named like the package); it says nothing about this project.
-EDITABLE := PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install --quiet -e
+# EDITABLE: setuptools (through pip >= 25) prints a boxed "Editable installation" caution at
+# every editable install of a flat layout (a folder named like the package may shadow it); that
+# one warning is filtered by its text, every other one still shows.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
 $(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
