@@ -23,8 +23,8 @@ Later steps extend this class by their idea, and only by it: step04's
 blocks; step05's ``SwappingKVManager`` moves tables to a host pool and back.
 
 Invariants (``tests/invariants.py``, after every scheduler operation): a
-block's reference count equals the number of table entries mapping it; free
-+ used = total; an operation that fails changes nothing.
+block's reference count equals the number of table entries mapping it;
+free + used = total; an operation that fails changes nothing.
 """
 
 from __future__ import annotations
