@@ -63,7 +63,7 @@ inline int64_t first_key(const DecodeArgs& a, int64_t pos) {
 struct PrefillArgs : DecodeArgs {
   const int32_t* query_lens;    // [S], 0 <= query_lens[s] <= context_lens[s]
   const int64_t* query_starts;  // [S], first query row of each sequence
-  int64_t query_tile = 32;      // avx512: query tokens per work item (any value, same bits)
+  int64_t query_tile = 32;      // query tokens per work item (scalar and avx512; any value, same bits)
 };
 
 // scalar: readable, any dtype and any head dim.

@@ -72,6 +72,17 @@ def _engine(model) -> PreemptingEngine:
     return PreemptingEngine(model, block_size=B, num_blocks=8, preemption_mode="swap", swap_space=host)
 
 
+def _watched(model, max_tokens: int | None = 20):
+    """An engine with a ``KVView`` on a fake clock (snapshots cost nothing) observing it, and one greedy
+    request of ``max_tokens`` tokens (None: no request); returns ``(engine, clock, view)``."""
+    engine, clock = _engine(model), FakeClock()
+    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
+    engine.add_observer(view.observe)
+    if max_tokens is not None:
+        engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    return engine, clock, view
+
+
 def _run_scenario(engine, view) -> list[tuple]:
     """Fork + CoW, then a later arrival preempted by swap and resumed; the engine's records, in order."""
     recorded = []
@@ -118,10 +129,7 @@ def test_event_log_keeps_the_newest_when_full(model):
 
 def test_snapshots_only_while_watched_and_at_most_max_per_second(model):
     """Exact: no snapshot unwatched; one per 1/max_per_second of the (fake) clock; refresh takes one now."""
-    engine, clock = _engine(model), FakeClock()
-    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())  # snapshots cost nothing
-    engine.add_observer(view.observe)
-    engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    engine, clock, view = _watched(model, max_tokens=20)
     first = view.latest
     engine.step()
     assert view.latest is first  # nobody has read yet
@@ -145,10 +153,7 @@ def test_snapshots_only_while_watched_and_at_most_max_per_second(model):
 def test_snapshots_only_after_a_read_asked_for_one(model):
     """Exact: watched and due, a snapshot is taken once per read, not once per interval, and not
     before 0.25 - 0.1 s after the read (just before the reader, told 250 ms, comes back)."""
-    engine, clock = _engine(model), FakeClock()
-    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
-    engine.add_observer(view.observe)
-    engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    engine, clock, view = _watched(model, max_tokens=20)
     view.read()
     clock.now += 0.25
     engine.step()
@@ -174,10 +179,7 @@ def test_readers_share_one_snapshot_per_interval(model):
     """Exact: two readers polling every 0.1 s while the engine is busy (told 2 s) neither delay the snapshots
     nor multiply them: the first read after a snapshot (0.1 s after it) asks for the next 1.9 s later (2 s less
     READ_LEAD_S), so one is taken every 2.1 s, as for one reader polling as told."""
-    engine, clock = _engine(model), FakeClock()
-    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
-    engine.add_observer(view.observe)
-    engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True))
+    engine, clock, view = _watched(model, max_tokens=2000)
     engine.step()
     clock.now += 0.5
     engine.step()  # busy from here on: readers are told to come back in 2 s
@@ -214,9 +216,7 @@ def test_reader_holding_the_latest_gets_events_only_and_busy_slows_the_poll(mode
     """Exact: ``have`` = the latest number answers ``unchanged`` with the new events and no snapshot keys; a
     full answer is the latest snapshot's text; ``poll_ms`` is 250 until the engine has stepped for 0.5 s
     without a pause, then 2000, and 250 again once it went idle."""
-    engine, clock = _engine(model), FakeClock()
-    view = KVView(engine, max_per_second=4, clock=clock, cost_clock=FakeClock())
-    engine.add_observer(view.observe)
+    engine, clock, view = _watched(model, max_tokens=None)
     full = _read(view, 0)
     assert full["number"] == 1 and full["poll_ms"] == 250 and not full["busy"]
     assert {k: v for k, v in full.items() if k in json.loads(view.latest)} == json.loads(view.latest)

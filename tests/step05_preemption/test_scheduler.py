@@ -164,7 +164,7 @@ def test_long_prefill_token_threshold_caps_each_chunk_of_a_prompt(model):
 
 
 def test_at_the_defaults_a_newcomer_starts_beside_a_long_prompt():
-    """The engine's default chunk cap (256) leaves room in the token budget (2 048): a 2-token request
+    """Exact (a scheduling rule): the engine's default chunk cap (256) leaves room in the token budget (2 048): a 2-token request
     added after a 1 000-token prompt's first chunk is admitted in the very next iteration and finishes
     there, while the long prompt is still mid-prefill (with no cap the prompt's chunks would take the
     whole budget and the newcomer would wait until the prompt is done)."""
