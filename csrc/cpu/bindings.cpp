@@ -28,6 +28,7 @@
 #include <sstream>
 #include <vector>
 
+#include "fixed_order_linear.h"
 #include "fused_ops.h"
 #include "quant_linear.h"
 #include "paged_attention.h"
@@ -354,4 +355,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_dequantize", &paged::quant_dequantize, "a GGUF-quantized W [N, K] as float32",
         py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_vnni_compiled", &paged::quant_vnni_compiled, "Whether the AVX-512 VNNI quantized linear was compiled in");
+  m.def("fixed_order_linear", &paged::fixed_order_linear,
+        "x [M, K] times w [N, K] transposed (+ bias) -> [M, N], every output summed in one order fixed by K",
+        py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("fixed_order_avx2_compiled", &paged::fixed_order_avx2_compiled,
+        "Whether the AVX2 + FMA fixed-order linear was compiled in");
 }

@@ -21,7 +21,7 @@ from torch import nn
 
 from paged.models.attention import Attention
 from paged.models.config import ModelConfig
-from paged.models.layers import MergedLinear, RotaryEmbedding, prepack_linears
+from paged.models.layers import MergedLinear, RotaryEmbedding, prepack_linears, use_fixed_order_linears
 from paged.models.quantized import QuantizedLinear
 
 
@@ -34,10 +34,13 @@ class ServingTraits:
             ``layers.gemm``); quantized layers need not, their kernel sums a row the same way at any
             row count.
         packed_linears: how many linears multiply by a oneDNN-packed weight (``prepack_linears``).
+        fixed_order_linears: how many dense linears multiply by the fixed-order kernel instead of
+            padding (batch-invariant mode where ``layers.use_fixed_order_linears`` says so).
     """
 
     padded_linears: int
     packed_linears: int
+    fixed_order_linears: int = 0
 
 
 class CausalLM(nn.Module):
@@ -70,7 +73,8 @@ class CausalLM(nn.Module):
         first step; only inference runs afterwards).
 
         In batch-invariant mode every linear gives a row the same bits whatever the row count: quantized
-        linears run only their kernel, dense ones multiply a lone row as two (``layers.gemm``); otherwise
+        linears run only their kernel, dense ones multiply a lone row as two (``layers.gemm``), or, on a
+        CPU without a bfloat16 GEMM, run the fixed-order kernel (``layers.use_fixed_order_linears``); otherwise
         quantized linears hand batches of many rows to their dense layer. bfloat16 CPU linears get
         oneDNN-packed weights (the same bits).
 
@@ -81,12 +85,14 @@ class CausalLM(nn.Module):
         for layer in quantized:
             layer.use_kernel_only(batch_invariant)
         inside = {id(q.dense) for q in quantized}  # a quantized layer's dense fallback: not run when padding
-        padded = 0
+        padded = fixed = 0
         for module in self.modules():  # every dense GEMM (``layers.gemm``), tensor-parallel shards included
             if hasattr(module, "pad_one_row") and id(module) not in inside:
-                module.pad_one_row = batch_invariant
-                padded += batch_invariant
-        return ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self))
+                module.fixed_order = batch_invariant and use_fixed_order_linears(module.weight)
+                module.pad_one_row = batch_invariant and not module.fixed_order
+                padded += module.pad_one_row
+                fixed += module.fixed_order
+        return ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self), fixed_order_linears=fixed)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
         """Logits of the rows to sample from (call it on those rows only: the LM head is the widest GEMM)."""

@@ -16,7 +16,10 @@ are their specification (``tests/step03_attention/test_fused_ops.py``) and the p
 every other case (training, float64, CUDA, no compiler). ``prepack_linears``
 gives a served bfloat16 model's ``Linear`` layers their weights in oneDNN's
 blocked layout, once, instead of at every GEMM; each layer's own ``forward``
-then multiplies by that copy.
+then multiplies by that copy. In batch-invariant mode on a CPU without
+bfloat16 GEMM instructions (``use_fixed_order_linears``) they multiply by
+``csrc/cpu/fixed_order_linear.cpp`` instead, whose sums have one order for any
+row count.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paged.kernels.cpu import fused_ops
+from paged.kernels.cpu import load as load_cpu_kernels
 from paged.models.config import ModelConfig
 
 logger = logging.getLogger("paged")
@@ -60,7 +64,12 @@ def gemm(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     row is multiplied as two: a GEMM of one row takes another kernel than one of two or more, whose
     float32 sums can round to other bits (seen on AVX2 and AVX-512 CPUs alike, on SmolLM2's down
     projection), while from two rows up a row's bits do not depend on the row count.
+    With ``layer.fixed_order`` (batch-invariant mode where ``use_fixed_order_linears`` says so) it
+    multiplies by ``fixed_order_linear`` instead: one summation order written down for any row count,
+    no padding needed.
     """
+    if getattr(layer, "fixed_order", False):
+        return load_cpu_kernels().fixed_order_linear(x, layer.weight, bias)
     if x.shape[0] == 1 and getattr(layer, "pad_one_row", False):
         return product(layer, x.repeat(2, 1), bias)[:1]
     return product(layer, x, bias)
@@ -82,6 +91,7 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.packed_weight: torch.Tensor | None = None  # not a parameter: the plain weight stays the one saved
         self.pad_one_row = False
+        self.fixed_order = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         return gemm(self, x, self.bias)
@@ -277,7 +287,7 @@ def prepack_linears(model: nn.Module) -> int:
     weights are final (``CausalLM.prepare_for_serving``); only inference should
     run afterwards.
     """
-    linears = [m for m in model.modules() if isinstance(m, Linear)
+    linears = [m for m in model.modules() if isinstance(m, Linear) and not m.fixed_order
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.bfloat16]
     setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
     size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
@@ -287,6 +297,32 @@ def prepack_linears(model: nn.Module) -> int:
         with torch.no_grad():
             module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PREPACK_BATCH_HINT)
     return len(linears)
+
+
+FIXED_ORDER_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def use_fixed_order_linears(weight: torch.Tensor) -> bool:
+    """Whether a batch-invariant CPU linear with this weight multiplies by ``fixed_order_linear``
+    (``csrc/cpu/fixed_order_linear.cpp``) rather than by the stock GEMM with a lone row padded.
+
+    By default where this CPU's oneDNN has no bfloat16 GEMM (an AVX2-only CPU): there the stock
+    bfloat16 GEMM runs at about 20 GFLOP/s at any row count and a padded lone row costs two, while
+    the fixed-order kernel runs at the FMA units' speed and reads a lone row's weights once
+    (docs/benchmarks.md, "Batch invariance: the cost"). ``PAGED_FIXED_ORDER_LINEAR=1`` / ``0``
+    forces it on / off (where the kernels are built) for float32 and bfloat16 CPU weights."""
+    if weight.device.type != "cpu" or weight.dtype not in FIXED_ORDER_DTYPES:
+        return False
+    setting = os.environ.get("PAGED_FIXED_ORDER_LINEAR", "auto")
+    if setting == "0" or (setting != "1" and _cpu_has_bf16_gemm()):
+        return False
+    return load_cpu_kernels() is not None
+
+
+@functools.cache
+def _cpu_has_bf16_gemm() -> bool:
+    """Whether this CPU's oneDNN has a bfloat16 GEMM (it needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 @functools.cache

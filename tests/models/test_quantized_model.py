@@ -127,11 +127,14 @@ def test_bad_choices_are_refused_before_loading(tmp_path):
         LLM(model=str(path), quantization="gguf", tensor_parallel_size=2)
 
 
-def test_prepare_for_serving_makes_every_row_independent_of_the_batch_in_batch_invariant_mode(tmp_path):
+def test_prepare_for_serving_makes_every_row_independent_of_the_batch_in_batch_invariant_mode(tmp_path,
+                                                                                                monkeypatch):
     """Exact: batch-invariant, a model whose every linear is quantized runs only kernels (their rows do not
     depend on the row count) and pads no row; otherwise its layers keep their dense path. A dense model's
-    linears multiply a lone row as two in batch-invariant mode, and only then. The choice is the model's
-    own (``CausalLM.prepare_for_serving``)."""
+    linears multiply a lone row as two in batch-invariant mode, and only then; or, with the fixed-order
+    kernel (``PAGED_FIXED_ORDER_LINEAR=1``, the default on a CPU without a bfloat16 GEMM), run it and pad
+    nothing. The choice is the model's own (``CausalLM.prepare_for_serving``)."""
+    monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")
     path = _gguf(tmp_path, T.Q4_1)
     quant = load_model(path, dtype="float32", quantization="gguf").model
     linears = [m for m in quant.modules() if isinstance(m, QuantizedLinear)]
@@ -144,6 +147,11 @@ def test_prepare_for_serving_makes_every_row_independent_of_the_batch_in_batch_i
     assert dense.prepare_for_serving(batch_invariant=True).padded_linears == n > 0
     assert dense.prepare_for_serving(batch_invariant=False).padded_linears == 0
     assert not any(m.pad_one_row for m in dense.modules() if isinstance(m, torch.nn.Linear))
+    monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
+    traits = dense.prepare_for_serving(batch_invariant=True)
+    assert (traits.fixed_order_linears, traits.padded_linears) == (n, 0)
+    assert dense.prepare_for_serving(batch_invariant=False).fixed_order_linears == 0
+    assert not any(m.fixed_order or m.pad_one_row for m in dense.modules() if isinstance(m, torch.nn.Linear))
 
 
 def test_kquant_layers_equal_dense_with_rounded_activations(tmp_path):

@@ -9,7 +9,10 @@ what batch-invariant mode gives: the attention backend fixes each token's order
 over the KV blocks by absolute position (on the CPU the prefill kernel gives a
 token the decode kernel's bits, ``tests/kernels/test_cpu_prefill.py``; the other
 backends attend one query per row); the GEMMs, norms and the sampler are per row
-already (``test_gemm_rows_do_not_depend_on_the_row_count``).
+already (``test_gemm_rows_do_not_depend_on_the_row_count``). A dense linear keeps a row's
+bits one of two ways (``layers.gemm``): the stock GEMM with a lone row padded to two, or
+the fixed-order kernel (the default on a CPU without a bfloat16 GEMM); every axis runs
+under each (``linear_path``), against a solo run under the same one.
 
 Each axis is also run with ``batch_invariant=False`` (prompts through SDPA's
 prompt kernel, a cached prefix through the gathered path): the axes that break
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from paged.kernels import cpu
 from paged.models import layers as layers_module
 from paged.models import load_model
 from paged.models.default import DEFAULT_MODEL_PATH
@@ -93,14 +97,35 @@ AXES = ["cache-hit", "batch-32", "chunked-7", "swap", "recompute"]
 BREAKS_WITHOUT = ["cache-hit", "chunked-7"]
 
 
+LINEAR_PATHS = {"padded": "0", "fixed-order": "1"}  # -> PAGED_FIXED_ORDER_LINEAR
+
+
+@pytest.fixture(scope="module", params=list(LINEAR_PATHS))
+def linear_path(request):
+    """The dense linears' way to keep a row's bits, forced for the tests that take it: the stock GEMM
+    with a lone row padded, or the fixed-order kernel (built, or the test fails)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PAGED_FIXED_ORDER_LINEAR", LINEAR_PATHS[request.param])
+        if request.param == "fixed-order":
+            cpu.load(strict=True)
+        yield request.param
+
+
 @pytest.fixture(scope="module")
 def target(demo):
     return prompt_of(random.Random(7), demo.config.vocab_size, 70)
 
 
 @pytest.fixture(scope="module")
-def solo(demo, target):
+def solo(demo, target, linear_path):
     return run(demo, target)[0]
+
+
+def test_the_forced_linear_path_is_the_one_the_engine_takes(demo, target, linear_path):
+    run(demo, target[:5])
+    dense = [m for m in demo.model.modules() if isinstance(m, layers_module.Linear)]
+    fixed = linear_path == "fixed-order"
+    assert dense and all(m.fixed_order == fixed and m.pad_one_row != fixed for m in dense)
 
 
 @pytest.mark.parametrize("axis", AXES)
@@ -126,7 +151,7 @@ def test_without_batch_invariance_the_axis_changes_the_logprobs(demo, target, ax
 
 @settings(max_examples=6)
 @given(data=st.data())
-def test_answer_is_bitwise_the_solo_answer_over_random_axes(demo, data):
+def test_answer_is_bitwise_the_solo_answer_over_random_axes(demo, linear_path, data):
     """Hypothesis over the axes together: prompt length, companions and the target's place among
     them, a token budget that chunks prompts, a pool that forces swap or recompute, a warm prefix
     cache. Bitwise tokens and logprobs, as above."""
@@ -169,7 +194,7 @@ def test_gemm_rows_do_not_depend_on_the_row_count(demo):
                 assert torch.equal(F.linear(x[lo:lo + 3], linear.weight), full[lo:lo + 3]), (name, lo)
 
 
-def test_a_lone_row_padded_to_two_gets_the_bits_it_gets_among_others(demo):
+def test_a_lone_row_padded_to_two_gets_the_bits_it_gets_among_others(demo, monkeypatch):
     """Bitwise: with ``pad_one_row`` (batch-invariant mode) a linear gives one row alone the bits it gives
     that row among 64 — 256 rows, one at a time, through layers of SmolLM2's shapes and the demo model's
     linears, packed or not. A GEMM of one row takes another kernel, whose float32 sums round to other
@@ -178,6 +203,7 @@ def test_a_lone_row_padded_to_two_gets_the_bits_it_gets_among_others(demo):
     answer (``test_smollm2_answer_bitwise_equal_across_axes``)."""
     from paged.models.layers import Linear, _can_prepack
 
+    monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")
     gen = torch.Generator().manual_seed(0)
     demo.model.prepare_for_serving(batch_invariant=True)
     layers = [m for m in demo.model.modules() if isinstance(m, Linear)]
@@ -198,10 +224,11 @@ def test_a_lone_row_padded_to_two_gets_the_bits_it_gets_among_others(demo):
             assert torch.equal(alone, among), (layer, int((alone != among).any(dim=1).sum()))
 
 
-def test_batch_invariant_mode_never_runs_a_one_row_gemm(demo):
+def test_batch_invariant_mode_never_runs_a_one_row_gemm(demo, monkeypatch):
     """A request alone decodes one token per step; in batch-invariant mode every linear multiplies that
     lone row as two (``layers.gemm``), so no GEMM kernel is ever called with one row (and the answer is the
     solo answer, as above); with the mode off, one-row GEMMs run."""
+    monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")
     seen = []
     product = layers_module.product
 
@@ -221,11 +248,36 @@ def test_batch_invariant_mode_never_runs_a_one_row_gemm(demo):
     assert min(seen) == 1
 
 
+def test_with_fixed_order_linears_a_lone_row_goes_to_the_kernel_as_it_is(demo, monkeypatch):
+    """With the fixed-order kernel no stock GEMM runs in batch-invariant mode, and a lone decode row
+    reaches the kernel unpadded (its order does not depend on the row count: tests/kernels/
+    test_fixed_order_linear.py); with the mode off the stock GEMMs run again."""
+    monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
+    stock, fixed = [], []
+    product, ext = layers_module.product, cpu.load(strict=True)
+
+    class Counting:
+        def fixed_order_linear(self, x, w, bias=None):
+            fixed.append(x.shape[0])
+            return ext.fixed_order_linear(x, w, bias)
+
+    monkeypatch.setattr(layers_module, "product", lambda layer, x, bias=None: stock.append(x.shape[0]) or
+                        product(layer, x, bias))
+    monkeypatch.setattr(layers_module, "load_cpu_kernels", Counting)
+    run(demo, prompt_of(random.Random(1), demo.config.vocab_size, 5))
+    assert not stock and min(fixed) == 1 and max(fixed) == 5
+    fixed.clear()
+    run(demo, prompt_of(random.Random(1), demo.config.vocab_size, 5), batch_invariant=False)
+    assert stock and not fixed
+
+
 @pytest.mark.slow
 @needs_smollm2
-def test_smollm2_answer_bitwise_equal_across_axes():
+def test_smollm2_answer_bitwise_equal_across_axes(monkeypatch):
     """The chat model of ``make serve`` (SmolLM2, 30 layers, bfloat16): a prompt's answer alone,
-    after a prefix-cache hit, beside 7 others while preempted by recompute. Bitwise as above."""
+    after a prefix-cache hit, beside 7 others while preempted by recompute. Bitwise as above, with
+    this CPU's default linear path."""
+    monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR", raising=False)
     model = load_model(str(SMOLLM2), dtype=torch.bfloat16)
     target = prompt_of(random.Random(3), model.config.vocab_size, 60)
     alone = run(model, target)[0]

@@ -1,0 +1,206 @@
+// A dense linear layer whose every output is summed in one order fixed by K:
+// y = x · wᵀ (+ bias), x [M, K], w [N, K], float32 or bfloat16.
+//
+// Why. In batch-invariant mode a row of x must get the same bits whatever the
+// row count of the call (one sequence decoding alone, or beside 63 others, or
+// inside a 256-token prompt chunk). A BLAS picks its kernel, its blocking and
+// so its summation order by the shape, so a row's bits can move with M; the
+// stock path pads a lone row to two (layers.gemm) because from two rows up
+// the bits it saw held still. On a CPU without bfloat16 dot-product
+// instructions (AVX2 only) that stock bfloat16 GEMM is also slow: about 20
+// GFLOP/s at any row count, so a 256-token chunk of SmolLM2-135M took 2.7 s.
+// This kernel is the other way: the order is written down, so no row count,
+// tiling or thread split can change it, and it runs at the speed of the FMA
+// units (prefill) or of reading the weights once (decode).
+//
+// The order, for one output y[m, n]:
+//   lane[l] = 0                       l = 0 .. 7
+//   for k0 = 0, 8, 16, ... while k0 + 8 <= K:
+//       lane[l] = fma(x[m, k0 + l], w[n, k0 + l], lane[l])
+//   tail: lane[l] = fma(x[m, K8 + l], w[n, K8 + l], lane[l])  for K8 + l < K
+//   tree: lane[l] += lane[l + 4] (l < 4); lane[l] += lane[l + 2] (l < 2);
+//         lane[0] += lane[1]
+//   y[m, n] = round_to_dtype(lane[0] + bias[n])
+// with every value in float32 (bfloat16 inputs widened exactly; one rounding
+// per fma). The AVX2 loop keeps the 8 lanes in one register per output; the
+// scalar loop (a CPU without AVX2 + FMA) does the same operations one lane at
+// a time, so both give the same bits. tests/kernels/test_fixed_order_linear.py
+// checks a row's bits against the same row computed alone, and the sums
+// against a float64 product.
+//
+// Speed layout: a tile of MR = 4 rows of x times NR = 3 rows of w keeps 12
+// accumulators in registers, loading each w vector once for 4 rows and each x
+// vector once for 3 columns; threads split the columns; rows go in chunks of
+// 64 so a chunk of x stays in L2 while w streams past it.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define PAGED_FIXED_AVX2 1
+#include <immintrin.h>
+#endif
+
+#include "fixed_order_linear.h"
+
+namespace paged {
+namespace {
+
+constexpr int kLanes = 8;
+constexpr int kMR = 4;       // rows of x per tile
+constexpr int kNR = 3;       // rows of w (output columns) per tile
+constexpr int64_t kMC = 64;  // rows of x per chunk
+
+inline float widen(float v) { return v; }
+inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
+
+// The lanes of one output over the whole 8-wide part of K, one lane at a time.
+template <typename T>
+void lanes_scalar(const float* x, const T* w, int64_t K, float* lane) {
+  for (int l = 0; l < kLanes; ++l) lane[l] = 0.f;
+  for (int64_t k = 0; k + kLanes <= K; k += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] = std::fma(x[k + l], widen(w[k + l]), lane[l]);
+}
+
+// The tail of K past its last full group of 8, then the tree: the output's sum.
+template <typename T>
+float finish(float* lane, const float* x, const T* w, int64_t K) {
+  const int64_t k = K - K % kLanes;
+  for (int64_t l = 0; k + l < K; ++l) lane[l] = std::fma(x[k + l], widen(w[k + l]), lane[l]);
+  for (int half = kLanes / 2; half > 0; half /= 2)
+    for (int l = 0; l < half; ++l) lane[l] += lane[l + half];
+  return lane[0];
+}
+
+#ifdef PAGED_FIXED_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is float32's top half: widen exactly
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// lanes[i * NR + j] <- the 8 lanes of x row i times w row j (the 8-wide part of K).
+template <typename T, int MR, int NR>
+void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes]) {
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k + kLanes <= K; k += kLanes) {
+    __m256 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = load8(w + j * K + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * K + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) _mm256_storeu_ps(lanes[i * NR + j], acc[i][j]);
+}
+
+template <typename T, int MR>
+void tile_rows(const float* x, const T* w, int nr, int64_t K, float (*lanes)[kLanes]) {
+  switch (nr) {
+    case 3: tile_avx2<T, MR, 3>(x, w, K, lanes); break;
+    case 2: tile_avx2<T, MR, 2>(x, w, K, lanes); break;
+    default: tile_avx2<T, MR, 1>(x, w, K, lanes); break;
+  }
+}
+#endif
+
+// lanes of an mr x nr tile, by whichever loop was compiled in (the same bits).
+template <typename T>
+void tile(const float* x, int mr, const T* w, int nr, int64_t K, float (*lanes)[kLanes]) {
+#ifdef PAGED_FIXED_AVX2
+  switch (mr) {
+    case 4: tile_rows<T, 4>(x, w, nr, K, lanes); break;
+    case 3: tile_rows<T, 3>(x, w, nr, K, lanes); break;
+    case 2: tile_rows<T, 2>(x, w, nr, K, lanes); break;
+    default: tile_rows<T, 1>(x, w, nr, K, lanes); break;
+  }
+#else
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) lanes_scalar(x + i * K, w + j * K, K, lanes[i * nr + j]);
+#endif
+}
+
+template <typename T>
+void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const T* bias, T* y) {
+  const int64_t tiles = (N + kNR - 1) / kNR;
+  // about 64 K multiply-adds per task at the least: a decode step's small layers still split in two
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, M * K * kNR));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    float lanes[kMR * kNR][kLanes];
+    for (int64_t m0 = 0; m0 < M; m0 += kMC) {
+      const int64_t m_end = std::min(M, m0 + kMC);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * kNR;
+        const int nr = static_cast<int>(std::min<int64_t>(kNR, N - n0));
+        for (int64_t m = m0; m < m_end; m += kMR) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMR, m_end - m));
+          tile(x + m * K, mr, w + n0 * K, nr, K, lanes);
+          for (int i = 0; i < mr; ++i)
+            for (int j = 0; j < nr; ++j) {
+              float sum = finish(lanes[i * nr + j], x + (m + i) * K, w + (n0 + j) * K, K);
+              if (bias != nullptr) sum += widen(bias[n0 + j]);
+              y[(m + i) * N + n0 + j] = static_cast<T>(sum);
+            }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor fixed_order_linear(const at::Tensor& x_in, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK_VALUE(x_in.device().is_cpu() && w.device().is_cpu(), "x and w must be on the CPU, got ",
+                    x_in.device(), " and ", w.device());
+  TORCH_CHECK_TYPE(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
+                   "x must be float32 or bfloat16, got ", x_in.scalar_type());
+  TORCH_CHECK_TYPE(w.scalar_type() == x_in.scalar_type(), "w must have x's dtype ", x_in.scalar_type(), ", got ",
+                   w.scalar_type());
+  TORCH_CHECK_VALUE(x_in.dim() == 2 && w.dim() == 2 && x_in.size(1) == w.size(1),
+                    "x must be [M, K] and w [N, K] with the same K, got shapes ", x_in.sizes(), " and ", w.sizes());
+  TORCH_CHECK_VALUE(w.is_contiguous(), "w must be contiguous, got strides ", w.strides());
+  const int64_t M = x_in.size(0), K = x_in.size(1), N = w.size(0);
+  if (bias.has_value()) {
+    TORCH_CHECK_TYPE(bias->scalar_type() == x_in.scalar_type(), "bias must have x's dtype ", x_in.scalar_type(),
+                     ", got ", bias->scalar_type());
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous() && bias->device().is_cpu(),
+                      "bias must be a contiguous CPU [", N, "], got shape ", bias->sizes());
+  }
+  at::Tensor y = at::empty({M, N}, x_in.options());
+  if (M == 0 || N == 0) return y;
+  const at::Tensor x = x_in.contiguous();
+  if (x.scalar_type() == at::kFloat) {
+    linear_impl<float>(x.data_ptr<float>(), M, w.data_ptr<float>(), N, K,
+                       bias.has_value() ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());
+  } else {
+    std::vector<float> xf(static_cast<size_t>(M * K));  // x widened once (exact), read by every tile
+    const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
+    at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * K; i < r1 * K; ++i) xf[i] = static_cast<float>(xb[i]);
+    });
+    linear_impl<c10::BFloat16>(xf.data(), M, w.data_ptr<c10::BFloat16>(), N, K,
+                               bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr,
+                               y.data_ptr<c10::BFloat16>());
+  }
+  return y;
+}
+
+bool fixed_order_avx2_compiled() {
+#ifdef PAGED_FIXED_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace paged
