@@ -306,17 +306,20 @@ def use_fixed_order_linears(weight: torch.Tensor) -> bool:
     """Whether a batch-invariant CPU linear with this weight multiplies by ``fixed_order_linear``
     (``csrc/cpu/fixed_order_linear.cpp``) rather than by the stock GEMM with a lone row padded.
 
-    By default where this CPU's oneDNN has no bfloat16 GEMM (an AVX2-only CPU): there the stock
-    bfloat16 GEMM runs at about 20 GFLOP/s at any row count and a padded lone row costs two, while
-    the fixed-order kernel runs at the FMA units' speed and reads a lone row's weights once
-    (docs/benchmarks.md, "Batch invariance: the cost"). ``PAGED_FIXED_ORDER_LINEAR=1`` / ``0``
-    forces it on / off (where the kernels are built) for float32 and bfloat16 CPU weights."""
+    By default for bfloat16 weights where this CPU's oneDNN has no bfloat16 GEMM (an AVX2-only CPU)
+    and the kernel's AVX2 loop is built: there the stock bfloat16 GEMM runs at about 20 GFLOP/s at
+    any row count and a padded lone row costs two, while the fixed-order kernel is 3-3.5x faster at
+    every row count (``python -m paged.bench linear_kernel``; docs/benchmarks.md, "Batch invariance:
+    the cost"). Not by default for float32: there MKL's GEMM beats it from 64 rows up.
+    ``PAGED_FIXED_ORDER_LINEAR=1`` / ``0`` forces it on / off (where the kernels are built) for
+    float32 and bfloat16 CPU weights."""
     if weight.device.type != "cpu" or weight.dtype not in FIXED_ORDER_DTYPES:
         return False
     setting = os.environ.get("PAGED_FIXED_ORDER_LINEAR", "auto")
-    if setting == "0" or (setting != "1" and _cpu_has_bf16_gemm()):
+    if setting == "0" or (setting != "1" and (weight.dtype != torch.bfloat16 or _cpu_has_bf16_gemm())):
         return False
-    return load_cpu_kernels() is not None
+    kernels = load_cpu_kernels()
+    return kernels is not None and (setting == "1" or kernels.fixed_order_avx2_compiled())
 
 
 @functools.cache

@@ -163,22 +163,33 @@ def test_the_vector_loop_is_compiled_where_the_cpu_has_avx2_and_fma(ext):
 
 
 def test_which_linears_take_the_kernel(ext, monkeypatch):
-    """``layers.use_fixed_order_linears``: by default where this CPU has no bfloat16 GEMM; forced on or off
-    by ``PAGED_FIXED_ORDER_LINEAR``; float32 and bfloat16 CPU weights only; never without the kernels."""
+    """``layers.use_fixed_order_linears``: by default for bfloat16 weights where this CPU has no bfloat16 GEMM
+    and the AVX2 loop is built; forced on or off by ``PAGED_FIXED_ORDER_LINEAR``; float32 and bfloat16 CPU
+    weights only; never without the kernels."""
     from paged.models import layers
 
     w = torch.zeros(2, 8)
     monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR", raising=False)
-    assert layers.use_fixed_order_linears(w) == (not layers._cpu_has_bf16_gemm())
+    assert layers.use_fixed_order_linears(w.bfloat16()) == (not layers._cpu_has_bf16_gemm()
+                                                           and ext.fixed_order_avx2_compiled())
     for has_bf16_gemm in (False, True):
         monkeypatch.setattr(layers, "_cpu_has_bf16_gemm", lambda: has_bf16_gemm)
         assert layers.use_fixed_order_linears(w.bfloat16()) == (not has_bf16_gemm)
+        assert not layers.use_fixed_order_linears(w)  # float32: MKL's GEMM is the faster one from 64 rows
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
         assert layers.use_fixed_order_linears(w) and layers.use_fixed_order_linears(w.bfloat16())
         assert not layers.use_fixed_order_linears(w.half()) and not layers.use_fixed_order_linears(w.to("meta"))
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")
         assert not layers.use_fixed_order_linears(w)
         monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR")
+    monkeypatch.setattr(layers, "_cpu_has_bf16_gemm", lambda: False)
+
+    class ScalarOnly:  # a CPU without AVX2 + FMA: the scalar loop, only when asked for
+        fixed_order_avx2_compiled = staticmethod(lambda: False)
+
+    monkeypatch.setattr(layers, "load_cpu_kernels", ScalarOnly)
+    assert not layers.use_fixed_order_linears(w.bfloat16())
     monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
+    assert layers.use_fixed_order_linears(w.bfloat16())
     monkeypatch.setattr(layers, "load_cpu_kernels", lambda: None)  # no compiler: the padded path
     assert not layers.use_fixed_order_linears(w)

@@ -1,0 +1,120 @@
+"""Dense linear latency: the fixed-order kernel vs the stock GEMM, as batch-invariant mode runs them.
+
+One linear layer at a time, at SmolLM2-135M's shapes by default (hidden 576,
+MLP 1 536, 30 layers, vocabulary 49 152), for ``M`` rows of input, side by
+side in one process:
+
+* ``stock``: ``F.linear``, torch's GEMM, with a lone row multiplied as two
+  (``layers.gemm``'s padding in batch-invariant mode when the fixed-order
+  kernel is not used);
+* ``fixed``: ``paged.kernels.cpu``'s ``fixed_order_linear``
+  (``csrc/cpu/fixed_order_linear.cpp``), every output summed in one order
+  whatever ``M``; a lone row goes in as it is.
+
+Each time is the median of ``--repeats`` runs after ``--warmup``, the two
+taking turns every round. Reported per case: milliseconds, GFLOP/s
+(``2 M N K`` per call), ``stock / fixed``, and whether the fixed kernel gives
+every row the bits it gives that row alone (``rows_alone_bitwise``); the
+``model`` rows add the layers up (4 linears x ``--layers`` + the LM head):
+the linears' time of one forward pass of ``M`` tokens.
+
+    python -m paged.bench linear_kernel [--rows 1 16 64 256] [--dtype bfloat16 float32] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from paged.bench.prefill_kernel import DTYPES, machine
+
+# SmolLM2-135M's linears: (name, in K, out N)
+SMOLLM2 = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
+           ("lm_head", 576, 49152))  # fmt: skip
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256], help="rows M of the input")
+    parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=list(DTYPES))
+    parser.add_argument("--layers", type=int, default=30, help="decoder layers, for the model rows (SmolLM2: 30)")
+    parser.add_argument("--scale", type=int, default=1, help="divide every width by this (tests: tiny shapes)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per system (median)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON (last line)")
+
+
+def stock(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The GEMM batch-invariant mode runs without the kernel: a lone row multiplied as two."""
+    if x.shape[0] == 1:
+        return F.linear(x.repeat(2, 1), w)[:1]
+    return F.linear(x, w)
+
+
+def median_ms(systems: dict, repeats: int, warmup: int) -> dict:
+    times = {name: [] for name in systems}
+    for r in range(warmup + repeats):
+        for name, fn in systems.items():
+            start = time.perf_counter()
+            fn()
+            if r >= warmup:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def run_case(name: str, k: int, n: int, m: int, dtype_name: str, args, gen, ext) -> dict:
+    dtype = DTYPES[dtype_name]
+    x = (3 * torch.randn(m, k, generator=gen)).to(dtype)
+    w = (0.05 * torch.randn(n, k, generator=gen)).to(dtype)
+    ms = median_ms({"stock": lambda: stock(x, w), "fixed": lambda: ext.fixed_order_linear(x, w)},
+                   args.repeats, args.warmup)
+    out = ext.fixed_order_linear(x, w)
+    alone = all(torch.equal(ext.fixed_order_linear(x[i:i + 1], w), out[i:i + 1]) for i in range(min(m, 8)))
+    flops = 2 * m * n * k
+    return {"layer": name, "k": k, "n": n, "rows": m, "dtype": dtype_name, "stock_ms": ms["stock"],
+            "fixed_ms": ms["fixed"], "stock_gflops": flops / ms["stock"] / 1e6, "fixed_gflops": flops / ms["fixed"] / 1e6,
+            "stock_over_fixed": ms["stock"] / ms["fixed"], "rows_alone_bitwise": alone}
+
+
+def run(args) -> int:
+    from paged.kernels import cpu
+
+    ext = cpu.load(strict=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(args.seed)
+    shapes = [(name, max(8, k // args.scale), max(8, n // args.scale)) for name, k, n in SMOLLM2]
+    result = {**machine(), "load_before": os.getloadavg(), "avx2_compiled": ext.fixed_order_avx2_compiled(),
+              "layers": args.layers, "repeats": args.repeats, "cases": [], "model": []}
+    print(f"{result['cpu']} ({result['cpu_family_model']}), {result['threads']} threads, {result['date']}, "
+          f"load {result['load_before'][0]:.2f}, AVX2 loop compiled: {result['avx2_compiled']}")
+    print(f"{'dtype':9s} {'layer':8s} {'K':>5s} {'N':>6s} {'rows':>5s} {'stock ms':>9s} {'fixed ms':>9s} "
+          f"{'stock GF/s':>10s} {'fixed GF/s':>10s} {'stock/fixed':>11s} {'alone=among':>11s}")
+    for dt in args.dtype:
+        for m in args.rows:
+            total = {"stock_ms": 0.0, "fixed_ms": 0.0}
+            for name, k, n in shapes:
+                row = run_case(name, k, n, m, dt, args, gen, ext)
+                result["cases"].append(row)
+                times = 1 if name == "lm_head" else args.layers
+                for key in total:
+                    total[key] += times * row[key]
+                print(f"{dt:9s} {name:8s} {k:5d} {n:6d} {m:5d} {row['stock_ms']:9.3f} {row['fixed_ms']:9.3f} "
+                      f"{row['stock_gflops']:10.1f} {row['fixed_gflops']:10.1f} {row['stock_over_fixed']:11.2f} "
+                      f"{str(row['rows_alone_bitwise']):>11s}", flush=True)
+            model = {"dtype": dt, "rows": m, **total, "stock_over_fixed": total["stock_ms"] / total["fixed_ms"]}
+            result["model"].append(model)
+            print(f"{dt:9s} {'model':8s} {'':5s} {'':6s} {m:5d} {total['stock_ms']:9.1f} {total['fixed_ms']:9.1f} "
+                  f"{'':10s} {'':10s} {model['stock_over_fixed']:11.2f}   (all {args.layers} layers' linears + LM head)",
+                  flush=True)
+    result["load_after"] = os.getloadavg()
+    print(f"load average after: {result['load_after'][0]:.2f}")
+    if args.json:
+        print(json.dumps(result))
+    return 0
