@@ -31,7 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from paged.bench.prefill_kernel import DTYPES, machine
+from paged.bench.prefill_kernel import DTYPES, headline, machine
 
 # SmolLM2-135M's linears: (name, in K, out N)
 SMOLLM2 = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
@@ -92,8 +92,7 @@ def run(args) -> int:
     shapes = [(name, max(8, k // args.scale), max(8, n // args.scale)) for name, k, n in SMOLLM2]
     result = {**machine(), "load_before": os.getloadavg(), "avx2_compiled": ext.fixed_order_avx2_compiled(),
               "layers": args.layers, "repeats": args.repeats, "cases": [], "model": []}
-    print(f"{result['cpu']} ({result['cpu_family_model']}), {result['threads']} threads, {result['date']}, "
-          f"load {result['load_before'][0]:.2f}, AVX2 loop compiled: {result['avx2_compiled']}")
+    print(f"{headline(result)}, AVX2 loop compiled: {result['avx2_compiled']}")
     print(f"{'dtype':9s} {'layer':8s} {'K':>5s} {'N':>6s} {'rows':>5s} {'stock ms':>9s} {'fixed ms':>9s} "
           f"{'stock GF/s':>10s} {'fixed GF/s':>10s} {'stock/fixed':>11s} {'alone=among':>11s}")
     for dt in args.dtype:

@@ -75,6 +75,12 @@ def machine() -> dict:
             "threads": torch.get_num_threads(), "cores": os.cpu_count()}
 
 
+def headline(result: dict) -> str:
+    """The first line of a kernel benchmark's table: the CPU, threads, date and load (``machine()``'s)."""
+    return (f"{result['cpu']} ({result['cpu_family_model']}), {result['threads']} threads, {result['date']}, "
+            f"load {result['load_before'][0]:.2f}")
+
+
 def make_case(n, args, dtype, gen):
     """A prompt of n tokens written into a paged cache over a shuffled free list."""
     b, h, h_kv, d = args.block_size, args.heads, args.kv_heads, args.head_dim
@@ -152,8 +158,7 @@ def run(args) -> int:
     result = {**machine(), "load_before": os.getloadavg(), "heads": args.heads, "kv_heads": args.kv_heads,
               "head_dim": args.head_dim, "block_size": args.block_size, "layers": args.layers,
               "repeats": args.repeats, "query_tile": args.query_tile, "cases": []}
-    print(f"{result['cpu']} ({result['cpu_family_model']}), {result['threads']} threads, {result['date']}, "
-          f"load {result['load_before'][0]:.2f}")
+    print(headline(result))
     print(f"{'dtype':9s} {'prompt':>6s} {'prefill ms':>11s} {'per-token ms':>13s} {'sdpa ms':>9s} "
           f"{'per-tok/pf':>10s} {'sdpa/pf':>8s} {f'pf x{args.layers} s':>9s} {'bitwise':>7s}  (cpu-time ratios)")
     for dt in args.dtype:
