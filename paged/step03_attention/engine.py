@@ -121,10 +121,11 @@ class Engine:
         self.batch_invariant = self._batch_invariant(batch_invariant)
         self.runner = self._make_runner()
         logger.info(
-            "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s%s",
+            "KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB) chosen %s; attention: %s%s%s",
             num_blocks, block_size, num_blocks * block_size,
             self.kv_cache.data.numel() * self.kv_cache.data.element_size() / 2**20, how, self.backend,
             ", batch-invariant" if self.batch_invariant else "",
+            " (fixed-order linears)" if self.runner.serving and self.runner.serving.fixed_order_linears else "",
         )
         self._rng = random.Random(seed)
         self.requests: dict[str, Request] = {}

@@ -35,14 +35,15 @@ class ModelRunner:
         backend: attention path name (``backends.resolve_backend``).
         batch_invariant: a token's result must not depend on the batch it is in: the backend's kernels
             reduce over absolute positions (``AttentionMetadata``) and the model's linears multiply a
-            lone row as two (``CausalLM.prepare_for_serving``).
+            lone row as two or run the fixed-order kernel (``CausalLM.prepare_for_serving``; what it
+            chose is ``self.serving``).
     """
 
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, backend: str,
                  batch_invariant: bool = False) -> None:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
         self.batch_invariant = batch_invariant
-        model.prepare_for_serving(batch_invariant)  # the linears' paths: packed weights, kernels, padding
+        self.serving = model.prepare_for_serving(batch_invariant)  # the linears' paths: packing, kernels, padding
         self.device = kv_cache.data.device
         self._generators: dict[int, torch.Generator] = {}
         # seq id -> {position: prompt logprob entry}, gathered chunk by chunk until the sequence samples

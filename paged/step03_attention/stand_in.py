@@ -57,6 +57,8 @@ class StandInRunner:
         eos_rate: in [0, 1]; 0 (default): never.
     """
 
+    serving = None  # a ModelRunner's ServingTraits: no model here was made ready to serve
+
     def __init__(self, eos: int | None = None, eos_rate: float = 0.0) -> None:
         self.eos, self.eos_rate = eos, eos_rate
         self.iterations = 0

@@ -122,10 +122,12 @@ def solo(demo, target, linear_path):
 
 
 def test_the_forced_linear_path_is_the_one_the_engine_takes(demo, target, linear_path):
-    run(demo, target[:5])
+    _, engine = run(demo, target[:5])
     dense = [m for m in demo.model.modules() if isinstance(m, layers_module.Linear)]
     fixed = linear_path == "fixed-order"
     assert dense and all(m.fixed_order == fixed and m.pad_one_row != fixed for m in dense)
+    assert (engine.runner.serving.fixed_order_linears, engine.runner.serving.padded_linears) == (
+        (len(dense), 0) if fixed else (0, len(dense)))
 
 
 @pytest.mark.parametrize("axis", AXES)
