@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 
-logger = logging.getLogger("paged.serve")
+from paged.step03_attention.request import REPLACEMENT  # what decoding yields for an unfinished character
 
-REPLACEMENT = "\ufffd"
+logger = logging.getLogger("paged.serve")
 
 
 class IncrementalDetokenizer:
