@@ -4,12 +4,11 @@ One linear layer at a time, at SmolLM2-135M's shapes by default (hidden 576,
 MLP 1 536, 30 layers, vocabulary 49 152), for ``M`` rows of input, side by
 side in one process:
 
-* ``stock``: ``F.linear``, torch's GEMM, with a lone row multiplied as two
-  (``layers.gemm``'s padding in batch-invariant mode when the fixed-order
-  kernel is not used);
-* ``fixed``: ``paged.kernels.cpu``'s ``fixed_order_linear``
-  (``csrc/cpu/fixed_order_linear.cpp``), every output summed in one order
-  whatever ``M``; a lone row goes in as it is.
+* ``stock``: ``layers.gemm`` with ``pad_one_row``: torch's GEMM, a lone row
+  multiplied as two (batch-invariant mode without the fixed-order kernel);
+* ``fixed``: ``layers.gemm`` with ``fixed_order``: ``paged.kernels.cpu``'s
+  ``fixed_order_linear`` (``csrc/cpu/fixed_order_linear.cpp``), every output
+  summed in one order whatever ``M``; a lone row goes in as it is.
 
 Each time is the median of ``--repeats`` runs after ``--warmup``, the two
 taking turns every round. Reported per case: milliseconds, GFLOP/s
@@ -29,9 +28,9 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 from paged.bench.prefill_kernel import DTYPES, headline, machine
+from paged.models.layers import Linear, gemm
 
 # SmolLM2-135M's linears: (name, in K, out N)
 SMOLLM2 = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
@@ -50,11 +49,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON (last line)")
 
 
-def stock(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The GEMM batch-invariant mode runs without the kernel: a lone row multiplied as two."""
-    if x.shape[0] == 1:
-        return F.linear(x.repeat(2, 1), w)[:1]
-    return F.linear(x, w)
+def linear(w: torch.Tensor, path: str) -> Linear:
+    """A bias-free ``Linear`` with weight ``w`` on batch-invariant mode's ``path`` (``"stock"``: padded,
+    ``"fixed"``: the fixed-order kernel), as ``CausalLM.prepare_for_serving`` would set it."""
+    layer = Linear(w.shape[1], w.shape[0], bias=False).to(w.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    layer.pad_one_row, layer.fixed_order = path == "stock", path == "fixed"
+    return layer
 
 
 def median_ms(systems: dict, repeats: int, warmup: int) -> dict:
@@ -68,14 +70,15 @@ def median_ms(systems: dict, repeats: int, warmup: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def run_case(name: str, k: int, n: int, m: int, dtype_name: str, args, gen, ext) -> dict:
+def run_case(name: str, k: int, n: int, m: int, dtype_name: str, args, gen) -> dict:
     dtype = DTYPES[dtype_name]
     x = (3 * torch.randn(m, k, generator=gen)).to(dtype)
     w = (0.05 * torch.randn(n, k, generator=gen)).to(dtype)
-    ms = median_ms({"stock": lambda: stock(x, w), "fixed": lambda: ext.fixed_order_linear(x, w)},
-                   args.repeats, args.warmup)
-    out = ext.fixed_order_linear(x, w)
-    alone = all(torch.equal(ext.fixed_order_linear(x[i:i + 1], w), out[i:i + 1]) for i in range(min(m, 8)))
+    stock, fixed = linear(w, "stock"), linear(w, "fixed")
+    with torch.inference_mode():
+        ms = median_ms({"stock": lambda: gemm(stock, x), "fixed": lambda: gemm(fixed, x)}, args.repeats, args.warmup)
+        out = gemm(fixed, x)
+        alone = all(torch.equal(gemm(fixed, x[i:i + 1]), out[i:i + 1]) for i in range(min(m, 8)))
     flops = 2 * m * n * k
     return {"layer": name, "k": k, "n": n, "rows": m, "dtype": dtype_name, "stock_ms": ms["stock"],
             "fixed_ms": ms["fixed"], "stock_gflops": flops / ms["stock"] / 1e6, "fixed_gflops": flops / ms["fixed"] / 1e6,
@@ -99,7 +102,7 @@ def run(args) -> int:
         for m in args.rows:
             total = {"stock_ms": 0.0, "fixed_ms": 0.0}
             for name, k, n in shapes:
-                row = run_case(name, k, n, m, dt, args, gen, ext)
+                row = run_case(name, k, n, m, dt, args, gen)
                 result["cases"].append(row)
                 times = 1 if name == "lm_head" else args.layers
                 for key in total:
