@@ -38,7 +38,11 @@ ENGINE_OPTIONS = {
     "seed": "--seed", "batch_invariant": "--batch-invariant", "nnodes": "--nnodes", "master_addr": "--master-addr",
     "master_port": "--master-port", "distributed_timeout": "--distributed-timeout", "join_timeout": "--join-timeout",
     "quantization": "--quantization", "long_prefill_token_threshold": "--long-prefill-token-threshold",
+    "long_prefill_seconds": "--long-prefill-seconds",
 }
+# The server cuts a long prompt's chunks to a time as well (the engine alone does not: its schedule stays the
+# same on any machine): a request arriving beside a long prompt waits about two iterations.
+SERVE_LONG_PREFILL_SECONDS = 0.4
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
           "float32": "float32", "float64": "float64"}
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -105,6 +109,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m paged.serve",
                                 description="OpenAI-compatible server over paged's engine (vLLM's options).")
@@ -149,6 +163,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--long-prefill-token-threshold", type=non_negative_int, metavar="N",
                    help="most prompt tokens one sequence computes in an iteration, so a request arriving "
                         "during a long prompt starts within one iteration (engine default 256; 0: no cap; step05)")
+    g.add_argument("--long-prefill-seconds", type=non_negative_float, default=SERVE_LONG_PREFILL_SECONDS,
+                   metavar="S", help="cut a long prompt's chunk further, to the tokens that keep an iteration "
+                   "within S seconds by what this machine's iterations have cost (default "
+                   f"{SERVE_LONG_PREFILL_SECONDS}; 0: tokens only, the engine's default; step05)")
     g.add_argument("--max-model-len", type=token_count, metavar="N", help="context length: 4096, 4k, 4K or auto "
                    "(default: the model's)")
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N", help="tensor parallelism "

@@ -17,10 +17,12 @@ Extends: ``paged.step04_sharing.SharingEngine`` (the scheduler it builds,
 from __future__ import annotations
 
 import logging
+import time
 
 from paged.step02_block_table import KVCache
 from paged.step04_sharing import SharingEngine
 from paged.step05_preemption.chunked import ChunkedPrefill
+from paged.step05_preemption.iteration_cost import IterationCost
 from paged.step05_preemption.policy import Cost
 from paged.step05_preemption.runner import PreemptingModelRunner
 from paged.step05_preemption.scheduler import build_scheduler
@@ -33,6 +35,11 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 # waits about one such chunk (docs/benchmarks.md: 256 took an 8 000-token prompt's neighbour from 15.5 s
 # to 0.5 s and cost the long prompt 6 % of its time to first token). 0: only the token budget caps a chunk.
 DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 256
+# Seconds an iteration with a prompt chunk should take at most, predicted from the iterations run
+# (iteration_cost.py); 0: chunks are capped in tokens only. Off in the engine, so that its schedule does not
+# depend on the machine's speed; python -m paged.serve turns it on (a neighbour then waits about two
+# iterations).
+DEFAULT_LONG_PREFILL_SECONDS = 0.0
 
 
 class PreemptingEngine(SharingEngine):
@@ -44,6 +51,9 @@ class PreemptingEngine(SharingEngine):
         long_prefill_token_threshold: the most prompt tokens one sequence computes in an iteration
             (``ChunkedPrefill``; vLLM's name), so that an iteration stays short and a request arriving
             during a long prefill starts within one; default 256; 0: only the token budget caps a chunk.
+        long_prefill_seconds: the seconds an iteration with a prompt chunk should take at most; a chunk
+            is cut to the tokens that fit, by what the iterations run so far cost (``IterationCost``);
+            default 0: no time cap.
         **kwargs (object): as ``SharingEngine``; ``max_num_batched_tokens`` defaults to 2048
             and may be smaller than a prompt (chunked prefill).
     """
@@ -51,15 +61,35 @@ class PreemptingEngine(SharingEngine):
     runner_class = PreemptingModelRunner
 
     def __init__(self, model, *, preemption_mode: str = "auto", swap_space: int = DEFAULT_SWAP_SPACE,
-                 long_prefill_token_threshold: int = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, **kwargs) -> None:
+                 long_prefill_token_threshold: int = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
+                 long_prefill_seconds: float = DEFAULT_LONG_PREFILL_SECONDS, **kwargs) -> None:
         if not isinstance(swap_space, (int, float)) or swap_space < 0:
             raise ValueError(f"swap_space must be a number of bytes >= 0, got {swap_space!r}")
+        if isinstance(long_prefill_seconds, bool) or not isinstance(long_prefill_seconds, (int, float)) \
+                or not long_prefill_seconds >= 0:
+            raise ValueError(f"long_prefill_seconds must be a number of seconds >= 0 (0: no time cap), "
+                             f"got {long_prefill_seconds!r}")
+        self.long_prefill_seconds = long_prefill_seconds
+        self._iteration_started = None
         kwargs.setdefault("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
         self.preemption_mode, self.swap_space = preemption_mode, swap_space
         self.long_prefill_token_threshold = long_prefill_token_threshold
         super().__init__(model, **kwargs)
         logger.info("swap space: %d host blocks; preemption mode: %s", self.scheduler.kv.host.num_blocks,
                     preemption_mode)
+        if long_prefill_seconds:
+            self.add_observer(self._time_iteration)
+
+    def step(self):
+        """step03's iteration; with ``long_prefill_seconds``, timed, so the chunking learns its cost."""
+        self._iteration_started = time.perf_counter()
+        return super().step()
+
+    @staticmethod
+    def _time_iteration(engine, plan, results) -> None:
+        """Observer: the iteration's plan and seconds (scheduling, memory moves, forward pass, sampling)."""
+        if engine._iteration_started is not None:
+            engine.scheduler.chunking.observe(plan, time.perf_counter() - engine._iteration_started)
 
     def _make_scheduler(self, num_blocks: int, free_order):
         """Step05's scheduler; its host pool holds ``swap_space`` bytes of blocks, and the swap-or-recompute
@@ -71,7 +101,9 @@ class PreemptingEngine(SharingEngine):
         return build_scheduler(num_blocks, self.block_size, host_blocks=int(self.swap_space) // per_block,
                                preemption_mode=self.preemption_mode, cost=cost, free_order=free_order,
                                enable_prefix_caching=self.enable_prefix_caching,
-                               chunking=ChunkedPrefill(self.long_prefill_token_threshold), **self._scheduler_args())
+                               chunking=ChunkedPrefill(self.long_prefill_token_threshold, cost=IterationCost(
+                                   self.long_prefill_seconds) if self.long_prefill_seconds else None),
+                               **self._scheduler_args())
 
     def _make_runner(self) -> PreemptingModelRunner:
         return self.runner_class(self.model.model, self.kv_cache, self.backend, self.batch_invariant,

@@ -99,6 +99,25 @@ def test_long_prefill_token_threshold_reaches_the_engine_and_a_negative_one_is_r
     assert exc.value.code == 2 and "must be >= 0, got -1" in capsys.readouterr().err
 
 
+def test_the_server_cuts_chunks_to_a_time_by_default_and_zero_turns_it_off(capsys):
+    """Exact: without the flag the engine's chunking has an ``IterationCost`` with the server's target
+    (0.4 s), ``--long-prefill-seconds 0`` leaves tokens only (the engine's own default), a value reaches it
+    as given; -1 and a word stop the parser, naming what was wrong."""
+    from paged.serve.cli_options import SERVE_LONG_PREFILL_SECONDS
+
+    default = cli.load_llm(parse(["paged/demo/model", "--num-blocks", "16"]))
+    assert SERVE_LONG_PREFILL_SECONDS == 0.4
+    assert default.engine.scheduler.chunking.cost.target_seconds == SERVE_LONG_PREFILL_SECONDS
+    off = cli.load_llm(parse(["paged/demo/model", "--num-blocks", "16", "--long-prefill-seconds", "0"]))
+    assert off.engine.scheduler.chunking.cost is None
+    given = cli.load_llm(parse(["paged/demo/model", "--num-blocks", "16", "--long-prefill-seconds", "0.25"]))
+    assert given.engine.scheduler.chunking.cost.target_seconds == 0.25
+    for bad, says in (("-1", "must be >= 0, got -1"), ("soon", "'soon' is not a number")):
+        with pytest.raises(SystemExit) as exc:
+            parse(["--long-prefill-seconds", bad])
+        assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
 def test_docs_option_table_is_the_parsers():
     """Exact: docs/serving.md's option table is ``options_table()`` (regenerate: python -m paged.serve.cli_options)."""
     text = DOCS.read_text(encoding="utf-8")
