@@ -75,10 +75,16 @@ class PreemptingEngine(SharingEngine):
         self.preemption_mode, self.swap_space = preemption_mode, swap_space
         self.long_prefill_token_threshold = long_prefill_token_threshold
         super().__init__(model, **kwargs)
-        logger.info("swap space: %d host blocks; preemption mode: %s", self.scheduler.kv.host.num_blocks,
-                    preemption_mode)
+        logger.info("swap space: %d host blocks; preemption mode: %s; a long prompt's chunk: %s",
+                    self.scheduler.kv.host.num_blocks, preemption_mode, self._chunk_rule())
         if long_prefill_seconds:
             self.add_observer(self._time_iteration)
+
+    def _chunk_rule(self) -> str:
+        """The start-up line's words for how a long prompt is chunked."""
+        cap = self.long_prefill_token_threshold
+        words = f"at most {cap} tokens" if cap else "up to the token budget"
+        return words + (f", cut to {self.long_prefill_seconds:g} s an iteration" if self.long_prefill_seconds else "")
 
     def step(self):
         """step03's iteration; with ``long_prefill_seconds``, timed, so the chunking learns its cost."""
