@@ -1,6 +1,7 @@
 // Python binding of the CPU kernels: argument checks, then plain pointers to
 // paged_attention_avx512.cpp / paged_attention_scalar.cpp (decode attention)
-// and paged_prefill_avx512.cpp / paged_attention_scalar.cpp (prefill);
+// and paged_prefill_avx512.cpp / paged_attention_scalar.cpp (prefill), with
+// paged_attention_avx2.cpp (both: the scalar's arithmetic in AVX2 vectors);
 // the KV write by slot mapping; and the fused element-wise ops of
 // fused_ops.cpp (which check their own arguments).
 //
@@ -8,9 +9,10 @@
 // dtype, ValueError for a wrong shape, layout or value, naming the argument,
 // what it was, and what was expected. A kernel never sees an unchecked index.
 //
-// Implementations: decode(impl="auto") picks avx512 when it applies and scalar
-// otherwise; impl="scalar" / "avx512" force one, for the tests that check each
-// against the oracle; partition_blocks forces avx512's split-context
+// Implementations: decode(impl="auto") picks avx512 when it applies, else avx2
+// when it applies (bitwise the scalar's), else scalar; impl="scalar" / "avx2" /
+// "avx512" force one, for the tests that check each against the oracle (and
+// avx2 against scalar); partition_blocks forces avx512's split-context
 // partitioning (tests) or leaves it to the kernel (-1). prefill takes the same
 // impl, and query_tile (query tokens per work item: speed only, the tests vary
 // it to show the bits do not move). Both take a sliding window and a score
@@ -141,8 +143,8 @@ void check_blocks(const Inputs& in, int64_t s, int64_t len, int64_t from = 0) {
 }
 
 void check_impl(const std::string& impl) {
-  TORCH_CHECK_VALUE(impl == "auto" || impl == "scalar" || impl == "avx512",
-                    "impl must be 'auto', 'scalar' or 'avx512', got '", impl, "'");
+  TORCH_CHECK_VALUE(impl == "auto" || impl == "scalar" || impl == "avx2" || impl == "avx512",
+                    "impl must be 'auto', 'scalar', 'avx2' or 'avx512', got '", impl, "'");
 }
 
 // A sliding window of at least one key (None: none) and a positive, finite soft-cap (None: none),
@@ -183,12 +185,16 @@ void fill_args(paged::DecodeArgs& args, const Inputs& in, const at::Tensor& key_
 // impl "scalar": the scalar kernel; else avx512, or for "auto" scalar where avx512 does not apply.
 template <typename Args>
 void run_kernel(const std::string& impl, const Args& args, const Inputs& in, void (*scalar)(const Args&),
-                bool (*avx512)(const Args&)) {
+                bool (*avx2)(const Args&), bool (*avx512)(const Args&)) {
   if (impl == "scalar") return scalar(args);
-  if (avx512(args)) return;
-  TORCH_CHECK_VALUE(impl == "auto", "impl 'avx512' needs an AVX-512 build and float32 or bfloat16 with a head dim "
-                    "in {16, 32, ..., 128, 160, 192, 256}; got ", in.query.scalar_type(), ", D = ", in.D,
+  if (impl != "avx2" && avx512(args)) return;
+  TORCH_CHECK_VALUE(impl != "avx512", "impl 'avx512' needs an AVX-512 build and float32 or bfloat16 with a head "
+                    "dim in {16, 32, ..., 128, 160, 192, 256}; got ", in.query.scalar_type(), ", D = ", in.D,
                     ", AVX-512 build: ", paged::avx512_compiled() ? "yes" : "no");
+  if (avx2(args)) return;
+  TORCH_CHECK_VALUE(impl == "auto", "impl 'avx2' needs an AVX2 build and float32 or bfloat16 with a head dim "
+                    "that is a multiple of 16; got ", in.query.scalar_type(), ", D = ", in.D,
+                    ", AVX2 build: ", paged::avx2_compiled() ? "yes" : "no");
   scalar(args);
 }
 
@@ -218,7 +224,8 @@ at::Tensor decode(const at::Tensor& query_in,   // [S, H, D]
 
   fill_args(args, in, key_cache, value_cache, scale);
   args.partition_blocks = partition_blocks;
-  run_kernel(impl, args, in, paged::paged_attention_decode_scalar, paged::paged_attention_decode_avx512);
+  run_kernel(impl, args, in, paged::paged_attention_decode_scalar, paged::paged_attention_decode_avx2,
+             paged::paged_attention_decode_avx512);
   return in.out;
 }
 
@@ -267,7 +274,8 @@ at::Tensor prefill(const at::Tensor& query_in,   // [T, H, D] the new tokens of 
   args.query_lens = q_lens;
   args.query_starts = starts.data();
   args.query_tile = query_tile;
-  run_kernel(impl, args, in, paged::paged_attention_prefill_scalar, paged::paged_attention_prefill_avx512);
+  run_kernel(impl, args, in, paged::paged_attention_prefill_scalar, paged::paged_attention_prefill_avx2,
+             paged::paged_attention_prefill_avx512);
   return in.out;
 }
 
@@ -339,6 +347,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("key_cache"), py::arg("value_cache"), py::arg("k"), py::arg("v"),
         py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
   m.def("avx512_compiled", &paged::avx512_compiled, "Whether the AVX-512 decode was compiled in");
+  m.def("avx2_compiled", &paged::avx2_compiled, "Whether the AVX2 attention (the scalar's arithmetic) was compiled in");
   m.def("add_rms_norm", &paged::add_rms_norm,
         "RMSNorm of x (of x + residual first, when given): (normed, x + residual or None)", py::arg("x"),
         py::arg("residual"), py::arg("weight"), py::arg("eps"), py::call_guard<py::gil_scoped_release>());

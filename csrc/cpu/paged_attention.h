@@ -78,7 +78,33 @@ bool paged_attention_prefill_avx512(const PrefillArgs& args);
 // Whether avx512 was compiled in (the compiler targeted AVX-512F).
 bool avx512_compiled();
 
+// avx2: the scalar kernels' arithmetic, operation for operation, in AVX2
+// vectors (bitwise the scalar's); float32 / bfloat16, head_dim % 16 == 0.
+// Returns false (and does nothing) when this build or these arguments cannot take it.
+bool paged_attention_decode_avx2(const DecodeArgs& args);
+bool paged_attention_prefill_avx2(const PrefillArgs& args);
+
+// Whether avx2 was compiled in (the compiler targeted AVX2).
+bool avx2_compiled();
+
 namespace detail {
+// The query tile of a prefill whose tile shares nothing between its tokens
+// (scalar, avx2): a.query_tile, halved while the call would have fewer than
+// 4 work items per thread, so a call with few tokens (a short chunk of a long
+// prompt) keeps every thread busy (3 items on 2 threads left one idle a
+// third of the time). Speed only: a row's bits do not depend on its tile.
+inline int64_t query_tile_for_threads(const PrefillArgs& a) {
+  constexpr int64_t kItemsPerThread = 4;
+  auto items = [&](int64_t tile) {
+    int64_t n = 0;
+    for (int64_t s = 0; s < a.num_seqs; ++s) n += (a.query_lens[s] + tile - 1) / tile * a.num_kv_heads;
+    return n;
+  };
+  int64_t tile = std::max<int64_t>(1, a.query_tile);
+  while (tile > 1 && items(tile) < kItemsPerThread * a.num_threads) tile = (tile + 1) / 2;
+  return tile;
+}
+
 // Runs fn(i, scratch) for i in [0, items) over torch's threads, dynamically
 // scheduled so sequences of different lengths balance. Each thread owns one
 // Scratch, built once (from the arguments a), not per item.

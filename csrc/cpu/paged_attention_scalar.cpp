@@ -143,29 +143,14 @@ void run_scalar(const DecodeArgs& a) {
 // sequence s, at position p = context_lens[s] - query_lens[s] + i, as a decode
 // query with context p + 1 (and the same window). Rows are independent, so the
 // work splits anywhere without changing a bit: one item per (sequence, tile of
-// up to a.query_tile tokens, KV head), the last tiles (the longest contexts)
-// first, so one long prompt keeps every thread busy to the end. A tile shares
-// nothing between its tokens here, so a call with few tokens (a short chunk of
-// a long prompt) gets smaller tiles: at least kItemsPerThread items per
-// thread where the tokens allow (3 items on 2 threads left one idle a third
-// of the time).
-constexpr int64_t kItemsPerThread = 4;
-
-int64_t scalar_query_tile(const PrefillArgs& a) {
-  auto items = [&](int64_t tile) {
-    int64_t n = 0;
-    for (int64_t s = 0; s < a.num_seqs; ++s) n += (a.query_lens[s] + tile - 1) / tile * a.num_kv_heads;
-    return n;
-  };
-  int64_t tile = std::max<int64_t>(1, a.query_tile);
-  while (tile > 1 && items(tile) < kItemsPerThread * a.num_threads) tile = (tile + 1) / 2;
-  return tile;
-}
-
+// query tokens, KV head), the last tiles (the longest contexts) first, so one
+// long prompt keeps every thread busy to the end; a tile shares nothing between
+// its tokens here, so a call with few tokens gets smaller ones
+// (detail::query_tile_for_threads).
 template <typename T>
 void run_prefill_scalar(const PrefillArgs& a) {
   const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
-  const int64_t tile = scalar_query_tile(a);
+  const int64_t tile = detail::query_tile_for_threads(a);
   struct Item {
     int64_t s, i0, kvh;
   };

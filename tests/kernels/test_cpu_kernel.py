@@ -98,6 +98,12 @@ def check(out, expected, dtype):
     torch.testing.assert_close(out.to(expected.dtype), expected, **TOLERANCE[dtype])
 
 
+def _cpu_has_avx2() -> bool:
+    """What ``-march=native`` will see: the CPU's own feature flags."""
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("flags") and " avx2" in line for line in f)
+
+
 def _cpu_has_avx512f() -> bool:
     """What ``-march=native`` will see: the CPU's own feature flags."""
     try:
@@ -155,11 +161,13 @@ def test_cpu_kernel_dispatch_equals_contiguous_toleranced(ext, dtype, case):
 
 
 @pytest.mark.parametrize("dtype", AVX512_DTYPES, ids=str)
-@pytest.mark.parametrize("impl", ["scalar", "avx512"])
+@pytest.mark.parametrize("impl", ["scalar", "avx2", "avx512"])
 def test_cpu_kernel_strided_query_from_fused_qkv(ext, impl, dtype):
     """A query sliced out of a fused QKV projection (row stride != H * D) is read in place."""
     if impl == "avx512" and not _cpu_has_avx512f():
         pytest.skip("this CPU has no AVX-512")
+    if impl == "avx2" and not ext.avx2_compiled():
+        pytest.skip("this CPU has no AVX2")
     case = (16, 8, 2, 64, [1, 15, 16, 17, 40], list(range(9))[::-1], 1.0, 3)
     args, expected = make_batch(case, dtype)
     query = args[0]

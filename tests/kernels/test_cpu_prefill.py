@@ -9,7 +9,7 @@ Levels of equality:
 
 * **bitwise** (``torch.equal``) against the decode kernel run for each token
   alone (one sequence, context = its position + 1, never split into
-  partitions), for both implementations (scalar, avx512), any query tile and
+  partitions), for every implementation (scalar, avx2, avx512), any query tile and
   thread count: the prefill kernel walks the KV blocks at absolute positions
   in the decode kernel's order and arithmetic. Hence also bitwise: a prompt
   prefilled in chunks, or its tail after a prefix-cache hit, equals the whole
@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from paged.kernels import cpu
 from tests import tolerances
-from tests.kernels.test_cpu_kernel import _cpu_has_avx512f, _swap
+from tests.kernels.test_cpu_kernel import _cpu_has_avx2, _cpu_has_avx512f, _swap
 from tests.oracle import contiguous_attention
 from tests.strategies import block_sizes, gqa_heads, head_dims, model_head_dims, seq_lens, shuffled_free_list
 
@@ -47,7 +47,7 @@ TOLERANCE = {
     torch.float32: tolerances.CPU_ATTENTION_FLOAT32,
     torch.bfloat16: tolerances.CPU_BFLOAT16,
 }
-IMPLS = ["scalar", "avx512"] if _cpu_has_avx512f() else ["scalar"]
+IMPLS = ["scalar"] + (["avx2"] if _cpu_has_avx2() else []) + (["avx512"] if _cpu_has_avx512f() else [])
 AVX512_DIMS = [16, 32, 48, 64, 80, 96, 128]
 
 
@@ -58,7 +58,8 @@ def ext():
 
 
 ANY_DIMS = st.one_of(head_dims, model_head_dims, st.sampled_from(AVX512_DIMS))
-DIMS = {"scalar": ANY_DIMS, "avx512": st.sampled_from(AVX512_DIMS)}  # avx512: multiples of 16
+DIMS = {"scalar": ANY_DIMS, "avx2": st.sampled_from(AVX512_DIMS),
+        "avx512": st.sampled_from(AVX512_DIMS)}  # avx2, avx512: multiples of 16
 
 
 @st.composite
@@ -119,7 +120,7 @@ def decode_alone(ext, args, impl):
     return out
 
 
-# (implementation, dtype): avx512 takes float32 and bfloat16
+# (implementation, dtype): avx2 and avx512 take float32 and bfloat16
 IMPL_DTYPES = [(impl, dtype) for impl in IMPLS for dtype in (torch.float32, torch.bfloat16, torch.float64)
                if impl == "scalar" or dtype != torch.float64]
 
@@ -265,7 +266,7 @@ def test_prefill_rejects_bad_out_tile_and_impl(ext):
         cpu.paged_attention_prefill(*args, out=torch.empty(7, 4, 16, dtype=torch.float64))
     with pytest.raises(ValueError, match="query_tile must be >= 1, got 0"):
         cpu.paged_attention_prefill(*args, query_tile=0)
-    with pytest.raises(ValueError, match="impl must be 'auto', 'scalar' or 'avx512'"):
+    with pytest.raises(ValueError, match="impl must be 'auto', 'scalar', 'avx2' or 'avx512'"):
         ext.prefill(*args, None, "fast", 32)
 
 

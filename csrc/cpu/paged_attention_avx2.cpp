@@ -1,0 +1,251 @@
+// PagedAttention on the CPU, AVX2: the scalar kernel's arithmetic, operation
+// for operation, in 8-float vectors (docs/kernels.md).
+//
+// paged_attention_scalar.cpp is the specification; this file does exactly its
+// operations on every query row, so its output is bitwise the scalar kernel's
+// (tests/kernels/test_cpu_avx2_attention.py): on a CPU without AVX-512 a
+// prompt's bits stay those of the decode of each of its tokens, and a
+// sequence's bits do not depend on which of the two ran it.
+//   * q . k: the scalar's 16 running lanes are two vectors (lanes 0-7, 8-15),
+//     each step a product rounded, then added (no fused multiply-add: the
+//     build has -ffp-contract=off); the scalar's tree (lane l += lane l + 8,
+//     + 4, + 2, + 1) is one vector add, then adds of halves. Head dims that
+//     are a multiple of 16 only (the scalar's tail lanes are not done here).
+//   * the soft-cap, the running maximum and every exponential are the
+//     scalar's own calls (std::tanh, std::max, std::exp), one value at a time;
+//   * the rescale (acc *= alpha) and the V accumulation (acc += p * v, the
+//     product rounded first) are the scalar's loops as vectors: each element
+//     gets the same two roundings.
+// What it saves: a work item holds many query rows (the G query heads of a KV
+// head, times a tile of query tokens in a prefill), and each KV block is
+// widened to float32 once for all of them instead of once per row; and the
+// loops are vector code whatever the compiler makes of the scalar's.
+//
+// Work items as the scalar's: decode (sequence, KV head); prefill (sequence,
+// tile of query tokens, KV head), the last tiles first, tiles made smaller
+// for a call with few tokens (detail::query_tile_for_threads). Which rows share
+// an item changes nothing in a row's arithmetic.
+
+#include "paged_attention.h"
+
+#if defined(__AVX2__)
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+#endif
+
+namespace paged {
+namespace {
+
+#if defined(__AVX2__)
+using detail::for_each_item;
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {  // a bfloat16 is the top half of a float32: exact
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// dot_in_lanes of paged_attention_scalar.cpp for D % 16 == 0.
+inline float dot16(const float* q, const float* k, int64_t D) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) {
+    lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d)));
+    hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8)));
+  }
+  const __m256 s8 = _mm256_add_ps(lo, hi);                                                 // l += l + 8
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // l += l + 4
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                 // l += l + 2
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                         // l += l + 1
+}
+
+// One query row: its scaled query, accumulator, running maximum and sum, the
+// keys it sees (lo .. ctx - 1), and where its output goes.
+struct Row {
+  float* q;
+  float* acc;
+  float m, l;
+  int64_t lo, ctx;
+  void* out;
+};
+
+struct Scratch {
+  std::vector<float> q, acc, k, v, scores;
+  std::vector<Row> rows;
+  Scratch(int64_t max_rows, int64_t B, int64_t D)
+      : q(max_rows * D), acc(max_rows * D), k(B * D), v(B * D), scores(B) {
+    rows.reserve(max_rows);
+  }
+};
+
+// Rows of one KV head of one sequence (block table `table`) over their keys:
+// decode_item_scalar's loop, each KV block widened once for all the rows.
+template <typename T>
+void attend_rows(const DecodeArgs& a, const int32_t* table, int64_t kvh, Scratch& w) {
+  const int64_t D = a.head_dim, B = a.block_size, row_stride = a.num_kv_heads * D;
+  const T* key_cache = static_cast<const T*>(a.key_cache);
+  const T* value_cache = static_cast<const T*>(a.value_cache);
+  const float cap = static_cast<float>(a.softcap);
+  int64_t first = std::numeric_limits<int64_t>::max(), end = 0;
+  for (const Row& r : w.rows) first = std::min(first, r.lo / B), end = std::max(end, r.ctx);
+
+  for (int64_t j = first; j * B < end; ++j) {
+    const int64_t filled = std::min(B, end - j * B);  // the most slots any row reads here
+    const int64_t base = (static_cast<int64_t>(table[j]) * B * a.num_kv_heads + kvh) * D;
+    for (int64_t t = 0; t < filled; ++t)
+      for (int64_t d = 0; d < D; d += 8) {
+        _mm256_storeu_ps(&w.k[t * D + d], load8(key_cache + base + t * row_stride + d));
+        _mm256_storeu_ps(&w.v[t * D + d], load8(value_cache + base + t * row_stride + d));
+      }
+    for (Row& r : w.rows) {
+      if (j < r.lo / B || j * B >= r.ctx) continue;  // the scalar's loop for this row skips block j
+      const int64_t n = std::min(B, r.ctx - j * B);
+      const int64_t t0 = std::max<int64_t>(0, r.lo - j * B);
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (int64_t t = t0; t < n; ++t) {
+        float dot = dot16(r.q, &w.k[t * D], D);
+        if (a.softcap > 0) dot = cap * std::tanh(dot / cap);
+        w.scores[t] = dot;
+        block_max = std::max(block_max, dot);
+      }
+      const float m_new = std::max(r.m, block_max);
+      const float alpha = std::exp(r.m - m_new);
+      r.l *= alpha;
+      const __m256 va = _mm256_set1_ps(alpha);
+      for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(r.acc + d, _mm256_mul_ps(_mm256_loadu_ps(r.acc + d), va));
+      for (int64_t t = t0; t < n; ++t) {
+        const float p = std::exp(w.scores[t] - m_new);
+        r.l += p;
+        const __m256 vp = _mm256_set1_ps(p);
+        const float* v = &w.v[t * D];
+        for (int64_t d = 0; d < D; d += 8)
+          _mm256_storeu_ps(r.acc + d, _mm256_add_ps(_mm256_loadu_ps(r.acc + d), _mm256_mul_ps(vp, load8(v + d))));
+      }
+      r.m = m_new;
+    }
+  }
+  for (const Row& r : w.rows) {
+    T* o = static_cast<T*>(r.out);
+    const float inv = 1.0f / r.l;
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(r.acc[d] * inv);
+  }
+}
+
+// Adds the G rows of query head group kvh of one token (query at `query`, its
+// output at `out`) that sees keys lo .. ctx - 1.
+template <typename T>
+void add_rows(const DecodeArgs& a, const T* query, T* out, int64_t ctx, Scratch& w) {
+  const int64_t G = a.num_heads / a.num_kv_heads, D = a.head_dim;
+  const float scale = static_cast<float>(a.scale);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t i = static_cast<int64_t>(w.rows.size());
+    float* q = &w.q[i * D];
+    float* acc = &w.acc[i * D];
+    const T* src = query + g * a.q_stride_h;
+    for (int64_t d = 0; d < D; ++d) {
+      q[d] = static_cast<float>(src[d]) * scale;
+      acc[d] = 0;
+    }
+    w.rows.push_back({q, acc, -std::numeric_limits<float>::infinity(), 0.0f, first_key(a, ctx - 1), ctx,
+                      out + g * a.out_stride_h});
+  }
+}
+
+template <typename T>
+void run_decode(const DecodeArgs& a) {
+  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
+  struct Make {
+    Scratch s;
+    explicit Make(const DecodeArgs& a) : s(a.num_heads / a.num_kv_heads, a.block_size, a.head_dim) {}
+  };
+  for_each_item<Make>(a, a.num_seqs * H_kv, [&](int64_t i, Make& m) {
+    Scratch& w = m.s;
+    const int64_t s = i / H_kv, kvh = i % H_kv;
+    w.rows.clear();
+    add_rows<T>(a, static_cast<const T*>(a.query) + s * a.q_stride_s + kvh * G * a.q_stride_h,
+                static_cast<T*>(a.out) + s * a.out_stride_s + kvh * G * a.out_stride_h, a.context_lens[s], w);
+    attend_rows<T>(a, a.block_tables + s * a.max_blocks, kvh, w);
+  });
+}
+
+template <typename T>
+void run_prefill(const PrefillArgs& a) {
+  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
+  const int64_t tile = detail::query_tile_for_threads(a);
+  struct Item {
+    int64_t s, i0, kvh;
+  };
+  std::vector<Item> items;
+  for (int64_t s = 0; s < a.num_seqs; ++s)
+    for (int64_t i0 = (a.query_lens[s] - 1) / tile * tile; i0 >= 0; i0 -= tile)
+      for (int64_t kvh = 0; kvh < H_kv; ++kvh) items.push_back({s, i0, kvh});
+  struct Make {
+    Scratch s;
+    Make(const PrefillArgs& a, int64_t tile)
+        : s(tile * (a.num_heads / a.num_kv_heads), a.block_size, a.head_dim) {}
+  };
+  const int threads = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(a.num_threads, static_cast<int64_t>(items.size()))));
+#pragma omp parallel num_threads(threads)
+  {
+    Make m(a, tile);
+    Scratch& w = m.s;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t k = 0; k < static_cast<int64_t>(items.size()); ++k) {
+      const auto [s, i0, kvh] = items[k];
+      const int64_t first = a.context_lens[s] - a.query_lens[s];  // position of query 0
+      w.rows.clear();
+      for (int64_t i = i0; i < std::min<int64_t>(a.query_lens[s], i0 + tile); ++i) {
+        const int64_t t = a.query_starts[s] + i;  // its row in the packed query
+        add_rows<T>(a, static_cast<const T*>(a.query) + t * a.q_stride_s + kvh * G * a.q_stride_h,
+                    static_cast<T*>(a.out) + t * a.out_stride_s + kvh * G * a.out_stride_h, first + i + 1, w);
+      }
+      attend_rows<T>(a, a.block_tables + s * a.max_blocks, kvh, w);
+    }
+  }
+}
+
+bool takes(const DecodeArgs& a) {
+  return (a.dtype == DType::kFloat32 || a.dtype == DType::kBFloat16) && a.head_dim % 16 == 0;
+}
+#endif
+
+}  // namespace
+
+bool paged_attention_decode_avx2(const DecodeArgs& a) {
+#if defined(__AVX2__)
+  if (!takes(a)) return false;
+  if (a.dtype == DType::kFloat32) run_decode<float>(a);
+  else run_decode<c10::BFloat16>(a);
+  return true;
+#else
+  (void)a;
+  return false;
+#endif
+}
+
+bool paged_attention_prefill_avx2(const PrefillArgs& a) {
+#if defined(__AVX2__)
+  if (!takes(a)) return false;
+  if (a.dtype == DType::kFloat32) run_prefill<float>(a);
+  else run_prefill<c10::BFloat16>(a);
+  return true;
+#else
+  (void)a;
+  return false;
+#endif
+}
+
+bool avx2_compiled() {
+#if defined(__AVX2__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace paged

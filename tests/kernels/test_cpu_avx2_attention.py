@@ -1,0 +1,96 @@
+"""The AVX2 attention kernels (``csrc/cpu/paged_attention_avx2.cpp``): the scalar kernels' arithmetic.
+
+Levels of equality: **bitwise** (``torch.equal``) against the scalar kernel (the
+specification) on the same call, decode and prefill, float32 and bfloat16, with
+windows and soft-caps, any query tile, one thread or two: the AVX2 file does the
+scalar's operations on every row in the same order (the products rounded before
+they are added, the scalar's lane tree, the same ``std::exp`` / ``std::tanh``), so
+nothing is toleranced. (Against each token's decode alone the avx2 prefill is
+checked in test_cpu_prefill.py and test_cpu_window.py, like every implementation.)
+Float64 and head dims that are not a multiple of 16 are the scalar's only: ``impl="avx2"``
+refuses them, ``impl="auto"`` runs the scalar.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from paged.kernels import cpu
+from tests.kernels.test_cpu_kernel import _cpu_has_avx2
+from tests.kernels.test_cpu_prefill import AVX512_DIMS, make_prefill
+from tests.kernels.test_cpu_window import make_window, window_cases
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def ext():
+    module = cpu.load(strict=True)
+    if not module.avx2_compiled():
+        pytest.skip("this CPU has no AVX2: the avx2 kernels are not compiled (the scalar ones run)")
+    return module
+
+
+def test_avx2_is_compiled_exactly_where_the_cpu_has_it():
+    """Exact: ``-march=native`` builds the AVX2 file's vector code iff /proc/cpuinfo lists avx2 (every
+    x86-64 CI machine does: the tests below then run, they do not skip)."""
+    assert cpu.load(strict=True).avx2_compiled() == _cpu_has_avx2()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@given(data=st.data(), query_tile=st.sampled_from([1, 3, 32]))
+def test_avx2_prefill_bitwise_equal_scalar(ext, dtype, data, query_tile):
+    """Bitwise: windowed, soft-capped (or not) prefills, packed sequences of any query lengths."""
+    case, window, softcap = data.draw(window_cases(st.sampled_from(AVX512_DIMS)), label="case")
+    args, _ = make_window(case, window, dtype)
+    want = ext.prefill(*args, None, "scalar", query_tile, window, softcap)
+    got = ext.prefill(*args, None, "avx2", query_tile, window, softcap)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@given(data=st.data())
+def test_avx2_decode_bitwise_equal_scalar(ext, dtype, data):
+    """Bitwise: decode of up to 4 sequences, windowed, soft-capped (or not)."""
+    case, window, softcap = data.draw(window_cases(st.sampled_from(AVX512_DIMS), max_seqs=4, decode=True),
+                                      label="case")
+    query, key_cache, value_cache, tables, context_lens, _, scale = make_window(case, window, dtype)[0]
+    want = ext.decode(query, key_cache, value_cache, tables, context_lens, scale, None, "scalar", 0, window, softcap)
+    got = ext.decode(query, key_cache, value_cache, tables, context_lens, scale, None, "avx2", 0, window, softcap)
+    assert torch.equal(got, want)
+
+
+def test_avx2_smollm2_shapes_bitwise_equal_scalar_on_one_or_two_threads(ext):
+    """Bitwise, at SmolLM2's shapes (9 / 3 heads, D = 64, B = 16, bfloat16): a 300-token prompt, a 33-token
+    tail over a cached prefix and a decode token in one call; one thread and two; and the decode."""
+    case = (16, 9, 3, 64, [(300, 300), (70, 33), (17, 1)], list(range(30))[::-1], 8.0, 5)
+    args, _ = make_prefill(case, torch.bfloat16)
+    want = ext.prefill(*args, None, "scalar", 32)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.equal(ext.prefill(*args, None, "avx2", 32), want), threads
+    finally:
+        torch.set_num_threads(before)
+    query, key_cache, value_cache, tables, context_lens, _, scale = args
+    last = query[[299, 332, 333]]
+    decode_lens = torch.tensor([300, 70, 17], dtype=torch.int32)
+    assert torch.equal(ext.decode(last, key_cache, value_cache, tables, decode_lens, scale, None, "avx2", 0),
+                       ext.decode(last, key_cache, value_cache, tables, decode_lens, scale, None, "scalar", 0))
+
+
+@pytest.mark.parametrize("dtype, d, says", [(torch.float64, 64, "Double"), (torch.float32, 40, "D = 40"),
+                                            (torch.bfloat16, 24, "D = 24")])
+def test_avx2_refuses_what_it_does_not_take_and_auto_runs_the_scalar(ext, dtype, d, says):
+    """Exact: ``impl="avx2"`` on float64 or a head dim that is not a multiple of 16 is a ValueError naming
+    it and writes nothing; ``impl="auto"`` gives the scalar's bits."""
+    args, _ = make_prefill((16, 4, 2, d, [(40, 40)], list(range(4)), 1.0, 3), dtype)
+    out = torch.full_like(args[0], 7.0)
+    with pytest.raises(ValueError, match=f"impl 'avx2' needs .*{says}"):
+        ext.prefill(*args, out, "avx2", 32)
+    assert (out == 7.0).all()
+    assert torch.equal(ext.prefill(*args, None, "auto", 32), ext.prefill(*args, None, "scalar", 32))
