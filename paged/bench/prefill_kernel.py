@@ -54,6 +54,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--per-token-max", type=int, default=8000,
                         help="time per-token decode only for prompts up to this length (else null)")
     parser.add_argument("--query-tile", type=int, default=32, help="query tokens per work item of the prefill kernel")
+    parser.add_argument("--impl", default="auto", choices=["auto", "scalar", "avx2", "avx512"],
+                        help="the kernels' implementation, for the prefill and the per-token decode (default auto: "
+                             "the one the engine runs here)")
     parser.add_argument("--threads", type=int, help="torch threads for every system (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON (last line)")
@@ -102,11 +105,20 @@ def systems_for(n, args, q, k, v, key_cache, value_cache, table, scale):
     token_tables = table.expand(n, -1).contiguous()  # [n, M]
     token_lens = torch.arange(1, n + 1, dtype=torch.int32)  # token i sees i + 1 keys
     q4, k4, v4 = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    if args.impl == "auto":  # the public entry points, as the engine calls them
+        prefill = lambda: cpu.paged_attention_prefill(q, key_cache, value_cache, table, lens, lens, scale,  # noqa: E731
+                                                      query_tile=args.query_tile)
+        per_token = lambda: cpu.paged_attention_decode(q, key_cache, value_cache, token_tables,  # noqa: E731
+                                                       token_lens, scale, partition_blocks=0)
+    else:  # the extension itself, told which implementation to run
+        ext = cpu.load(strict=True)
+        prefill = lambda: ext.prefill(q, key_cache, value_cache, table, lens, lens, scale, None,  # noqa: E731
+                                      args.impl, args.query_tile)
+        per_token = lambda: ext.decode(q, key_cache, value_cache, token_tables, token_lens, scale,  # noqa: E731
+                                       None, args.impl, 0)
     systems = {
-        "prefill": lambda: cpu.paged_attention_prefill(q, key_cache, value_cache, table, lens, lens, scale,
-                                                       query_tile=args.query_tile),
-        "per_token": lambda: cpu.paged_attention_decode(q, key_cache, value_cache, token_tables, token_lens, scale,
-                                                        partition_blocks=0),
+        "prefill": prefill,
+        "per_token": per_token,
         "sdpa": lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale,
                                                        enable_gqa=args.heads != args.kv_heads)[0].transpose(0, 1),
     }
@@ -157,7 +169,7 @@ def run(args) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     result = {**machine(), "load_before": os.getloadavg(), "heads": args.heads, "kv_heads": args.kv_heads,
               "head_dim": args.head_dim, "block_size": args.block_size, "layers": args.layers,
-              "repeats": args.repeats, "query_tile": args.query_tile, "cases": []}
+              "repeats": args.repeats, "query_tile": args.query_tile, "impl": args.impl, "cases": []}
     print(headline(result))
     print(f"{'dtype':9s} {'prompt':>6s} {'prefill ms':>11s} {'per-token ms':>13s} {'sdpa ms':>9s} "
           f"{'per-tok/pf':>10s} {'sdpa/pf':>8s} {f'pf x{args.layers} s':>9s} {'bitwise':>7s}  (cpu-time ratios)")

@@ -34,3 +34,19 @@ def test_bench_prefill_kernel_json_last_line(capsys):
         tol = PREFILL_BFLOAT16 if c["dtype"] == "bfloat16" else FLOAT32
         bound = tol["atol"] + tol["rtol"] * MAX_OUTPUT
         assert c["max_abs_diff_vs_sdpa"] <= bound, c
+
+
+def test_bench_prefill_kernel_runs_the_implementation_asked_for(capsys):
+    """``--impl scalar``: the extension's scalar kernels (the JSON says so), still bitwise per-token; a name
+    that is no implementation stops the parser."""
+    argv = ["prefill_kernel", "--prompt-lens", "40", "--dtype", "bfloat16", "--repeats", "1", "--warmup", "0",
+            "--heads", "4", "--kv-heads", "2", "--impl", "scalar", "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["impl"] == "scalar" and result["cases"][0]["prefill_equals_per_token"] is True
+    try:
+        main(["prefill_kernel", "--impl", "sse"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("--impl sse was accepted")
