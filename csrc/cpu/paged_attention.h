@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace paged {
 
@@ -103,6 +104,20 @@ inline int64_t query_tile_for_threads(const PrefillArgs& a) {
   int64_t tile = std::max<int64_t>(1, a.query_tile);
   while (tile > 1 && items(tile) < kItemsPerThread * a.num_threads) tile = (tile + 1) / 2;
   return tile;
+}
+
+// The work items of such a prefill: (sequence, first query token of a tile of
+// `tile`, KV head), each sequence's last tiles (the longest contexts) first,
+// so one long prompt keeps every thread busy to the end.
+struct PrefillItem {
+  int64_t s, i0, kvh;
+};
+inline std::vector<PrefillItem> prefill_items(const PrefillArgs& a, int64_t tile) {
+  std::vector<PrefillItem> items;
+  for (int64_t s = 0; s < a.num_seqs; ++s)
+    for (int64_t i0 = (a.query_lens[s] - 1) / tile * tile; i0 >= 0; i0 -= tile)
+      for (int64_t kvh = 0; kvh < a.num_kv_heads; ++kvh) items.push_back({s, i0, kvh});
+  return items;
 }
 
 // Runs fn(i, scratch) for i in [0, items) over torch's threads, dynamically

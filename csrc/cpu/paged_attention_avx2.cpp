@@ -174,39 +174,26 @@ void run_decode(const DecodeArgs& a) {
 
 template <typename T>
 void run_prefill(const PrefillArgs& a) {
-  const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
+  const int64_t G = a.num_heads / a.num_kv_heads;
   const int64_t tile = detail::query_tile_for_threads(a);
-  struct Item {
-    int64_t s, i0, kvh;
-  };
-  std::vector<Item> items;
-  for (int64_t s = 0; s < a.num_seqs; ++s)
-    for (int64_t i0 = (a.query_lens[s] - 1) / tile * tile; i0 >= 0; i0 -= tile)
-      for (int64_t kvh = 0; kvh < H_kv; ++kvh) items.push_back({s, i0, kvh});
-  struct Make {
+  const std::vector<detail::PrefillItem> items = detail::prefill_items(a, tile);
+  struct Make {  // rows for a tile of tokens
     Scratch s;
-    Make(const PrefillArgs& a, int64_t tile)
-        : s(tile * (a.num_heads / a.num_kv_heads), a.block_size, a.head_dim) {}
+    explicit Make(const PrefillArgs& a)
+        : s(detail::query_tile_for_threads(a) * (a.num_heads / a.num_kv_heads), a.block_size, a.head_dim) {}
   };
-  const int threads = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(a.num_threads, static_cast<int64_t>(items.size()))));
-#pragma omp parallel num_threads(threads)
-  {
-    Make m(a, tile);
+  for_each_item<Make>(a, static_cast<int64_t>(items.size()), [&](int64_t k, Make& m) {
     Scratch& w = m.s;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t k = 0; k < static_cast<int64_t>(items.size()); ++k) {
-      const auto [s, i0, kvh] = items[k];
-      const int64_t first = a.context_lens[s] - a.query_lens[s];  // position of query 0
-      w.rows.clear();
-      for (int64_t i = i0; i < std::min<int64_t>(a.query_lens[s], i0 + tile); ++i) {
-        const int64_t t = a.query_starts[s] + i;  // its row in the packed query
-        add_rows<T>(a, static_cast<const T*>(a.query) + t * a.q_stride_s + kvh * G * a.q_stride_h,
-                    static_cast<T*>(a.out) + t * a.out_stride_s + kvh * G * a.out_stride_h, first + i + 1, w);
-      }
-      attend_rows<T>(a, a.block_tables + s * a.max_blocks, kvh, w);
+    const auto [s, i0, kvh] = items[k];
+    const int64_t first = a.context_lens[s] - a.query_lens[s];  // position of query 0
+    w.rows.clear();
+    for (int64_t i = i0; i < std::min<int64_t>(a.query_lens[s], i0 + tile); ++i) {
+      const int64_t t = a.query_starts[s] + i;  // its row in the packed query
+      add_rows<T>(a, static_cast<const T*>(a.query) + t * a.q_stride_s + kvh * G * a.q_stride_h,
+                  static_cast<T*>(a.out) + t * a.out_stride_s + kvh * G * a.out_stride_h, first + i + 1, w);
     }
-  }
+    attend_rows<T>(a, a.block_tables + s * a.max_blocks, kvh, w);
+  });
 }
 
 bool takes(const DecodeArgs& a) {

@@ -151,13 +151,7 @@ template <typename T>
 void run_prefill_scalar(const PrefillArgs& a) {
   const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
   const int64_t tile = detail::query_tile_for_threads(a);
-  struct Item {
-    int64_t s, i0, kvh;
-  };
-  std::vector<Item> items;
-  for (int64_t s = 0; s < a.num_seqs; ++s)
-    for (int64_t i0 = (a.query_lens[s] - 1) / tile * tile; i0 >= 0; i0 -= tile)
-      for (int64_t kvh = 0; kvh < H_kv; ++kvh) items.push_back({s, i0, kvh});
+  const std::vector<detail::PrefillItem> items = detail::prefill_items(a, tile);
   for_each_item<ScratchScalar<T>>(a, static_cast<int64_t>(items.size()), [&](int64_t k, ScratchScalar<T>& w) {
     const auto [s, i0, kvh] = items[k];
     const int64_t first = a.context_lens[s] - a.query_lens[s];  // position of query 0
