@@ -12,7 +12,7 @@ chunk. So the chunk is also cut to a time: an iteration's seconds are modelled a
 
 where ``tokens`` are the query tokens it computes and ``pairs`` the query-key
 pairs they attend (a token at position p attends p + 1 keys), and a chunk gets
-the most tokens that keep the iteration's predicted seconds within the target.
+the most tokens whose predicted seconds fit in the target.
 ``a`` and ``b`` are a least-squares fit over the iterations run so far, older
 ones weighing less (``decay`` per iteration), so the model follows the machine
 (its CPU, its load) without being told. Before the first fit, only the token cap
@@ -50,7 +50,7 @@ class IterationCost:
     """seconds ~= a * tokens + b * pairs, fitted to the iterations observed.
 
     Args:
-        target_seconds: the seconds an iteration with a prompt chunk should take at most (> 0).
+        target_seconds: the seconds one prompt chunk should take at most (> 0).
         decay: the weight each older iteration keeps per newer one (0 < decay <= 1).
     """
 
@@ -99,16 +99,17 @@ class IterationCost:
             return None
         return self.a * tokens + self.b * pairs / PAIRS_UNIT
 
-    def most_tokens(self, plan_tokens: int, plan_pairs: int, start: int, limit: int) -> int:
-        """The most of ``limit`` tokens, after ``start`` cached ones, that a plan already holding this work
-        can take and stay within the target; at least ``MIN_CHUNK`` (or ``limit`` if smaller), so a prompt
-        always advances; ``limit`` before the first fit. The predicted seconds grow with the chunk, so
-        the answer is found by bisection."""
+    def most_tokens(self, start: int, limit: int) -> int:
+        """The most of ``limit`` tokens, after ``start`` cached ones, that one chunk can compute within the
+        target (its own predicted seconds: the decodes beside it are not cut for it, and do not starve
+        it when they alone fill the target); at least ``MIN_CHUNK`` (or ``limit`` if smaller), so a
+        prompt always advances; ``limit`` before the first fit. The predicted seconds grow with the
+        chunk, so the answer is found by bisection."""
         if self.a is None or limit <= MIN_CHUNK:
             return limit
 
         def fits(n: int) -> bool:
-            return self.predict(plan_tokens + n, plan_pairs + chunk_pairs(start, n)) <= self.target_seconds
+            return self.predict(n, chunk_pairs(start, n)) <= self.target_seconds
 
         if fits(limit):
             return limit

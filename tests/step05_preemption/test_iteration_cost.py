@@ -65,24 +65,25 @@ def test_the_fit_never_takes_a_negative_cost():
     assert cost.a >= 0 and cost.b >= 0 and cost.predict(1000, 0) >= 0
 
 
-@pytest.mark.parametrize("plan_tokens, plan_pairs, start, limit", [
-    (0, 0, 0, 256), (0, 0, 4000, 256), (0, 0, 8000, 256), (30, 30 * 1500, 1000, 2048), (0, 0, 0, 40),
-    (0, 0, 0, 12), (200, 200 * 9000, 0, 256)])
-def test_most_tokens_is_the_largest_chunk_within_the_target(plan_tokens, plan_pairs, start, limit):
-    """Exact (against every n): the answer fits the target and one more token would not; never above the
-    limit, never below MIN_CHUNK (a prompt advances even when the plan's decodes fill the target)."""
+@pytest.mark.parametrize("start, limit", [(0, 256), (4000, 256), (8000, 256), (1000, 2048), (0, 40), (0, 12),
+                                          (150_000, 256)])
+def test_most_tokens_is_the_largest_chunk_within_the_target(start, limit):
+    """Exact (against every n): the chunk's own predicted seconds fit the target and one more token's
+    would not; never above the limit, never below MIN_CHUNK (a prompt advances even where one token's
+    attention alone is over the target: 150 000 cached tokens here)."""
     cost = IterationCost(0.4)
     for t, p in [(256, chunk_pairs(0, 256)), (1, 700), (64, chunk_pairs(900, 64))]:
         cost.observe(t, p, seconds(t, p))
-    n = cost.most_tokens(plan_tokens, plan_pairs, start, limit)
-    fits = [k for k in range(1, limit + 1)
-            if cost.predict(plan_tokens + k, plan_pairs + chunk_pairs(start, k)) <= 0.4]
+    n = cost.most_tokens(start, limit)
+    fits = [k for k in range(1, limit + 1) if cost.predict(k, chunk_pairs(start, k)) <= 0.4]
     assert n == max([min(limit, MIN_CHUNK)] + fits)
+    if start == 150_000:
+        assert not fits and n == MIN_CHUNK
 
 
 def test_before_any_iteration_only_the_token_cap_cuts():
     cost = IterationCost(0.4)
-    assert cost.most_tokens(0, 0, 8000, 256) == 256
+    assert cost.most_tokens(8000, 256) == 256
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), True, "0.4"])
@@ -93,31 +94,44 @@ def test_a_target_that_is_not_a_positive_number_is_refused(bad):
 
 def test_rule_a_timed_chunk_shrinks_as_the_prompt_s_context_grows():
     """Exact (the stand-in's seconds are the rule's): with a target of 0.4 s a 2 000-token prompt's chunks
-    are the largest the rule allows at their position, each at most the token cap (256), and shrink as
-    the context grows; a decode beside it still runs first. Before the first iteration was observed the
-    first chunk is the token cap's."""
+    are the largest whose own predicted seconds fit, each at most the token cap (256), and shrink as the
+    context grows; the chat decoding beside it runs first every iteration and is not counted against the
+    chunk. Before the first iteration was observed the first chunk is the token cap's."""
     cost = IterationCost(0.4)
     h = Harness(step05, num_blocks=600, chunking=ChunkedPrefill(256, cost=cost), max_model_len=4096)
     h.add(2, max_tokens=40, rid="chat")
     h.add(2000, max_tokens=1, rid="long")
-    chunks = []  # (chunk tokens, its context, the tokens and pairs of the rest of its plan)
+    chunks = []  # (chunk tokens, its context)
     while h.has_unfinished():
         plan = h.tick().plan
         h.scheduler.chunking.observe(plan, seconds(*plan_work(plan.query_lens, plan.context_lens)))
-        work = list(zip(plan.query_lens, plan.context_lens))
-        chunk = [(q, ctx) for q, ctx in work if q > 2]
-        if chunk:
-            others = [w for w in work if w != chunk[0]]
-            chunks.append(chunk[0] + plan_work([q for q, _ in others], [c for _, c in others]))
-    assert sum(c[0] for c in chunks) == 2000 and chunks[0][0] == 256
+        chunks += [(q, ctx) for q, ctx in zip(plan.query_lens, plan.context_lens) if q > 2]
+    assert sum(q for q, _ in chunks) == 2000 and chunks[0][0] == 256
     # from the third chunk on the fit has seen two shapes of iteration: it is the rule (see above)
-    for q, ctx, t, p in chunks[2:]:
+    for q, ctx in chunks[2:]:
         start = ctx - q
-        assert q <= 256
-        assert seconds(t + q, p + chunk_pairs(start, q)) <= 0.4 * (1 + 1e-9) or q == MIN_CHUNK
-        assert q == 2000 - start or seconds(t + q + 1, p + chunk_pairs(start, q + 1)) > 0.4 * (1 - 1e-9)
-    sizes = [c[0] for c in chunks[2:-1]]
+        assert q <= 256 and seconds(q, chunk_pairs(start, q)) <= 0.4 * (1 + 1e-9)
+        assert q == 2000 - start or seconds(q + 1, chunk_pairs(start, q + 1)) > 0.4 * (1 - 1e-9)
+    sizes = [q for q, _ in chunks[2:-1]]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
+
+
+def test_rule_decodes_that_fill_the_target_do_not_starve_a_prompt():
+    """Exact: 40 decodes at long contexts whose own predicted seconds are over the target: a 300-token
+    prompt still gets the chunks it can compute in the target by itself (not MIN_CHUNK)."""
+    cost = IterationCost(0.4)
+    cost.a, cost.b = A, B * 1000  # the rule, as if fitted
+    h = Harness(step05, num_blocks=32_000, chunking=ChunkedPrefill(256, cost=cost), max_model_len=8192)
+    for i in range(40):
+        h.add(3000, max_tokens=50, rid=f"d{i}")
+    while any(r.seqs[0].num_pending > 1 for r in h.running) or h.waiting:
+        h.tick()
+    decodes = h.tick().plan
+    assert seconds(*plan_work(decodes.query_lens, decodes.context_lens)) > 0.4
+    h.add([5000 + i for i in range(300)], max_tokens=1, rid="new")  # no prefix shared with the others
+    plan = h.tick().plan
+    chunk = [q for q in plan.query_lens if q > 1]
+    assert not h.swapped and chunk == [cost.most_tokens(0, 256)] and chunk[0] > MIN_CHUNK
 
 
 @pytest.fixture(scope="module")
