@@ -164,8 +164,8 @@ def parser() -> argparse.ArgumentParser:
                    help="most prompt tokens one sequence computes in an iteration, so a request arriving "
                         "during a long prompt starts within one iteration (engine default 256; 0: no cap; step05)")
     g.add_argument("--long-prefill-seconds", type=non_negative_float, default=SERVE_LONG_PREFILL_SECONDS,
-                   metavar="S", help="cut a long prompt's chunk further, to the tokens it can compute in S "
-                   "seconds by what this machine's iterations have cost (default "
+                   metavar="S", help="cut a long prompt's chunk further, so that an iteration's prompt chunks "
+                   "compute in S seconds by what this machine's iterations have cost (default "
                    f"{SERVE_LONG_PREFILL_SECONDS}; 0: tokens only, the engine's default; step05)")
     g.add_argument("--max-model-len", type=token_count, metavar="N", help="context length: 4096, 4k, 4K or auto "
                    "(default: the model's)")

@@ -15,14 +15,15 @@ is ``policies.WholePrompt``).
 from __future__ import annotations
 
 from paged.step03_attention.policies import Budget
-from paged.step05_preemption.iteration_cost import IterationCost, plan_work
+from paged.step05_preemption.iteration_cost import IterationCost, plan_work, prefill_work
 
 
 # --8<-- [start:fit]
 class ChunkedPrefill:
     """Chunking, step05: a lone sequence takes what the token budget leaves, a long prompt at most
     ``long_prefill_token_threshold`` tokens an iteration, and with a ``cost`` at most the tokens it
-    can compute in its target seconds; a group runs whole.
+    can compute in what the iteration's prompt chunks have left of the target seconds; a group runs
+    whole.
 
     Args:
         long_prefill_token_threshold: the most prompt tokens (a chunk of a prompt or of a
@@ -53,8 +54,8 @@ class ChunkedPrefill:
             n = min(counts[0], budget.tokens)
             if counts[0] > 1 and self.long_prefill_token_threshold:
                 n = min(n, self.long_prefill_token_threshold)
-            if counts[0] > 1 and self.cost is not None and n > 0:  # and to what fits in its seconds
-                n = self.cost.most_tokens(start=live[0].block_table.num_tokens, limit=n)
+            if counts[0] > 1 and self.cost is not None and n > 0:  # and to what fits in the seconds left
+                n = self.cost.most_tokens(live[0].block_table.num_tokens, n, beside=prefill_work(plan))
             return [(live[0], n)] if n > 0 else None
         if sum(counts) > budget.tokens and plan.seq_ids:
             return None

@@ -35,7 +35,7 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 # waits about one such chunk (docs/benchmarks.md: 256 took an 8 000-token prompt's neighbour from 15.5 s
 # to 0.5 s and cost the long prompt 6 % of its time to first token). 0: only the token budget caps a chunk.
 DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 256
-# Seconds one prompt chunk should take at most, predicted from the iterations run
+# Seconds the prompt chunks of an iteration should take at most, predicted from the iterations run
 # (iteration_cost.py); 0: chunks are capped in tokens only. Off in the engine, so that its schedule does not
 # depend on the machine's speed; python -m paged.serve turns it on (a neighbour then waits about two
 # iterations).
@@ -51,9 +51,9 @@ class PreemptingEngine(SharingEngine):
         long_prefill_token_threshold: the most prompt tokens one sequence computes in an iteration
             (``ChunkedPrefill``; vLLM's name), so that an iteration stays short and a request arriving
             during a long prefill starts within one; default 256; 0: only the token budget caps a chunk.
-        long_prefill_seconds: the seconds one prompt chunk should take at most; a chunk is cut to the
-            tokens that fit, by what the iterations run so far cost (``IterationCost``); default 0: no
-            time cap.
+        long_prefill_seconds: the seconds the prompt chunks of an iteration should take at most; a chunk
+            is cut to the tokens that fit, by what the iterations run so far cost (``IterationCost``);
+            default 0: no time cap.
         **kwargs (object): as ``SharingEngine``; ``max_num_batched_tokens`` defaults to 2048
             and may be smaller than a prompt (chunked prefill).
     """

@@ -12,7 +12,8 @@ chunk. So the chunk is also cut to a time: an iteration's seconds are modelled a
 
 where ``tokens`` are the query tokens it computes and ``pairs`` the query-key
 pairs they attend (a token at position p attends p + 1 keys), and a chunk gets
-the most tokens whose predicted seconds fit in the target.
+the most tokens whose predicted seconds, with those of the other prompt chunks of
+its iteration, fit in the target.
 ``a`` and ``b`` are a least-squares fit over the iterations run so far, older
 ones weighing less (``decay`` per iteration), so the model follows the machine
 (its CPU, its load) without being told. Before the first fit, only the token cap
@@ -40,6 +41,13 @@ def plan_work(query_lens, context_lens) -> tuple[int, int]:
     return tokens, pairs
 
 
+def prefill_work(plan) -> tuple[int, int]:
+    """``(tokens, pairs)`` of the prompt chunks a plan holds so far (sequences computing more than one
+    token): the work a new chunk shares its seconds with. Decodes are left out."""
+    chunks = [(q, ctx) for q, ctx in zip(plan.query_lens, plan.context_lens) if q > 1]
+    return plan_work([q for q, _ in chunks], [ctx for _, ctx in chunks])
+
+
 def chunk_pairs(start: int, n: int) -> int:
     """Query-key pairs of ``n`` tokens computed after ``start`` cached ones: (start + 1) + ... + (start + n)."""
     return n * start + n * (n + 1) // 2
@@ -50,7 +58,7 @@ class IterationCost:
     """seconds ~= a * tokens + b * pairs, fitted to the iterations observed.
 
     Args:
-        target_seconds: the seconds one prompt chunk should take at most (> 0).
+        target_seconds: the seconds the prompt chunks of an iteration should take at most (> 0).
         decay: the weight each older iteration keeps per newer one (0 < decay <= 1).
     """
 
@@ -99,17 +107,18 @@ class IterationCost:
             return None
         return self.a * tokens + self.b * pairs / PAIRS_UNIT
 
-    def most_tokens(self, start: int, limit: int) -> int:
-        """The most of ``limit`` tokens, after ``start`` cached ones, that one chunk can compute within the
-        target (its own predicted seconds: the decodes beside it are not cut for it, and do not starve
-        it when they alone fill the target); at least ``MIN_CHUNK`` (or ``limit`` if smaller), so a
-        prompt always advances; ``limit`` before the first fit. The predicted seconds grow with the
-        chunk, so the answer is found by bisection."""
+    def most_tokens(self, start: int, limit: int, beside: tuple[int, int] = (0, 0)) -> int:
+        """The most of ``limit`` tokens, after ``start`` cached ones, that a chunk can compute while the
+        prompt chunks of its iteration (``beside``: their tokens and pairs, ``prefill_work``) stay within
+        the target together. Decodes are not counted: they are never cut for a chunk, and must not
+        starve it when they alone fill the target (a busy server). At least ``MIN_CHUNK`` (or ``limit``
+        if smaller), so a prompt always advances; ``limit`` before the first fit. The predicted seconds
+        grow with the chunk, so the answer is found by bisection."""
         if self.a is None or limit <= MIN_CHUNK:
             return limit
 
         def fits(n: int) -> bool:
-            return self.predict(n, chunk_pairs(start, n)) <= self.target_seconds
+            return self.predict(beside[0] + n, beside[1] + chunk_pairs(start, n)) <= self.target_seconds
 
         if fits(limit):
             return limit

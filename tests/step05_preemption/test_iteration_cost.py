@@ -65,19 +65,22 @@ def test_the_fit_never_takes_a_negative_cost():
     assert cost.a >= 0 and cost.b >= 0 and cost.predict(1000, 0) >= 0
 
 
-@pytest.mark.parametrize("start, limit", [(0, 256), (4000, 256), (8000, 256), (1000, 2048), (0, 40), (0, 12),
-                                          (150_000, 256)])
-def test_most_tokens_is_the_largest_chunk_within_the_target(start, limit):
-    """Exact (against every n): the chunk's own predicted seconds fit the target and one more token's
-    would not; never above the limit, never below MIN_CHUNK (a prompt advances even where one token's
-    attention alone is over the target: 150 000 cached tokens here)."""
+@pytest.mark.parametrize("start, limit, beside", [
+    (0, 256, (0, 0)), (4000, 256, (0, 0)), (8000, 256, (0, 0)), (1000, 2048, (0, 0)), (0, 40, (0, 0)),
+    (0, 12, (0, 0)), (150_000, 256, (0, 0)), (0, 256, (40, chunk_pairs(2000, 40))), (0, 256, (100, 10**6))])
+def test_most_tokens_is_the_largest_chunk_within_the_target(start, limit, beside):
+    """Exact (against every n): the chunk's predicted seconds with those of the prompt chunks beside it
+    fit the target and one more token's would not; never above the limit, never below MIN_CHUNK (a
+    prompt advances even where one token's attention alone is over the target, 150 000 cached tokens,
+    or where the chunks beside it fill the target)."""
     cost = IterationCost(0.4)
     for t, p in [(256, chunk_pairs(0, 256)), (1, 700), (64, chunk_pairs(900, 64))]:
         cost.observe(t, p, seconds(t, p))
-    n = cost.most_tokens(start, limit)
-    fits = [k for k in range(1, limit + 1) if cost.predict(k, chunk_pairs(start, k)) <= 0.4]
+    n = cost.most_tokens(start, limit, beside)
+    fits = [k for k in range(1, limit + 1)
+            if cost.predict(beside[0] + k, beside[1] + chunk_pairs(start, k)) <= 0.4]
     assert n == max([min(limit, MIN_CHUNK)] + fits)
-    if start == 150_000:
+    if start == 150_000 or beside[1] == 10**6:
         assert not fits and n == MIN_CHUNK
 
 
@@ -116,9 +119,31 @@ def test_rule_a_timed_chunk_shrinks_as_the_prompt_s_context_grows():
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
 
 
+def test_rule_two_long_prompts_share_the_target():
+    """Exact: two 1 000-token prompts prefilling side by side: in every iteration from the third on (the
+    fit is the rule), the older one's chunk is the largest that fits alone, and the newer one's the
+    largest that fits beside it (at least MIN_CHUNK), so their chunks together stay within 0.4 s."""
+    cost = IterationCost(0.4)
+    h = Harness(step05, num_blocks=600, chunking=ChunkedPrefill(256, cost=cost))
+    h.add(1000, max_tokens=1, rid="first")
+    h.add([5000 + i for i in range(1000)], max_tokens=1, rid="second")
+    checked = 0
+    while h.has_unfinished():
+        plan = h.tick().plan
+        h.scheduler.chunking.observe(plan, seconds(*plan_work(plan.query_lens, plan.context_lens)))
+        chunks = [(q, ctx - q) for q, ctx in zip(plan.query_lens, plan.context_lens) if q > 1]
+        if len(h.history) >= 3 and len(chunks) == 2 and all(q < 256 for q, _ in chunks):
+            (q1, s1), (q2, s2) = chunks
+            assert q1 == cost.most_tokens(s1, min(256, 1000 - s1))
+            assert q2 == cost.most_tokens(s2, 256, beside=(q1, chunk_pairs(s1, q1)))
+            assert q2 == MIN_CHUNK or seconds(q1 + q2, chunk_pairs(s1, q1) + chunk_pairs(s2, q2)) <= 0.4 * (1 + 1e-9)
+            checked += 1
+    assert checked >= 3
+
+
 def test_rule_decodes_that_fill_the_target_do_not_starve_a_prompt():
     """Exact: 40 decodes at long contexts whose own predicted seconds are over the target: a 300-token
-    prompt still gets the chunks it can compute in the target by itself (not MIN_CHUNK)."""
+    prompt still gets the chunk it can compute in the target by itself (decodes are not counted)."""
     cost = IterationCost(0.4)
     cost.a, cost.b = A, B * 1000  # the rule, as if fitted
     h = Harness(step05, num_blocks=32_000, chunking=ChunkedPrefill(256, cost=cost), max_model_len=8192)
