@@ -5,7 +5,9 @@ first argument or ``--model``; sizes take vLLM's units (``--swap-space 4`` is
 4 GiB, ``--max-model-len 4k`` is 4 000 tokens and ``4K`` 4 096); ``--dtype
 half`` and ``float`` are float16 and float32; ``-tp`` and ``-q`` are the short
 forms. Engine options are passed to ``paged.LLM`` only when given, so the server
-runs over whichever engine ``paged.LLM`` is. vLLM's options that have nothing
+runs over whichever engine ``paged.LLM`` is; the one the server sets itself is
+``--long-prefill-seconds`` (``SERVE_LONG_PREFILL_SECONDS``: a long prompt's chunks
+cut to a time, which the engine alone leaves off). vLLM's options that have nothing
 to do here are in ``vllm_flags.py`` (accepted with a warning, or only at the
 value this engine has).
 
@@ -99,24 +101,22 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+def float_above(low: float, *, or_equal: bool = False):
+    """An argparse type: a number ``> low`` (``>= low`` with ``or_equal``), refused with the bound
+    otherwise (NaN included)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (value >= low if or_equal else value > low):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if or_equal else '>'} {low:g}, got {text}")
+        return value
+    return parse
 
 
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+positive_float = float_above(0)
+non_negative_float = float_above(0, or_equal=True)
 
 
 def parser() -> argparse.ArgumentParser:

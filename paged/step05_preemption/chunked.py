@@ -52,10 +52,11 @@ class ChunkedPrefill:
         counts = [s.num_pending for s in live]
         if len(live) == 1:
             n = min(counts[0], budget.tokens)
-            if counts[0] > 1 and self.long_prefill_token_threshold:
-                n = min(n, self.long_prefill_token_threshold)
-            if counts[0] > 1 and self.cost is not None and n > 0:  # and to what fits in the seconds left
-                n = self.cost.most_tokens(live[0].block_table.num_tokens, n, beside=prefill_work(plan))
+            if counts[0] > 1:  # a prompt chunk: capped in tokens, then to what fits in the seconds left
+                if self.long_prefill_token_threshold:
+                    n = min(n, self.long_prefill_token_threshold)
+                if self.cost is not None and n > 0:
+                    n = self.cost.most_tokens(live[0].block_table.num_tokens, n, beside=prefill_work(plan))
             return [(live[0], n)] if n > 0 else None
         if sum(counts) > budget.tokens and plan.seq_ids:
             return None

@@ -57,12 +57,18 @@ def test_the_fit_finds_the_rule_that_made_the_seconds():
 
 def test_the_fit_never_takes_a_negative_cost():
     """Exact: seconds that only the pairs explain (tokens cost nothing, and noise would make a negative)
-    leave a = 0 and b >= 0; a prediction never falls below zero."""
+    leave a = 0 and b > 0; seconds that only the tokens explain leave b = 0 and a > 0; a prediction
+    never falls below zero."""
     cost = IterationCost(0.4)
     cost.observe(100, 10_000, 0.01)
     cost.observe(10, 100_000, 0.2)
     cost.observe(50, 40_000, 0.079)
-    assert cost.a >= 0 and cost.b >= 0 and cost.predict(1000, 0) >= 0
+    assert cost.a == 0 and cost.b > 0 and cost.predict(1000, 0) == 0
+    cost = IterationCost(0.4)
+    cost.observe(100, 10_000, 0.4)
+    cost.observe(10, 100_000, 0.03)
+    cost.observe(50, 40_000, 0.19)
+    assert cost.b == 0 and cost.a > 0 and cost.predict(0, 10**6) == 0
 
 
 @pytest.mark.parametrize("start, limit, beside", [
