@@ -359,11 +359,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &paged::argmax_rows, "torch.argmax(logits, dim=1) of [S, V] float32/bfloat16 logits",
         py::arg("logits"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_linear", &paged::quant_linear, "x [M, K] times a GGUF-quantized W [N, K] transposed -> [M, N]",
-        py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"),
+        py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::arg("impl") = "auto",
         py::call_guard<py::gil_scoped_release>());
   m.def("quant_dequantize", &paged::quant_dequantize, "a GGUF-quantized W [N, K] as float32",
         py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_vnni_compiled", &paged::quant_vnni_compiled, "Whether the AVX-512 VNNI quantized linear was compiled in");
+  m.def("quant_avx2_compiled", &paged::quant_avx2_compiled, "Whether the AVX2 quantized linear was compiled in");
   m.def("fixed_order_linear", &paged::fixed_order_linear,
         "x [M, K] times w [N, K] transposed (+ bias) -> [M, N], every output summed in one order fixed by K",
         py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());

@@ -33,7 +33,15 @@
 //
 // Every output element is summed in the same order wherever it falls (which
 // row of x, how many rows, which thread), so a row's result does not depend on
-// the batch. Without AVX-512 VNNI, the same sums run on scalars.
+// the batch.
+//
+// Three implementations of the same sums, one struct each (the tests name each, through
+// quant_linear's impl): Scalar, the plain loops; Avx2, 32 bytes a step, where vpmaddubsw
+// multiplies unsigned by signed bytes and adds neighbours to int16 (at most 2 * 128 * 127,
+// which fits) and vpmaddwd by ones adds those to int32; Vnni, 64 bytes a step, vpdpbusd doing
+// both at once. The integer sums are exact on all three; they differ only in the order the
+// float32 terms are added, so each is held to the same bound, and each is batch-invariant on
+// its own. impl="auto" takes the widest one compiled in.
 //
 // Q4_K and Q6_K (super-blocks of 256 weights, read in place): quant_linear_k.h.
 
@@ -47,6 +55,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
@@ -56,11 +65,20 @@
 
 #include "avx512_math.h"
 #endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PAGED_QUANT_AVX2 1
+#include <immintrin.h>
+#endif
 
 #include "quant_linear.h"
 
 namespace paged {
 namespace {
+
+// Which loops run (see the top of this file): a tag passed to the functions below.
+struct Scalar {};
+struct Avx2 {};
+struct Vnni {};
 
 constexpr int64_t QK = 32;     // weights per block
 constexpr int64_t TILE_N = 4;  // output columns computed side by side
@@ -118,35 +136,10 @@ struct QuantizedRow {
 template <typename T>
 inline float widen_x(T v) { return static_cast<float>(v); }
 
+// The plain loop: per block, the largest |x|, the step d = max / 127, each value rounded to the
+// nearest multiple (ties to even) and clamped to +-127.
 template <typename T>
-void quantize_row(const T* x, int64_t K, const RowLayout& L, bool split_halves, QuantizedRow out) {
-#if defined(PAGED_QUANT_VNNI)
-  // The scalar loop below, 32 values at a time: the same max, scale, products and
-  // rounding (cvtps_epi32 rounds ties to even, as nearbyint does), so the same bytes.
-  for (int64_t b = 0; b < K / QK; ++b) {
-    const __m512 v0 = avx512::load16(x + b * QK), v1 = avx512::load16(x + b * QK + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const float d = amax / 127.0f;
-    const __m512 inv = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-    const __m512i lim = _mm512_set1_epi32(127);
-    const __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)),
-                                                         _mm512_sub_epi32(_mm512_setzero_si512(), lim)), lim);
-    const __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)),
-                                                         _mm512_sub_epi32(_mm512_setzero_si512(), lim)), lim);
-    const int64_t lo = split_halves ? b * 16 : b * QK, hi = split_halves ? L.blocks * 16 + b * 16 : b * QK + 16;
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + lo), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + hi), _mm512_cvtsepi32_epi8(q1));
-    out.d[b] = d;
-    out.s[b] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
-  }
-  for (int64_t b = K / QK; b < L.blocks; ++b) {  // the padding block
-    const int64_t lo = split_halves ? b * 16 : b * QK, hi = split_halves ? L.blocks * 16 + b * 16 : b * QK + 16;
-    std::memset(out.q + lo, 0, 16);
-    std::memset(out.q + hi, 0, 16);
-    out.d[b] = out.s[b] = 0.0f;
-  }
-  return;
-#endif
+void quantize_row(Scalar, const T* x, int64_t K, const RowLayout& L, bool split_halves, QuantizedRow out) {
   for (int64_t b = 0; b < L.blocks; ++b) {
     float v[QK];
     if (b < K / QK) {
@@ -170,7 +163,156 @@ void quantize_row(const T* x, int64_t K, const RowLayout& L, bool split_halves, 
   }
 }
 
+#if defined(PAGED_QUANT_AVX2)
+// The AVX2 dot products read the activations as the scalar loop rounds them.
+template <typename T>
+void quantize_row(Avx2, const T* x, int64_t K, const RowLayout& L, bool split_halves, QuantizedRow out) {
+  quantize_row(Scalar{}, x, K, L, split_halves, out);
+}
+#endif
+
+#if defined(PAGED_QUANT_VNNI)
+// The scalar loop, 32 values at a time: the same max, scale, products and rounding
+// (cvtps_epi32 rounds ties to even, as nearbyint does), so the same bytes.
+template <typename T>
+void quantize_row(Vnni, const T* x, int64_t K, const RowLayout& L, bool split_halves, QuantizedRow out) {
+  for (int64_t b = 0; b < K / QK; ++b) {
+    const __m512 v0 = avx512::load16(x + b * QK), v1 = avx512::load16(x + b * QK + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.0f;
+    const __m512 inv = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    const __m512i lim = _mm512_set1_epi32(127);
+    const __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)),
+                                                         _mm512_sub_epi32(_mm512_setzero_si512(), lim)), lim);
+    const __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)),
+                                                         _mm512_sub_epi32(_mm512_setzero_si512(), lim)), lim);
+    const int64_t lo = split_halves ? b * 16 : b * QK, hi = split_halves ? L.blocks * 16 + b * 16 : b * QK + 16;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + lo), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q + hi), _mm512_cvtsepi32_epi8(q1));
+    out.d[b] = d;
+    out.s[b] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+  for (int64_t b = K / QK; b < L.blocks; ++b) {  // the padding block
+    const int64_t lo = split_halves ? b * 16 : b * QK, hi = split_halves ? L.blocks * 16 + b * 16 : b * QK + 16;
+    std::memset(out.q + lo, 0, 16);
+    std::memset(out.q + hi, 0, 16);
+    out.d[b] = out.s[b] = 0.0f;
+  }
+}
+#endif
+
 // --- the dot products of one row of x with TILE_N (or fewer) rows of W --------------------
+//
+// dot_cols(isa, ...) writes out[c] = sum_b d_b dx_b sum_j q_j qx_j for C rows of W side by side
+// (they share each load of x); add_offsets then adds each row's offset term.
+
+#if defined(PAGED_QUANT_AVX2) || defined(PAGED_QUANT_VNNI)
+inline __m128 scales(const uint8_t* d16, const float* dx, int n) {  // n = 2 or 4 blocks: d * dx
+  int32_t two;
+  std::memcpy(&two, d16, 4);
+  const __m128i h = n == 4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(d16)) : _mm_cvtsi32_si128(two);
+  const __m128 x = n == 4 ? _mm_loadu_ps(dx) : _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dx)));
+  return _mm_mul_ps(_mm_cvtph_ps(h), x);
+}
+#endif
+
+// sum_b m_b * s_b (Q4_1), or sum_b d_b * s_b (Q4_0, to be multiplied by -8): the offset term.
+inline float offset_term(Scalar, const uint8_t* h16, const float* s, int64_t blocks) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) acc = std::fma(half_at(h16 + 2 * b), s[b], acc);
+  return acc;
+}
+
+template <int64_t TYPE, int C>
+void dot_cols(Scalar, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
+  const int64_t B = L.blocks;
+  for (int c = 0; c < C; ++c) {
+    const uint8_t* row = rows + c * L.row_bytes;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t s = 0;
+      for (int j = 0; j < QK; ++j) {
+        int w;
+        if constexpr (TYPE == kQ8_0) {
+          w = reinterpret_cast<const int8_t*>(row)[b * QK + j];
+          s += w * x.q[b * QK + j];
+        } else {
+          const uint8_t byte = row[b * 16 + (j & 15)];
+          w = j < 16 ? (byte & 0xF) : (byte >> 4);
+          s += w * x.q[(j < 16 ? 0 : B * 16) + b * 16 + (j & 15)];
+        }
+      }
+      acc = std::fma(static_cast<float>(s), half_at(row + L.d_offset + 2 * b) * x.d[b], acc);
+    }
+    out[c] = acc;
+  }
+}
+
+#if defined(PAGED_QUANT_AVX2)
+// Lane i of the result: sum of the products of bytes 4i..4i+3 (u unsigned, s signed), exact.
+inline __m256i dot4(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+
+// The eight lanes added in one fixed order: halves, then pairs, then the last two.
+inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline float offset_term(Avx2, const uint8_t* h16, const float* s, int64_t blocks) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 8 <= blocks; b += 8) {
+    const __m256 h = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h16 + 2 * b)));
+    acc = _mm256_fmadd_ps(h, _mm256_loadu_ps(s + b), acc);
+  }
+  float total = sum8(acc);
+  for (; b < blocks; ++b) total = std::fma(half_at(h16 + 2 * b), s[b], total);
+  return total;
+}
+
+template <int64_t TYPE, int C>
+void dot_cols(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
+  const int64_t B = L.blocks;
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  if constexpr (TYPE == kQ8_0) {
+    for (int64_t b = 0; b < B; ++b) {  // one block of 32 per step
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b * QK));
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* row = rows + c * L.row_bytes;
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK));
+        // vpmaddubsw multiplies unsigned by signed bytes: |w| times x with w's sign
+        const __m256i s = dot4(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));
+        const __m256 scale = _mm256_set1_ps(half_at(row + L.d_offset + 2 * b) * x.d[b]);
+        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[c]);
+      }
+    }
+  } else {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);  // lanes 0-3: block b, 4-7: b + 1
+    const int8_t* xlo = x.q;
+    const int8_t* xhi = x.q + B * 16;
+    for (int64_t b = 0; b < B; b += 2) {  // two blocks per step (B is even)
+      const __m256i lo_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xlo + b * 16));
+      const __m256i hi_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xhi + b * 16));
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* row = rows + c * L.row_bytes;
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        // four products of at most 15 * 127 per int16 lane before vpmaddwd widens them
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x), _mm256_maddubs_epi16(hi, hi_x));
+        const __m256i s = _mm256_madd_epi16(pairs, ones);
+        const __m256 scale = _mm256_permutevar8x32_ps(
+            _mm256_castps128_ps256(scales(row + L.d_offset + 2 * b, x.d + b, 2)), spread);
+        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) out[c] = sum8(acc[c]);
+}
+#endif
 
 #if defined(PAGED_QUANT_VNNI)
 // lanes 4i..4i+3 <- scale i (four blocks of 4-bit weights per 512-bit step)
@@ -183,18 +325,8 @@ inline __m512 spread2x8(__m128 s) {
   return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
                                _mm512_castps128_ps512(s));
 }
-inline __m128 scales(const uint8_t* d16, const float* dx, int n) {  // n = 2 or 4 blocks: d * dx
-  int32_t two;
-  std::memcpy(&two, d16, 4);
-  const __m128i h = n == 4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(d16)) : _mm_cvtsi32_si128(two);
-  const __m128 x = n == 4 ? _mm_loadu_ps(dx) : _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dx)));
-  return _mm_mul_ps(_mm_cvtph_ps(h), x);
-}
-#endif
 
-// sum_b m_b * s_b (Q4_1), or sum_b d_b * s_b (Q4_0, to be multiplied by -8): the offset term.
-inline float offset_term(const uint8_t* h16, const float* s, int64_t blocks) {
-#if defined(PAGED_QUANT_VNNI)
+inline float offset_term(Vnni, const uint8_t* h16, const float* s, int64_t blocks) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; b += 16) {
     const __mmask16 k = blocks - b >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (blocks - b)) - 1);
@@ -202,17 +334,11 @@ inline float offset_term(const uint8_t* h16, const float* s, int64_t blocks) {
     acc = _mm512_fmadd_ps(h, _mm512_maskz_loadu_ps(k, s + b), acc);
   }
   return _mm512_reduce_add_ps(acc);
-#else
-  float acc = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) acc = std::fma(half_at(h16 + 2 * b), s[b], acc);
-  return acc;
-#endif
 }
 
 template <int64_t TYPE, int C>
-void dot_cols(const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
+void dot_cols(Vnni, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
   const int64_t B = L.blocks;
-#if defined(PAGED_QUANT_VNNI)
   __m512 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
   const __m512i zero = _mm512_setzero_si512();
@@ -265,38 +391,22 @@ void dot_cols(const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, fl
     }
   }
   for (int c = 0; c < C; ++c) out[c] = _mm512_reduce_add_ps(acc[c]);
-#else
-  for (int c = 0; c < C; ++c) {
-    const uint8_t* row = rows + c * L.row_bytes;
-    float acc = 0.0f;
-    for (int64_t b = 0; b < B; ++b) {
-      int32_t s = 0;
-      for (int j = 0; j < QK; ++j) {
-        int w;
-        if constexpr (TYPE == kQ8_0) {
-          w = reinterpret_cast<const int8_t*>(row)[b * QK + j];
-          s += w * x.q[b * QK + j];
-        } else {
-          const uint8_t byte = row[b * 16 + (j & 15)];
-          w = j < 16 ? (byte & 0xF) : (byte >> 4);
-          s += w * x.q[(j < 16 ? 0 : B * 16) + b * 16 + (j & 15)];
-        }
-      }
-      acc = std::fma(static_cast<float>(s), half_at(row + L.d_offset + 2 * b) * x.d[b], acc);
-    }
-    out[c] = acc;
-  }
+}
 #endif
+
+// The offset term of the 4-bit formats, for each of the C rows.
+template <int64_t TYPE, int C, typename Isa>
+void add_offsets(Isa isa, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
   if constexpr (TYPE == kQ4_1) {
-    for (int c = 0; c < C; ++c) out[c] += offset_term(rows + c * L.row_bytes + L.m_offset, x.s, B);
+    for (int c = 0; c < C; ++c) out[c] += offset_term(isa, rows + c * L.row_bytes + L.m_offset, x.s, L.blocks);
   } else if constexpr (TYPE == kQ4_0) {
-    for (int c = 0; c < C; ++c) out[c] -= 8.0f * offset_term(rows + c * L.row_bytes + L.d_offset, x.s, B);
+    for (int c = 0; c < C; ++c) out[c] -= 8.0f * offset_term(isa, rows + c * L.row_bytes + L.d_offset, x.s, L.blocks);
   }
 }
 
 #include "quant_linear_k.h"
 
-template <typename T, int64_t TYPE>
+template <typename Isa, typename T, int64_t TYPE>
 void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, at::Tensor& y) {
   const RowLayout L(TYPE, K);
   const int64_t M = x.size(0), ld = x.stride(0);
@@ -308,7 +418,9 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
   auto row_of = [&](int64_t m) { return QuantizedRow{q.data() + m * L.blocks * QK, d.data() + m * L.blocks,
                                                       s.data() + m * L.blocks}; };
   at::parallel_for(0, M, std::max<int64_t>(1, 8192 / K), [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) quantize_row(x0 + m * ld, K, L, TYPE != kQ8_0 && !RowLayout::is_k(TYPE), row_of(m));
+    for (int64_t m = begin; m < end; ++m) {
+      quantize_row(Isa{}, x0 + m * ld, K, L, TYPE != kQ8_0 && !RowLayout::is_k(TYPE), row_of(m));
+    }
   });
   const int64_t tiles = (N + TILE_N - 1) / TILE_N;
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WEIGHTS / (TILE_N * K * M));
@@ -320,13 +432,13 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
       for (int64_t m = 0; m < M; ++m) {
         const QuantizedRow xr = row_of(m);
         if constexpr (RowLayout::is_k(TYPE)) {
-          for (int64_t c = 0; c < cols; ++c) out[c] = dot_k<TYPE>(rows + c * L.row_bytes, K, xr);
+          for (int64_t c = 0; c < cols; ++c) out[c] = dot_k<TYPE>(Isa{}, rows + c * L.row_bytes, K, xr);
         } else {
           switch (cols) {
-            case 4: dot_cols<TYPE, 4>(rows, L, xr, out); break;
-            case 3: dot_cols<TYPE, 3>(rows, L, xr, out); break;
-            case 2: dot_cols<TYPE, 2>(rows, L, xr, out); break;
-            default: dot_cols<TYPE, 1>(rows, L, xr, out); break;
+            case 4: dot_cols<TYPE, 4>(Isa{}, rows, L, xr, out), add_offsets<TYPE, 4>(Isa{}, rows, L, xr, out); break;
+            case 3: dot_cols<TYPE, 3>(Isa{}, rows, L, xr, out), add_offsets<TYPE, 3>(Isa{}, rows, L, xr, out); break;
+            case 2: dot_cols<TYPE, 2>(Isa{}, rows, L, xr, out), add_offsets<TYPE, 2>(Isa{}, rows, L, xr, out); break;
+            default: dot_cols<TYPE, 1>(Isa{}, rows, L, xr, out), add_offsets<TYPE, 1>(Isa{}, rows, L, xr, out); break;
           }
         }
         for (int64_t c = 0; c < cols; ++c) y0[m * N + n0 + c] = static_cast<T>(out[c]);
@@ -351,6 +463,14 @@ void check_packed(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) 
 
 bool quant_vnni_compiled() {
 #if defined(PAGED_QUANT_VNNI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool quant_avx2_compiled() {
+#if defined(PAGED_QUANT_AVX2)
   return true;
 #else
   return false;
@@ -389,22 +509,17 @@ at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, i
   return out;
 }
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
-  check_packed(packed, type, N, K);
-  TORCH_CHECK_VALUE(x.device().is_cpu(), "x must be on the CPU, got ", x.device());
-  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-                   "x must be float32 or bfloat16, got ", x.scalar_type());
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == K && x.stride(1) == 1, "x must be [M, ", K,
-                    "] with contiguous rows, got shape ", x.sizes(), " strides ", x.strides());
-  at::Tensor y = at::empty({x.size(0), N}, x.options());
-  if (x.size(0) == 0) return y;
-#define PAGED_QUANT_CASE(T)                                          \
-  switch (type) {                                                    \
-    case kQ4_0: linear_impl<T, kQ4_0>(x, packed, N, K, y); break;    \
-    case kQ4_1: linear_impl<T, kQ4_1>(x, packed, N, K, y); break;    \
-    case kQ4_K: linear_impl<T, kQ4_K>(x, packed, N, K, y); break;    \
-    case kQ6_K: linear_impl<T, kQ6_K>(x, packed, N, K, y); break;    \
-    default: linear_impl<T, kQ8_0>(x, packed, N, K, y); break;       \
+namespace {
+
+template <typename Isa>
+void linear_for(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t N, int64_t K, at::Tensor& y) {
+#define PAGED_QUANT_CASE(T)                                               \
+  switch (type) {                                                         \
+    case kQ4_0: linear_impl<Isa, T, kQ4_0>(x, packed, N, K, y); break;   \
+    case kQ4_1: linear_impl<Isa, T, kQ4_1>(x, packed, N, K, y); break;   \
+    case kQ4_K: linear_impl<Isa, T, kQ4_K>(x, packed, N, K, y); break;   \
+    case kQ6_K: linear_impl<Isa, T, kQ6_K>(x, packed, N, K, y); break;   \
+    default: linear_impl<Isa, T, kQ8_0>(x, packed, N, K, y); break;      \
   }
   if (x.scalar_type() == at::kBFloat16) {
     PAGED_QUANT_CASE(c10::BFloat16)
@@ -412,6 +527,39 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
     PAGED_QUANT_CASE(float)
   }
 #undef PAGED_QUANT_CASE
+}
+
+}  // namespace
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t N, int64_t K,
+                        const std::string& impl) {
+  check_packed(packed, type, N, K);
+  TORCH_CHECK_VALUE(impl == "auto" || impl == "scalar" || impl == "avx2" || impl == "avx512",
+                    "impl must be 'auto', 'scalar', 'avx2' or 'avx512', got '", impl, "'");
+  TORCH_CHECK_VALUE(impl != "avx2" || quant_avx2_compiled(), "impl 'avx2' needs a build for a CPU with AVX2, FMA "
+                    "and F16C; this one has not (quant_avx2_compiled() is False)");
+  TORCH_CHECK_VALUE(impl != "avx512" || quant_vnni_compiled(), "impl 'avx512' needs a build for a CPU with "
+                    "AVX-512 VNNI; this one has not (quant_vnni_compiled() is False)");
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x must be on the CPU, got ", x.device());
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+                   "x must be float32 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == K && x.stride(1) == 1, "x must be [M, ", K,
+                    "] with contiguous rows, got shape ", x.sizes(), " strides ", x.strides());
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0) return y;
+#if defined(PAGED_QUANT_VNNI)
+  if (impl == "avx512" || impl == "auto") {
+    linear_for<Vnni>(x, packed, type, N, K, y);
+    return y;
+  }
+#endif
+#if defined(PAGED_QUANT_AVX2)
+  if (impl == "avx2" || impl == "auto") {
+    linear_for<Avx2>(x, packed, type, N, K, y);
+    return y;
+  }
+#endif
+  linear_for<Scalar>(x, packed, type, N, K, y);
   return y;
 }
 

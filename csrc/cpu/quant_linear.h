@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 namespace paged {
 
@@ -14,14 +15,18 @@ constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
 // x [M, K] (float32 or bfloat16) times W [N, K] transposed, W given as its
 // GGUF blocks regrouped per row (uint8; paged/models/quantized.py's pack_blocks;
 // K-quants as the file stores them), x rounded to int8 per block of 32: y [M, N]
-// in x's dtype.
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t N, int64_t K);
+// in x's dtype. impl: "scalar", "avx2", "avx512" (VNNI), or "auto" (the widest compiled in).
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t N, int64_t K,
+                        const std::string& impl = "auto");
 
 // W [N, K] as float32: w = d * (q - 8), d * q + m or d * q (K-quants: quant_linear_k.h), each
 // product rounded.
 at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, int64_t K);
 
-// Whether the AVX-512 VNNI kernel was compiled in (else the scalar loops run).
+// Whether the AVX-512 VNNI loops were compiled in (impl "avx512").
 bool quant_vnni_compiled();
+
+// Whether the AVX2 loops were compiled in (impl "avx2").
+bool quant_avx2_compiled();
 
 }  // namespace paged

@@ -16,7 +16,7 @@
 //   Q4_K:  sum_j w_j x^_j = (d sc dx) sum_j q_j qx_j - (dmin m) (dx sum_j qx_j)
 //   Q6_K:  sum_j w_j x^_j = (d sc dx) sum_{j<16} (q_j - 32) qx_j + (d sc' dx) sum_{j>=16} ...
 //
-// with the integer sums exact (vpdpbusd; Q6_K's signed q - 32 by moving its sign onto x, as
+// with the integer sums exact (vpdpbusd, or vpmaddubsw and vpmaddwd; Q6_K's signed q - 32 by moving its sign onto x, as
 // Q8_0 does) and the rest in float32, in the same order for every row, thread and batch.
 // Included by quant_linear.cpp, inside its namespace, after RowLayout and QuantizedRow.
 
@@ -51,12 +51,101 @@ inline int q4k_at(const uint8_t* blk, int j) {
   return (j % 64) < 32 ? (b & 0xF) : (b >> 4);
 }
 
+// Q4_K's min term of one super-block: sum_j dmin m_j (dx sum qx)_j.
+inline float q4k_min_term(float dmin, const uint8_t* m, const float* s, float off) {
+  for (int j = 0; j < 8; ++j) off = std::fma(dmin * float(m[j]), s[j], off);
+  return off;
+}
+
 // One dot product of a W row (K-quant super-blocks) with a rounded x row.
 template <int64_t TYPE>
-float dot_k(const uint8_t* row, int64_t K, const QuantizedRow& x) {
+float dot_k(Scalar, const uint8_t* row, int64_t K, const QuantizedRow& x) {
   const int64_t supers = K / QK_K;
   float off = 0.0f;  // Q4_K's min term, summed apart
+  float acc = 0.0f;
+  for (int64_t sb = 0; sb < supers; ++sb) {
+    const float* dx = x.d + sb * 8;
+    const int8_t* xq = x.q + sb * QK_K;
+    if constexpr (TYPE == kQ4_K) {
+      const uint8_t* blk = row + sb * 144;
+      const float d = half_at(blk), dmin = half_at(blk + 2);
+      uint8_t sc[8], m[8];
+      k_scales_mins(blk + 4, sc, m);
+      for (int b = 0; b < 8; ++b) {
+        int32_t s = 0;
+        for (int j = 0; j < 32; ++j) s += q4k_at(blk, b * 32 + j) * xq[b * 32 + j];
+        acc = std::fma(static_cast<float>(s), d * float(sc[b]) * dx[b], acc);
+      }
+      off = q4k_min_term(dmin, m, x.s + sb * 8, off);
+    } else {
+      const uint8_t* blk = row + sb * 210;
+      const float d = half_at(blk + 208);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      for (int i = 0; i < 16; ++i) {  // sub-blocks of 16
+        int32_t s = 0;
+        for (int j = 0; j < 16; ++j) s += (q6_at(blk, i * 16 + j) - 32) * xq[i * 16 + j];
+        acc = std::fma(static_cast<float>(s), d * float(sc[i]) * dx[i / 2], acc);
+      }
+    }
+  }
+  return acc - off;
+}
+
+#if defined(PAGED_QUANT_AVX2)
+template <int64_t TYPE>
+float dot_k(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x) {
+  const int64_t supers = K / QK_K;
+  float off = 0.0f;
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int64_t sb = 0; sb < supers; ++sb) {
+    const float* dx = x.d + sb * 8;
+    const int8_t* xq = x.q + sb * QK_K;
+    if constexpr (TYPE == kQ4_K) {
+      const uint8_t* blk = row + sb * 144;
+      const float d = half_at(blk), dmin = half_at(blk + 2);
+      uint8_t sc[8], m[8];
+      k_scales_mins(blk + 4, sc, m);
+      for (int c = 0; c < 4; ++c) {  // 64 weights: blocks 2c (low nibbles) and 2c + 1 (high)
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + c * 32));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        const __m256i s_lo = dot4(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + c * 64)));
+        const __m256i s_hi = dot4(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + c * 64 + 32)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_lo), _mm256_set1_ps(d * float(sc[2 * c]) * dx[2 * c]), acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_hi), _mm256_set1_ps(d * float(sc[2 * c + 1]) * dx[2 * c + 1]),
+                              acc);
+      }
+      off = q4k_min_term(dmin, m, x.s + sb * 8, off);
+    } else {  // Q6_K
+      const uint8_t* blk = row + sb * 210;
+      const float d = half_at(blk + 208);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      const __m256i three = _mm256_set1_epi8(3), thirty_two = _mm256_set1_epi8(32);
+      for (int b = 0; b < 8; ++b) {  // 32 weights: half b / 4, quarter b % 4
+        const int h = b / 4, r = b % 4;
+        const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + h * 64 + (r & 1) * 32));
+        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + h * 32));
+        const __m256i low = r < 2 ? _mm256_and_si256(lb, low4) : _mm256_and_si256(_mm256_srli_epi16(lb, 4), low4);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * r), three);
+        const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), thirty_two);  // -32..31
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+        const __m256i s = dot4(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));  // lanes 0-3, 4-7: the two 16s
+        const int i = b * 2;
+        const __m256 scale = _mm256_blend_ps(_mm256_set1_ps(d * float(sc[i]) * dx[b]),
+                                             _mm256_set1_ps(d * float(sc[i + 1]) * dx[b]), 0xF0);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
+      }
+    }
+  }
+  return sum8(acc) - off;
+}
+#endif
+
 #if defined(PAGED_QUANT_VNNI)
+template <int64_t TYPE>
+float dot_k(Vnni, const uint8_t* row, int64_t K, const QuantizedRow& x) {
+  const int64_t supers = K / QK_K;
+  float off = 0.0f;
   __m512 acc = _mm512_setzero_ps();
   const __m512i zero = _mm512_setzero_si512();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -77,7 +166,7 @@ float dot_k(const uint8_t* row, int64_t K, const QuantizedRow& x) {
                                                   _mm512_set1_ps(d * float(sc[2 * c + 1]) * dx[2 * c + 1]));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc);
       }
-      for (int j = 0; j < 8; ++j) off = std::fma(dmin * float(m[j]), x.s[sb * 8 + j], off);
+      off = q4k_min_term(dmin, m, x.s + sb * 8, off);
     } else {  // Q6_K
       const uint8_t* blk = row + sb * 210;
       const float d = half_at(blk + 208);
@@ -102,36 +191,8 @@ float dot_k(const uint8_t* row, int64_t K, const QuantizedRow& x) {
     }
   }
   return _mm512_reduce_add_ps(acc) - off;
-#else
-  float acc = 0.0f;
-  for (int64_t sb = 0; sb < supers; ++sb) {
-    const float* dx = x.d + sb * 8;
-    const int8_t* xq = x.q + sb * QK_K;
-    if constexpr (TYPE == kQ4_K) {
-      const uint8_t* blk = row + sb * 144;
-      const float d = half_at(blk), dmin = half_at(blk + 2);
-      uint8_t sc[8], m[8];
-      k_scales_mins(blk + 4, sc, m);
-      for (int b = 0; b < 8; ++b) {
-        int32_t s = 0;
-        for (int j = 0; j < 32; ++j) s += q4k_at(blk, b * 32 + j) * xq[b * 32 + j];
-        acc = std::fma(static_cast<float>(s), d * float(sc[b]) * dx[b], acc);
-      }
-      for (int j = 0; j < 8; ++j) off = std::fma(dmin * float(m[j]), x.s[sb * 8 + j], off);
-    } else {
-      const uint8_t* blk = row + sb * 210;
-      const float d = half_at(blk + 208);
-      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      for (int i = 0; i < 16; ++i) {  // sub-blocks of 16
-        int32_t s = 0;
-        for (int j = 0; j < 16; ++j) s += (q6_at(blk, i * 16 + j) - 32) * xq[i * 16 + j];
-        acc = std::fma(static_cast<float>(s), d * float(sc[i]) * dx[i / 2], acc);
-      }
-    }
-  }
-  return acc - off;
-#endif
 }
+#endif
 
 // w of a K-quant super-block row, as gguf's dequantizer rounds it: each product, then the difference.
 inline void dequantize_k_row(const uint8_t* row, int64_t type, int64_t K, float* w) {

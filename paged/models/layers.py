@@ -316,14 +316,14 @@ def use_fixed_order_linears(weight: torch.Tensor) -> bool:
     if weight.device.type != "cpu" or weight.dtype not in FIXED_ORDER_DTYPES:
         return False
     setting = os.environ.get("PAGED_FIXED_ORDER_LINEAR", "auto")
-    if setting == "0" or (setting != "1" and (weight.dtype != torch.bfloat16 or _cpu_has_bf16_gemm())):
+    if setting == "0" or (setting != "1" and (weight.dtype != torch.bfloat16 or cpu_has_bf16_gemm())):
         return False
     kernels = load_cpu_kernels()
     return kernels is not None and (setting == "1" or kernels.fixed_order_avx2_compiled())
 
 
 @functools.cache
-def _cpu_has_bf16_gemm() -> bool:
+def cpu_has_bf16_gemm() -> bool:
     """Whether this CPU's oneDNN has a bfloat16 GEMM (it needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 

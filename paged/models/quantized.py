@@ -38,7 +38,7 @@ from paged.kernels.cpu import load as load_cpu_kernels
 from paged.models.config import ModelLoadError
 from paged.models.gguf_names import hf_tensor_name, permuted_projections, unpermute_rows
 from paged.models.kquants import K_FORMATS, QK_K, dequantize_kquant
-from paged.models.layers import Linear, MergedLinear
+from paged.models.layers import Linear, MergedLinear, cpu_has_bf16_gemm
 
 QUANTIZATIONS = ("gguf",)  # the values of LLM(quantization=...) besides None
 # ggml type number -> (name, bytes per block of 32 weights) for the 32-weight formats the kernel reads
@@ -118,6 +118,14 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 DENSE_ROWS = 2  # QuantizedLinear.dense_rows: more rows than this run the dense GEMM (measured crossover)
 
 
+def dense_is_faster_for_many_rows(dense: Linear) -> bool:
+    """Whether batches of many rows should leave the kernel for ``dense``: not for bfloat16 weights on a CPU
+    whose oneDNN has no bfloat16 GEMM (AVX2 only), where torch's bfloat16 GEMM is 4-5x slower than the
+    kernel's AVX2 loop at 1 to 256 rows; yes otherwise (bfloat16 with AVX-512: the GEMM 3-4x faster at 64
+    rows; float32: MKL's GEMM, 1.3-1.4x faster from 64 rows on AVX2), and without the kernel built."""
+    return dense.weight.dtype != torch.bfloat16 or cpu_has_bf16_gemm() or load_cpu_kernels() is None
+
+
 class QuantizedLinear(nn.Module):
     """A bias-free linear layer ``x @ W.T`` whose ``W [out, in]`` is GGUF blocks (``blocks``: ``pack_blocks``'s).
 
@@ -130,9 +138,11 @@ class QuantizedLinear(nn.Module):
       weight is dequantized at every call and multiplied in float32: slow, equal to the kernel
       up to float32 rounding.
     * more rows (a prompt, a batch): ``dense``, the layer with the weight dequantized once,
-      when there is one. A matrix product of many rows is limited by arithmetic, not by
-      reading weights, and there the GEMM's bfloat16 dot products beat the kernel's integer
-      ones, which widen and scale each block again for every row (measured 3-4x at 64 rows).
+      when there is one and it is the faster (``dense_is_faster_for_many_rows``). A matrix
+      product of many rows is limited by arithmetic, not by reading weights, and there a
+      GEMM's bfloat16 dot products (oneDNN, AVX-512) beat the kernel's integer ones, which
+      widen and scale each block again for every row (measured 3-4x at 64 rows); on an
+      AVX2-only CPU torch has no fast bfloat16 GEMM, and the kernel stays faster.
 
     The two paths round differently, so a row's bits would depend on the batch it is in;
     in batch-invariant mode ``use_kernel_only(True)`` sets ``dense_rows`` to None: always the
@@ -148,7 +158,8 @@ class QuantizedLinear(nn.Module):
         self.kind, self.out_features, self.in_features = kind, out_features, in_features
         self.output_sizes = tuple(output_sizes or (out_features,))
         self.dense = dense
-        self.dense_rows: int | None = DENSE_ROWS if dense is not None else None
+        self.dense_rows: int | None = None
+        self.use_kernel_only(False)
 
     @property
     def format(self) -> str:
@@ -169,8 +180,8 @@ class QuantizedLinear(nn.Module):
 
     def use_kernel_only(self, only: bool) -> None:
         """Run the kernel at every row count (``only``), or hand batches of more than ``DENSE_ROWS``
-        rows to the dense layer (when there is one)."""
-        if self.dense is not None:
+        rows to the dense layer (when there is one and it is the faster for them)."""
+        if self.dense is not None and dense_is_faster_for_many_rows(self.dense):
             self.dense_rows = None if only else DENSE_ROWS
 
     @property

@@ -170,10 +170,10 @@ def test_which_linears_take_the_kernel(ext, monkeypatch):
 
     w = torch.zeros(2, 8)
     monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR", raising=False)
-    assert layers.use_fixed_order_linears(w.bfloat16()) == (not layers._cpu_has_bf16_gemm()
+    assert layers.use_fixed_order_linears(w.bfloat16()) == (not layers.cpu_has_bf16_gemm()
                                                            and ext.fixed_order_avx2_compiled())
     for has_bf16_gemm in (False, True):
-        monkeypatch.setattr(layers, "_cpu_has_bf16_gemm", lambda: has_bf16_gemm)
+        monkeypatch.setattr(layers, "cpu_has_bf16_gemm", lambda: has_bf16_gemm)
         assert layers.use_fixed_order_linears(w.bfloat16()) == (not has_bf16_gemm)
         assert not layers.use_fixed_order_linears(w)  # float32: MKL's GEMM is the faster one from 64 rows
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
@@ -182,7 +182,7 @@ def test_which_linears_take_the_kernel(ext, monkeypatch):
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")
         assert not layers.use_fixed_order_linears(w)
         monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR")
-    monkeypatch.setattr(layers, "_cpu_has_bf16_gemm", lambda: False)
+    monkeypatch.setattr(layers, "cpu_has_bf16_gemm", lambda: False)
 
     class ScalarOnly:  # a CPU without AVX2 + FMA: the scalar loop, only when asked for
         fixed_order_avx2_compiled = staticmethod(lambda: False)

@@ -15,6 +15,9 @@ references are float64 products of tensors computed here.
   per element of block b, times ``|W|``.
 * Batch invariance: bitwise. A row's output is the same alone, among other rows and, for
   a layer large enough to be split between threads, on one thread.
+* Every implementation (``impl``: the scalar loops, AVX2, AVX-512 VNNI, those this CPU runs)
+  is held to all of the above: they add the same float32 terms in different orders, so each is
+  checked against the float64 product, not against another.
 
 A broken nibble order, a scale applied to the wrong block or a lost padding block moves a
 result by a whole block's share of ``T`` (about ``T / B``), thousands of times the bound.
@@ -43,6 +46,25 @@ BF16_ULP = 2.0**-8  # half a bfloat16 unit in the last place, relative
 @pytest.fixture(scope="module")
 def ext():
     return cpu.load(strict=True)
+
+
+def _cpu_flags() -> set[str]:
+    """What ``-march=native`` sees: the CPU's own feature flags."""
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+
+
+AVX2_FLAGS = {"avx2", "fma", "f16c"}
+VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}
+IMPLS = ["scalar"] + (["avx2"] if AVX2_FLAGS <= _cpu_flags() else []) + (
+    ["avx512"] if VNNI_FLAGS <= _cpu_flags() else [])
+
+
+def test_each_implementation_this_cpu_runs_is_compiled_in(ext):
+    """Exact: the build has the AVX2 loops where the CPU has AVX2, FMA and F16C, and the VNNI loops where it
+    has AVX-512 VNNI (so ``IMPLS``, which the tests below run, cannot quietly lose one)."""
+    assert ext.quant_avx2_compiled() == (AVX2_FLAGS <= _cpu_flags())
+    assert ext.quant_vnni_compiled() == (VNNI_FLAGS <= _cpu_flags())
 
 
 def quantized(kind: int, n: int, k: int, seed: int, scale: float = 1.0):
@@ -87,14 +109,15 @@ def test_dequantize_is_ggufs_bitwise(ext, case):
     assert torch.equal(dequantize_blocks(packed, kind, n, k), want)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @settings(max_examples=60)
 @given(case=shapes(), dtype=st.sampled_from([torch.float32, torch.bfloat16]), scale=st.sampled_from([1e-3, 1.0, 30.0]))
-def test_linear_equals_dequantize_then_multiply(ext, case, dtype, scale):
+def test_linear_equals_dequantize_then_multiply(ext, impl, case, dtype, scale):
     """Toleranced: against x̂ · Wᵀ in float64 within float32 rounding; against x · Wᵀ within x's rounding."""
     kind, m, n, k, seed = case
     raw, packed = quantized(kind, n, k, seed, scale)
     x = (torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
-    y = ext.quant_linear(x, packed, kind, n, k)
+    y = ext.quant_linear(x, packed, kind, n, k, impl=impl)
     assert y.dtype == dtype and y.shape == (m, n)
     w = dequantize_blocks(packed, kind, n, k).double()
     x_hat = quantize_activations(x)
@@ -109,19 +132,21 @@ def test_linear_equals_dequantize_then_multiply(ext, case, dtype, scale):
     assert ((y.double() - exact).abs() <= tol + step @ w.abs().T * (1 + 1e-6)).all()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @given(case=shapes())
-def test_a_row_does_not_depend_on_the_batch(ext, case):
+def test_a_row_does_not_depend_on_the_batch(ext, impl, case):
     """Bitwise: each row alone gives what it gets in the batch (the thread count: the test below)."""
     kind, m, n, k, seed = case
     _, packed = quantized(kind, n, k, seed)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16()
-    batch = ext.quant_linear(x, packed, kind, n, k)
+    batch = ext.quant_linear(x, packed, kind, n, k, impl=impl)
     for i in range(m):
-        assert torch.equal(ext.quant_linear(x[i : i + 1], packed, kind, n, k), batch[i : i + 1])
+        assert torch.equal(ext.quant_linear(x[i : i + 1], packed, kind, n, k, impl=impl), batch[i : i + 1])
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_layer_large_enough_to_split_gives_the_same_bits_on_one_thread(ext, kind):
+def test_a_layer_large_enough_to_split_gives_the_same_bits_on_one_thread(ext, impl, kind):
     """Bitwise: a layer big enough that its columns are split between threads (2048 x 1024 at one and
     three rows) gives the one-thread result, and each row its own result."""
     n, k = 2048, 1024
@@ -130,9 +155,9 @@ def test_a_layer_large_enough_to_split_gives_the_same_bits_on_one_thread(ext, ki
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        split = [ext.quant_linear(x[:m], packed, kind, n, k) for m in (1, 3)]
+        split = [ext.quant_linear(x[:m], packed, kind, n, k, impl=impl) for m in (1, 3)]
         torch.set_num_threads(1)
-        single = [ext.quant_linear(x[:m], packed, kind, n, k) for m in (1, 3)]
+        single = [ext.quant_linear(x[:m], packed, kind, n, k, impl=impl) for m in (1, 3)]
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(split[0], single[0]) and torch.equal(split[1], single[1])
@@ -157,7 +182,8 @@ def test_the_torch_fallback_equals_the_kernel(ext, monkeypatch):
     assert not torch.equal(fast, torch.zeros_like(fast))
 
 
-def test_activation_rounding_matches_the_kernels(ext):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_activation_rounding_matches_the_kernels(ext, impl):
     """Bitwise: the kernel multiplies by exactly ``quantize_activations(x)``. W is the identity, written
     by hand as Q8_0 blocks with d = 1: each output is one product dx * qx, rounded once on both sides."""
     k = 64
@@ -170,7 +196,7 @@ def test_activation_rounding_matches_the_kernels(ext):
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(2)) * 5
     x_hat = quantize_activations(x)
     assert not torch.equal(x_hat, x)
-    assert torch.equal(ext.quant_linear(x, packed, int(T.Q8_0), k, k), x_hat)
+    assert torch.equal(ext.quant_linear(x, packed, int(T.Q8_0), k, k, impl=impl), x_hat)
 
 
 def test_bad_arguments_are_refused(ext):
@@ -188,6 +214,8 @@ def test_bad_arguments_are_refused(ext):
         ext.quant_linear(torch.randn(2, 32), packed, kind, n, k)
     with pytest.raises(TypeError, match="float32 or bfloat16"):
         ext.quant_linear(x.double(), packed, kind, n, k)
+    with pytest.raises(ValueError, match="impl must be 'auto', 'scalar', 'avx2' or 'avx512', got 'avx3'"):
+        ext.quant_linear(x, packed, kind, n, k, impl="avx3")
     with pytest.raises(ValueError, match="block type 5"):
         QuantizedLinear(packed, 5, n, k)
     assert set(BLOCK_FORMATS) == set(KINDS)
@@ -236,17 +264,18 @@ def test_kquant_dequantize_is_ggufs_bitwise(ext, kind, n, k):
         assert torch.equal(ext.quant_dequantize(packed, kind, n, k), want)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @settings(max_examples=30)
 @given(kind=st.sampled_from(K_KERNEL), m=st.integers(1, 6), n=st.integers(1, 9), supers=st.integers(1, 4),
        seed=st.integers(0, 2**31), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
        scale=st.sampled_from([1e-2, 1.0, 30.0]))
-def test_kquant_linear_equals_dequantize_then_multiply(ext, kind, m, n, supers, seed, dtype, scale):
+def test_kquant_linear_equals_dequantize_then_multiply(ext, impl, kind, m, n, supers, seed, dtype, scale):
     """Toleranced, as for the block formats: against x̂ · Wᵀ in float64 within float32 rounding of its
     terms (two per block of 32: 4 (2B + 8) u T), then one rounding to x's dtype."""
     k = 256 * supers
     packed = k_quantized(kind, n, k, seed, scale)
     x = (torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
-    y = ext.quant_linear(x, packed, kind, n, k)
+    y = ext.quant_linear(x, packed, kind, n, k, impl=impl)
     assert y.dtype == dtype and y.shape == (m, n)
     x_hat = quantize_activations(x)
     want = x_hat.double() @ dequantize_blocks(packed, kind, n, k).double().T
@@ -255,8 +284,9 @@ def test_kquant_linear_equals_dequantize_then_multiply(ext, kind, m, n, supers, 
     assert ((y.double() - want).abs() <= 4 * (2 * k // 32 + 8) * U32 * terms + out_rounding).all()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("kind", K_KERNEL, ids=["Q4_K", "Q6_K"])
-def test_kquant_rows_do_not_depend_on_the_batch_or_the_threads(ext, kind):
+def test_kquant_rows_do_not_depend_on_the_batch_or_the_threads(ext, impl, kind):
     """Bitwise: each row alone equals its row in a batch of 5, and a layer split between two threads
     (2048 x 1024) gives the one-thread bits."""
     n, k = 2048, 1024
@@ -265,14 +295,14 @@ def test_kquant_rows_do_not_depend_on_the_batch_or_the_threads(ext, kind):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        batch = ext.quant_linear(x, packed, kind, n, k)
+        batch = ext.quant_linear(x, packed, kind, n, k, impl=impl)
         torch.set_num_threads(1)
-        single = ext.quant_linear(x, packed, kind, n, k)
+        single = ext.quant_linear(x, packed, kind, n, k, impl=impl)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(batch, single)
     for i in range(5):
-        assert torch.equal(ext.quant_linear(x[i:i + 1], packed, kind, n, k), batch[i:i + 1])
+        assert torch.equal(ext.quant_linear(x[i:i + 1], packed, kind, n, k, impl=impl), batch[i:i + 1])
 
 
 def test_kquant_refuses_a_k_that_is_not_super_blocks(ext):
@@ -280,3 +310,16 @@ def test_kquant_refuses_a_k_that_is_not_super_blocks(ext):
     packed = k_quantized(int(T.Q4_K), 2, 256, 0)
     with pytest.raises(ValueError, match="multiple of 256"):
         ext.quant_linear(torch.randn(1, 128), packed, int(T.Q4_K), 4, 128)
+
+
+@pytest.mark.parametrize("kind", KINDS + K_KERNEL)
+def test_auto_takes_the_widest_implementation_compiled_in(ext, kind):
+    """Bitwise: ``impl="auto"`` gives the bits of the last of ``IMPLS`` (the widest this CPU runs), on a layer
+    where the implementations' different orders of adding do show in the last bits."""
+    n, k = 64, 2048
+    packed = k_quantized(kind, n, k, 5) if kind in K_KERNEL else quantized(kind, n, k, 5)[1]
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(5))
+    results = {impl: ext.quant_linear(x, packed, kind, n, k, impl=impl) for impl in IMPLS}
+    assert torch.equal(ext.quant_linear(x, packed, kind, n, k), results[IMPLS[-1]])
+    if len(IMPLS) > 1:
+        assert not torch.equal(results["scalar"], results[IMPLS[-1]])

@@ -95,6 +95,33 @@ def test_many_rows_take_the_dense_layers(tmp_path):
     assert not torch.equal(kernel, _logits(dense.model, PROMPT))
 
 
+@pytest.mark.parametrize("has_bf16_gemm", [True, False])
+def test_bfloat16_batches_stay_on_the_kernel_where_torch_has_no_fast_bfloat16_gemm(tmp_path, monkeypatch,
+                                                                                    has_bf16_gemm):
+    """Exact: in bfloat16 a layer hands batches of more than ``DENSE_ROWS`` rows to its dense layer only where
+    this CPU's oneDNN has a bfloat16 GEMM (``cpu_has_bf16_gemm``; else torch's is 4-5x slower than the
+    kernel); float32 always does. Bitwise: a bfloat16 prompt on the kernel gives what the kernel-only
+    (batch-invariant) model gives, and on the dense layers what the dense model gives."""
+    import paged.models.quantized as quantized_module
+
+    monkeypatch.setattr(quantized_module, "cpu_has_bf16_gemm", lambda: has_bf16_gemm)
+    path = _gguf(tmp_path, T.Q4_1)
+    quant = load_model(path, dtype="bfloat16", quantization="gguf").model
+    linears = [m for m in quant.modules() if isinstance(m, QuantizedLinear)]
+    assert all(m.dense_rows == (DENSE_ROWS if has_bf16_gemm else None) for m in linears)
+    as_loaded = _logits(quant, PROMPT)
+    dense = _logits(load_model(path, dtype="bfloat16").model, PROMPT)
+    quant.prepare_for_serving(batch_invariant=True)
+    kernel_only = _logits(quant, PROMPT)
+    assert torch.equal(as_loaded, dense if has_bf16_gemm else kernel_only)
+    assert not torch.equal(dense, kernel_only)
+    quant.prepare_for_serving(batch_invariant=False)
+    assert all(m.dense_rows == (DENSE_ROWS if has_bf16_gemm else None) for m in linears)
+    f32 = [m for m in load_model(path, dtype="float32", quantization="gguf").model.modules()
+           if isinstance(m, QuantizedLinear)]
+    assert all(m.dense_rows == DENSE_ROWS for m in f32)
+
+
 def test_llm_serves_a_quantized_model(tmp_path):
     """End to end through the engine. Batch-invariant: a prompt's greedy tokens alone and beside another
     prompt are the same (bitwise: every row takes the kernel, whose rows do not depend on the batch), with
