@@ -35,7 +35,7 @@ class ServingTraits:
             row count.
         packed_linears: how many linears multiply by a oneDNN-packed weight (``prepack_linears``).
         fixed_order_linears: how many dense linears multiply by the fixed-order kernel instead of
-            padding (batch-invariant mode where ``layers.use_fixed_order_linears`` says so).
+            the stock GEMM (where ``layers.use_fixed_order_linears`` says so).
     """
 
     padded_linears: int
@@ -74,7 +74,8 @@ class CausalLM(nn.Module):
 
         In batch-invariant mode every linear gives a row the same bits whatever the row count: quantized
         linears run only their kernel, dense ones multiply a lone row as two (``layers.gemm``), or, on a
-        CPU without a bfloat16 GEMM, run the fixed-order kernel (``layers.use_fixed_order_linears``); otherwise
+        CPU without a bfloat16 GEMM, run the fixed-order kernel (``layers.use_fixed_order_linears``; in
+        bfloat16 there it is also the faster one, so it runs with the mode off too); otherwise
         quantized linears hand batches of many rows to their dense layer. bfloat16 CPU linears get
         oneDNN-packed weights (the same bits).
 
@@ -88,7 +89,7 @@ class CausalLM(nn.Module):
         padded = fixed = 0
         for module in self.modules():  # every dense GEMM (``layers.gemm``), tensor-parallel shards included
             if hasattr(module, "pad_one_row") and id(module) not in inside:
-                module.fixed_order = batch_invariant and use_fixed_order_linears(module.weight)
+                module.fixed_order = use_fixed_order_linears(module.weight, batch_invariant)
                 module.pad_one_row = batch_invariant and not module.fixed_order
                 padded += module.pad_one_row
                 fixed += module.fixed_order

@@ -16,10 +16,10 @@ are their specification (``tests/step03_attention/test_fused_ops.py``) and the p
 every other case (training, float64, CUDA, no compiler). ``prepack_linears``
 gives a served bfloat16 model's ``Linear`` layers their weights in oneDNN's
 blocked layout, once, instead of at every GEMM; each layer's own ``forward``
-then multiplies by that copy. In batch-invariant mode on a CPU without
-bfloat16 GEMM instructions (``use_fixed_order_linears``) they multiply by
+then multiplies by that copy. On a CPU without bfloat16 GEMM instructions
+(``use_fixed_order_linears``) bfloat16 layers multiply by
 ``csrc/cpu/fixed_order_linear.cpp`` instead, whose sums have one order for any
-row count.
+row count: batch-invariant mode's linear there, and the faster one in either mode.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def gemm(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     row is multiplied as two: a GEMM of one row takes another kernel than one of two or more, whose
     float32 sums can round to other bits (seen on AVX2 and AVX-512 CPUs alike, on SmolLM2's down
     projection), while from two rows up a row's bits do not depend on the row count.
-    With ``layer.fixed_order`` (batch-invariant mode where ``use_fixed_order_linears`` says so) it
+    With ``layer.fixed_order`` (where ``use_fixed_order_linears`` says so) it
     multiplies by ``fixed_order_linear`` instead: one summation order written down for any row count,
     no padding needed.
     """
@@ -302,24 +302,29 @@ def prepack_linears(model: nn.Module) -> int:
 FIXED_ORDER_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def use_fixed_order_linears(weight: torch.Tensor) -> bool:
-    """Whether a batch-invariant CPU linear with this weight multiplies by ``fixed_order_linear``
-    (``csrc/cpu/fixed_order_linear.cpp``) rather than by the stock GEMM with a lone row padded.
+def use_fixed_order_linears(weight: torch.Tensor, batch_invariant: bool = True) -> bool:
+    """Whether a CPU linear with this weight multiplies by ``fixed_order_linear``
+    (``csrc/cpu/fixed_order_linear.cpp``) rather than by the stock GEMM (in batch-invariant mode, with
+    a lone row padded).
 
     By default for bfloat16 weights where this CPU's oneDNN has no bfloat16 GEMM (an AVX2-only CPU)
-    and the kernel's AVX2 loop is built: there the stock bfloat16 GEMM runs at about 20 GFLOP/s at
-    any row count and a padded lone row costs two, while the fixed-order kernel is 3-3.5x faster at
-    every row count (``python -m paged.bench linear_kernel``; docs/benchmarks.md, "Batch invariance:
-    the cost"). Not by default for float32: there MKL's GEMM beats it from 64 rows up.
-    ``PAGED_FIXED_ORDER_LINEAR=1`` / ``0`` forces it on / off (where the kernels are built) for
-    float32 and bfloat16 CPU weights."""
+    and the kernel's AVX2 loop is built, in either mode: there the stock bfloat16 GEMM runs at about
+    20 GFLOP/s at any row count (a padded lone row costs two), while the fixed-order kernel is
+    3-3.5x faster at every row count (``python -m paged.bench linear_kernel``; docs/benchmarks.md,
+    "Batch invariance: the cost"). Not by default for float32: there MKL's GEMM beats it from 64 rows
+    up. ``PAGED_FIXED_ORDER_LINEAR=1`` forces it on in batch-invariant mode for float32 and bfloat16
+    CPU weights (where the kernels are built); ``0`` forces it off in both modes."""
     if weight.device.type != "cpu" or weight.dtype not in FIXED_ORDER_DTYPES:
         return False
     setting = os.environ.get("PAGED_FIXED_ORDER_LINEAR", "auto")
-    if setting == "0" or (setting != "1" and (weight.dtype != torch.bfloat16 or cpu_has_bf16_gemm())):
+    if setting == "0":
         return False
     kernels = load_cpu_kernels()
-    return kernels is not None and (setting == "1" or kernels.fixed_order_avx2_compiled())
+    if setting == "1" and batch_invariant:
+        return kernels is not None
+    if weight.dtype != torch.bfloat16 or cpu_has_bf16_gemm():
+        return False
+    return kernels is not None and kernels.fixed_order_avx2_compiled()
 
 
 @functools.cache

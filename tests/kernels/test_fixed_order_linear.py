@@ -164,8 +164,8 @@ def test_the_vector_loop_is_compiled_where_the_cpu_has_avx2_and_fma(ext):
 
 def test_which_linears_take_the_kernel(ext, monkeypatch):
     """``layers.use_fixed_order_linears``: by default for bfloat16 weights where this CPU has no bfloat16 GEMM
-    and the AVX2 loop is built; forced on or off by ``PAGED_FIXED_ORDER_LINEAR``; float32 and bfloat16 CPU
-    weights only; never without the kernels."""
+    and the AVX2 loop is built, in either mode; forced on (batch-invariant mode) or off (both) by
+    ``PAGED_FIXED_ORDER_LINEAR``; float32 and bfloat16 CPU weights only; never without the kernels."""
     from paged.models import layers
 
     w = torch.zeros(2, 8)
@@ -176,11 +176,18 @@ def test_which_linears_take_the_kernel(ext, monkeypatch):
         monkeypatch.setattr(layers, "cpu_has_bf16_gemm", lambda: has_bf16_gemm)
         assert layers.use_fixed_order_linears(w.bfloat16()) == (not has_bf16_gemm)
         assert not layers.use_fixed_order_linears(w)  # float32: MKL's GEMM is the faster one from 64 rows
+        # with the mode off, the default rule: the kernel only where it is the faster (bfloat16, no GEMM)
+        assert layers.use_fixed_order_linears(w.bfloat16(), batch_invariant=False) == (not has_bf16_gemm)
+        assert not layers.use_fixed_order_linears(w, batch_invariant=False)
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
         assert layers.use_fixed_order_linears(w) and layers.use_fixed_order_linears(w.bfloat16())
         assert not layers.use_fixed_order_linears(w.half()) and not layers.use_fixed_order_linears(w.to("meta"))
+        # forcing it on is for batch-invariant mode; with the mode off the default rule still decides
+        assert not layers.use_fixed_order_linears(w, batch_invariant=False)
+        assert layers.use_fixed_order_linears(w.bfloat16(), batch_invariant=False) == (not has_bf16_gemm)
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")
         assert not layers.use_fixed_order_linears(w)
+        assert not layers.use_fixed_order_linears(w.bfloat16(), batch_invariant=False)
         monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR")
     monkeypatch.setattr(layers, "cpu_has_bf16_gemm", lambda: False)
 

@@ -250,15 +250,21 @@ def test_batch_invariant_mode_never_runs_a_one_row_gemm(demo, monkeypatch):
     assert min(seen) == 1
 
 
-def test_with_fixed_order_linears_a_lone_row_goes_to_the_kernel_as_it_is(demo, monkeypatch):
+@pytest.mark.parametrize("has_bf16_gemm", [True, False])
+def test_with_fixed_order_linears_a_lone_row_goes_to_the_kernel_as_it_is(demo, monkeypatch, has_bf16_gemm):
     """With the fixed-order kernel no stock GEMM runs in batch-invariant mode, and a lone decode row
     reaches the kernel unpadded (its order does not depend on the row count: tests/kernels/
-    test_fixed_order_linear.py); with the mode off the stock GEMMs run again."""
+    test_fixed_order_linear.py). With the mode off the (bfloat16) model keeps the kernel where the CPU has
+    no bfloat16 GEMM, the kernel being the faster there, and runs the stock GEMMs again where it has one
+    (both CPUs stood in for on any CPU)."""
     monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
+    monkeypatch.setattr(layers_module, "cpu_has_bf16_gemm", lambda: has_bf16_gemm)
     stock, fixed = [], []
     product, ext = layers_module.product, cpu.load(strict=True)
 
-    class Counting:
+    class Counting:  # the kernels, counting the rows of each fixed-order call (an AVX2 build, on any CPU)
+        fixed_order_avx2_compiled = staticmethod(lambda: True)
+
         def fixed_order_linear(self, x, w, bias=None):
             fixed.append(x.shape[0])
             return ext.fixed_order_linear(x, w, bias)
@@ -270,7 +276,10 @@ def test_with_fixed_order_linears_a_lone_row_goes_to_the_kernel_as_it_is(demo, m
     assert not stock and min(fixed) == 1 and max(fixed) == 5
     fixed.clear()
     run(demo, prompt_of(random.Random(1), demo.config.vocab_size, 5), batch_invariant=False)
-    assert stock and not fixed
+    if has_bf16_gemm:
+        assert stock and not fixed
+    else:
+        assert fixed and not stock
 
 
 @pytest.mark.slow
