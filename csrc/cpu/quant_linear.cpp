@@ -7,6 +7,7 @@
 //   type   weights                          bytes per block
 //   Q4_0   w = d * (q - 8),  q in 0..15     18: d, 16 bytes (q[j] low nibble, q[j + 16] high)
 //   Q4_1   w = d * q + m,    q in 0..15     20: d, m, 16 bytes as in Q4_0
+//   Q5_0   w = d * (q - 16), q in 0..31     22: d, qh (bit j: q[j]'s fifth bit), 16 bytes as in Q4_0
 //   Q8_0   w = d * q,        q in -128..127 34: d, 32 int8
 //
 // At one token per step a decoder reads every weight once per token and does
@@ -19,7 +20,7 @@
 // multiplies integers: one AVX-512 VNNI instruction (vpdpbusd) sums 64
 // products of unsigned 8-bit by signed 8-bit values. Per block of a row,
 //
-//   sum_j w_j x_j  ~  d dx sum_j q_j qx_j  +  m dx sum_j qx_j      (m = -8 d for Q4_0)
+//   sum_j w_j x_j  ~  d dx sum_j q_j qx_j  +  m dx sum_j qx_j      (m = -8 d for Q4_0, -16 d for Q5_0)
 //
 // with the integer sums exact and the rest in float32. So the result is the
 // product of the dequantized weights with the int8-rounded x, up to float32
@@ -27,7 +28,7 @@
 // in float64 and against the exact x within the bound the rounding of x gives.
 //
 // Layout. At load, each row's blocks are regrouped (paged/models/quantized.py,
-// ``pack_blocks``): all its q bytes, then all its d, then all its m, with the
+// ``pack_blocks``): all its q bytes, then all its d, then all its m (Q5_0: qh), with the
 // block count padded to even by a zero block. Same bytes, but four blocks' q
 // are one 64-byte load and four scales one 8-byte load.
 //
@@ -69,6 +70,9 @@
 #define PAGED_QUANT_AVX2 1
 #include <immintrin.h>
 #endif
+#if defined(PAGED_QUANT_VNNI) && !defined(PAGED_QUANT_AVX2)
+#error "the VNNI loops call the AVX2 ones for Q5_0: a CPU with AVX-512 VNNI has AVX2, FMA and F16C"
+#endif
 
 #include "quant_linear.h"
 
@@ -91,7 +95,7 @@ struct RowLayout {
   int64_t blocks;      // K / 32, padded to even
   int64_t q_bytes;     // per block: 16 (Q4_x) or 32 (Q8_0)
   int64_t row_bytes;
-  int64_t d_offset, m_offset;
+  int64_t d_offset, m_offset;  // m_offset: Q4_1's offsets m, or Q5_0's high bits qh (4 bytes a block)
 
   RowLayout(int64_t type, int64_t K) {
     if (is_k(type)) {  // super-blocks as stored; blocks: of the activations (32 each)
@@ -104,22 +108,29 @@ struct RowLayout {
     q_bytes = type == kQ8_0 ? 32 : 16;
     d_offset = blocks * q_bytes;
     m_offset = d_offset + blocks * 2;
-    row_bytes = m_offset + (type == kQ4_1 ? blocks * 2 : 0);
+    row_bytes = m_offset + (type == kQ4_1 ? blocks * 2 : type == kQ5_0 ? blocks * 4 : 0);
   }
 
   static constexpr bool is_k(int64_t type) { return type == kQ4_K || type == kQ6_K; }
 };
 
 void check_type(int64_t type) {
-  TORCH_CHECK_VALUE(type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || RowLayout::is_k(type),
+  TORCH_CHECK_VALUE(type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ8_0 || RowLayout::is_k(type),
                     "unsupported GGUF block type ", type,
-                    "; supported: 2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K)");
+                    "; supported: 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 8 (Q8_0), 12 (Q4_K), 14 (Q6_K)");
 }
 
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
   return c10::detail::fp16_ieee_to_fp32_value(bits);
+}
+
+// Q5_0: the fifth bits of block b's 32 weights (bit j: weight j's), from the row's qh words.
+inline uint32_t high_bits(const uint8_t* qh, int64_t b) {
+  uint32_t bits;
+  std::memcpy(&bits, qh + 4 * b, 4);
+  return bits;
 }
 
 // --- the activations, quantized per block of 32 -------------------------------------------
@@ -239,6 +250,7 @@ void dot_cols(Scalar, const uint8_t* rows, const RowLayout& L, const QuantizedRo
         } else {
           const uint8_t byte = row[b * 16 + (j & 15)];
           w = j < 16 ? (byte & 0xF) : (byte >> 4);
+          if constexpr (TYPE == kQ5_0) w |= ((high_bits(row + L.m_offset, b) >> j) & 1) << 4;
           s += w * x.q[(j < 16 ? 0 : B * 16) + b * 16 + (j & 15)];
         }
       }
@@ -251,6 +263,15 @@ void dot_cols(Scalar, const uint8_t* rows, const RowLayout& L, const QuantizedRo
 #if defined(PAGED_QUANT_AVX2)
 // Lane i of the result: sum of the products of bytes 4i..4i+3 (u unsigned, s signed), exact.
 inline __m256i dot4(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+
+// Byte i: 16 where bit i of bits is set, else 0 (Q5_0's fifth bits, in place in their bytes).
+inline __m256i fifth_bits(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(  // byte i <- byte i / 8 of bits
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);  // byte i: bit i % 8
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
 
 // The eight lanes added in one fixed order: halves, then pairs, then the last two.
 inline float sum8(__m256 v) {
@@ -300,8 +321,13 @@ void dot_cols(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow&
       for (int c = 0; c < C; ++c) {
         const uint8_t* row = rows + c * L.row_bytes;
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16));
-        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        // four products of at most 15 * 127 per int16 lane before vpmaddwd widens them
+        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if constexpr (TYPE == kQ5_0) {  // lo: weights 0..15 of blocks b and b + 1; hi: weights 16..31
+          const uint32_t h0 = high_bits(row + L.m_offset, b), h1 = high_bits(row + L.m_offset, b + 1);
+          lo = _mm256_or_si256(lo, fifth_bits((h0 & 0xFFFFu) | (h1 << 16)));
+          hi = _mm256_or_si256(hi, fifth_bits((h0 >> 16) | (h1 & 0xFFFF0000u)));
+        }
+        // four products of at most 31 * 127 per int16 lane before vpmaddwd widens them
         const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x), _mm256_maddubs_epi16(hi, hi_x));
         const __m256i s = _mm256_madd_epi16(pairs, ones);
         const __m256 scale = _mm256_permutevar8x32_ps(
@@ -338,6 +364,10 @@ inline float offset_term(Vnni, const uint8_t* h16, const float* s, int64_t block
 
 template <int64_t TYPE, int C>
 void dot_cols(Vnni, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
+  if constexpr (TYPE == kQ5_0) {  // the AVX2 loop (a Q4_K_M file's few Q5_0 layers; the same rounded x)
+    dot_cols<TYPE, C>(Avx2{}, rows, L, x, out);
+    return;
+  }
   const int64_t B = L.blocks;
   __m512 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
@@ -399,8 +429,11 @@ template <int64_t TYPE, int C, typename Isa>
 void add_offsets(Isa isa, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
   if constexpr (TYPE == kQ4_1) {
     for (int c = 0; c < C; ++c) out[c] += offset_term(isa, rows + c * L.row_bytes + L.m_offset, x.s, L.blocks);
-  } else if constexpr (TYPE == kQ4_0) {
-    for (int c = 0; c < C; ++c) out[c] -= 8.0f * offset_term(isa, rows + c * L.row_bytes + L.d_offset, x.s, L.blocks);
+  } else if constexpr (TYPE == kQ4_0 || TYPE == kQ5_0) {
+    constexpr float zero_point = TYPE == kQ4_0 ? 8.0f : 16.0f;
+    for (int c = 0; c < C; ++c) {
+      out[c] -= zero_point * offset_term(isa, rows + c * L.row_bytes + L.d_offset, x.s, L.blocks);
+    }
   }
 }
 
@@ -500,6 +533,11 @@ at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, i
           }
           const uint8_t byte = row[b * 16 + (j & 15)];
           const int q = j < 16 ? (byte & 0xF) : (byte >> 4);
+          if (type == kQ5_0) {  // the fifth bit from qh
+            const int high = static_cast<int>((high_bits(row + L.m_offset, b) >> j) & 1);
+            w[j] = d * float((q | (high << 4)) - 16);
+            continue;
+          }
           // -ffp-contract=off: each product rounded before the sum, as gguf's dequantizer rounds
           w[j] = type == kQ4_0 ? d * float(q - 8) : d * float(q) + half_at(row + L.m_offset + 2 * b);
         }
@@ -517,6 +555,7 @@ void linear_for(const at::Tensor& x, const at::Tensor& packed, int64_t type, int
   switch (type) {                                                         \
     case kQ4_0: linear_impl<Isa, T, kQ4_0>(x, packed, N, K, y); break;   \
     case kQ4_1: linear_impl<Isa, T, kQ4_1>(x, packed, N, K, y); break;   \
+    case kQ5_0: linear_impl<Isa, T, kQ5_0>(x, packed, N, K, y); break;   \
     case kQ4_K: linear_impl<Isa, T, kQ4_K>(x, packed, N, K, y); break;   \
     case kQ6_K: linear_impl<Isa, T, kQ6_K>(x, packed, N, K, y); break;   \
     default: linear_impl<Isa, T, kQ8_0>(x, packed, N, K, y); break;      \

@@ -10,7 +10,7 @@
 namespace paged {
 
 // GGUF's block type numbers (ggml_type) for the formats the kernel reads.
-constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
 
 // x [M, K] (float32 or bfloat16) times W [N, K] transposed, W given as its
 // GGUF blocks regrouped per row (uint8; paged/models/quantized.py's pack_blocks;
@@ -19,7 +19,7 @@ constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t N, int64_t K,
                         const std::string& impl = "auto");
 
-// W [N, K] as float32: w = d * (q - 8), d * q + m or d * q (K-quants: quant_linear_k.h), each
+// W [N, K] as float32: w = d * (q - 8), d * q + m, d * (q - 16) or d * q (K-quants: quant_linear_k.h), each
 // product rounded.
 at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, int64_t K);
 

@@ -31,7 +31,7 @@ from paged.bench.linear_kernel import SMOLLM2, linear, median_ms
 from paged.bench.prefill_kernel import DTYPES, headline, machine
 from paged.models.layers import gemm
 
-TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 K_QUANT_BYTES = {12: (144, (0, 2)), 14: (210, (208,))}  # super-block bytes, offsets of its float16 factors
 
 

@@ -3,7 +3,7 @@
 By default a GGUF file's weights are dequantized once into the model's dtype
 (``gguf_loader``) and every linear layer is a dense GEMM. With
 ``LLM(model="model.gguf", quantization="gguf")`` (vLLM's spelling) the
-linears whose tensors are in a format the C++ kernel reads (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
+linears whose tensors are in a format the C++ kernel reads (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)
 keep the file's bytes instead and ``QuantizedLinear`` multiplies by them
 directly (``csrc/cpu/quant_linear.cpp``). Generating one token reads every
 weight once; SmolLM2-135M's Q4_1 + Q8_0 file is 97 MB where its bfloat16
@@ -21,7 +21,8 @@ where two are nearly tied.
 
 A block is 32 consecutive weights of one row: a float16 scale ``d`` (Q4_1:
 and an offset ``m``) and 32 integers ``q``; ``w = d * (q - 8)`` (Q4_0),
-``d * q + m`` (Q4_1), ``d * q`` (Q8_0). Each format's bytes are mapped straight
+``d * q + m`` (Q4_1), ``d * (q - 16)`` (Q5_0: a fifth bit per weight, the 32 of
+a block in one 32-bit word ``qh``), ``d * q`` (Q8_0). Each format's bytes are mapped straight
 from the file, at the offsets of the tensor table the load's conversion kept
 (``gguf_reader.tensor_table``): no header is parsed again.
 """
@@ -42,7 +43,7 @@ from paged.models.layers import Linear, MergedLinear, cpu_has_bf16_gemm
 
 QUANTIZATIONS = ("gguf",)  # the values of LLM(quantization=...) besides None
 # ggml type number -> (name, bytes per block of 32 weights) for the 32-weight formats the kernel reads
-BLOCK_FORMATS = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
+BLOCK_FORMATS = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34)}
 QK = 32  # weights per block
 # every format the kernel reads: the block formats and the K-quants of a Q4_K_M file
 KERNEL_FORMATS = {**{kind: name for kind, (name, _) in BLOCK_FORMATS.items()}, 12: "Q4_K", 14: "Q6_K"}
@@ -66,7 +67,8 @@ def row_layout(kind: int, k: int) -> tuple[int, int, int]:
 
 def pack_blocks(raw: np.ndarray, kind: int, n: int, k: int) -> torch.Tensor:
     """GGUF's blocks of a ``[n, k]`` weight, one row after another, regrouped for the kernel: per row all
-    the q bytes, then all the float16 scales d, then (Q4_1) all the offsets m, with a zero block added
+    the q bytes, then all the float16 scales d, then all the offsets m (Q4_1) or all the 32-bit words of
+    high bits qh (Q5_0), with a zero block added
     when the row has an odd count. Same bytes; four blocks' q become one 64-byte load. K-quants keep
     the file's layout (the kernel reads their super-blocks in place)."""
     if kind in K_FORMATS:
@@ -79,6 +81,8 @@ def pack_blocks(raw: np.ndarray, kind: int, n: int, k: int) -> torch.Tensor:
         blocks = np.concatenate([blocks, np.zeros((n, padded - per_row, size), np.uint8)], axis=1)
     if kind == 3:  # Q4_1: d | m | 16 bytes
         parts = (blocks[:, :, 4:], blocks[:, :, 0:2], blocks[:, :, 2:4])
+    elif kind == 6:  # Q5_0: d | qh | 16 bytes
+        parts = (blocks[:, :, 6:], blocks[:, :, 0:2], blocks[:, :, 2:6])
     else:  # Q4_0: d | 16 bytes; Q8_0: d | 32 bytes
         parts = (blocks[:, :, 2:], blocks[:, :, 0:2])
     return torch.from_numpy(np.concatenate([p.reshape(n, -1) for p in parts], axis=1).reshape(-1))
@@ -99,6 +103,10 @@ def dequantize_blocks(packed: torch.Tensor, kind: int, n: int, k: int) -> torch.
         nibbles = torch.cat((q & 0xF, q >> 4), dim=-1).float()  # weights 0..15 in the low nibbles, 16..31 high
         if kind == 2:  # Q4_0
             w = d * (nibbles - 8)
+        elif kind == 6:  # Q5_0: bit j of the block's qh is weight j's fifth bit
+            qh = rows[:, blocks * (q_bytes + 2):].contiguous().view(torch.int32).reshape(n, blocks, 1)
+            high = (qh >> torch.arange(32, dtype=torch.int32)) & 1
+            w = d * (nibbles + 16 * high - 16)
         else:  # Q4_1: rounded after the product, then after the sum
             m = rows[:, blocks * (q_bytes + 2):].contiguous().view(torch.float16).float()[..., None]
             w = d * nibbles + m

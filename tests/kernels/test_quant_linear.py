@@ -19,8 +19,9 @@ references are float64 products of tensors computed here.
   is held to all of the above: they add the same float32 terms in different orders, so each is
   checked against the float64 product, not against another.
 
-A broken nibble order, a scale applied to the wrong block or a lost padding block moves a
-result by a whole block's share of ``T`` (about ``T / B``), thousands of times the bound.
+A broken nibble order, a fifth bit (Q5_0) in the wrong place, a scale applied to the wrong
+block or a lost padding block moves a result by a whole block's share of ``T`` (about ``T / B``),
+thousands of times the bound.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from paged.models.quantized import (BLOCK_FORMATS, QuantizedLinear, dequantize_b
                                     quantize_activations, row_layout)
 
 T = gguf.GGMLQuantizationType
-KINDS = (int(T.Q4_0), int(T.Q4_1), int(T.Q8_0))
+KINDS = (int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q8_0))
 U32 = 2.0**-24
 BF16_ULP = 2.0**-8  # half a bfloat16 unit in the last place, relative
 
@@ -85,6 +86,8 @@ def _term_bound(x_hat: torch.Tensor, packed: torch.Tensor, kind: int, n: int, k:
         per_block = d * 15 + m
     elif kind == int(T.Q4_0):
         per_block = d * 8 + d * 8  # |q - 8| <= 8 as one product, and the offset term -8 d
+    elif kind == int(T.Q5_0):
+        per_block = d * 31 + d * 16  # the product d q (q <= 31), and the offset term -16 d
     else:
         per_block = d * 128
     weight_mag = per_block[:, : k // 32].repeat_interleave(32, dim=1)  # [n, k]

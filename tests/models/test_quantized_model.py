@@ -52,7 +52,7 @@ def _rounding_activations(model, like):
     return model
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_0, T.Q8_0])
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_0, T.Q5_0, T.Q8_0])
 def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
     path = _gguf(tmp_path, qtype)
     quant = load_model(path, dtype="float32", quantization="gguf")
