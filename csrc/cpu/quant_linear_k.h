@@ -16,8 +16,9 @@
 //   Q4_K:  sum_j w_j x^_j = (d sc dx) sum_j q_j qx_j - (dmin m) (dx sum_j qx_j)
 //   Q6_K:  sum_j w_j x^_j = (d sc dx) sum_{j<16} (q_j - 32) qx_j + (d sc' dx) sum_{j>=16} ...
 //
-// with the integer sums exact (vpdpbusd, or vpmaddubsw and vpmaddwd; Q6_K's signed q - 32 by moving its sign onto x, as
-// Q8_0 does) and the rest in float32, in the same order for every row, thread and batch.
+// with the integer sums exact (vpdpbusd, or vpmaddubsw and vpmaddwd; Q6_K's signed q - 32 by
+// moving its sign onto x, as Q8_0 does) and the rest in float32, in the same order for every
+// row, thread and batch.
 // Included by quant_linear.cpp, inside its namespace, after RowLayout and QuantizedRow.
 
 #pragma once
@@ -91,6 +92,20 @@ float dot_k(Scalar, const uint8_t* row, int64_t K, const QuantizedRow& x) {
   return acc - off;
 }
 
+#if defined(PAGED_QUANT_AVX2) || defined(PAGED_QUANT_VNNI)
+// Weights 32b .. 32b + 31 of a Q6_K super-block as signed bytes q - 32 (-32..31): q6_at, 32 at a time
+// (half b / 4, quarter b % 4: the low 4 bits from one nibble of 32 bytes, the high 2 from 32 more).
+inline __m256i q6k_weights32(const uint8_t* blk, int b) {
+  const int h = b / 4, r = b % 4;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + h * 64 + (r & 1) * 32));
+  const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + h * 32));
+  const __m256i low = r < 2 ? _mm256_and_si256(lb, low4) : _mm256_and_si256(_mm256_srli_epi16(lb, 4), low4);
+  const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * r), _mm256_set1_epi8(3));
+  return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+}
+#endif
+
 #if defined(PAGED_QUANT_AVX2)
 template <int64_t TYPE>
 float dot_k(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x) {
@@ -120,14 +135,8 @@ float dot_k(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x) {
       const uint8_t* blk = row + sb * 210;
       const float d = half_at(blk + 208);
       const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      const __m256i three = _mm256_set1_epi8(3), thirty_two = _mm256_set1_epi8(32);
       for (int b = 0; b < 8; ++b) {  // 32 weights: half b / 4, quarter b % 4
-        const int h = b / 4, r = b % 4;
-        const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + h * 64 + (r & 1) * 32));
-        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + h * 32));
-        const __m256i low = r < 2 ? _mm256_and_si256(lb, low4) : _mm256_and_si256(_mm256_srli_epi16(lb, 4), low4);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * r), three);
-        const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), thirty_two);  // -32..31
+        const __m256i w = q6k_weights32(blk, b);
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
         const __m256i s = dot4(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));  // lanes 0-3, 4-7: the two 16s
         const int i = b * 2;
@@ -171,14 +180,8 @@ float dot_k(Vnni, const uint8_t* row, int64_t K, const QuantizedRow& x) {
       const uint8_t* blk = row + sb * 210;
       const float d = half_at(blk + 208);
       const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      const __m256i three = _mm256_set1_epi8(3), thirty_two = _mm256_set1_epi8(32);
       for (int b = 0; b < 8; ++b) {  // 32 weights: half b / 4, quarter b % 4
-        const int h = b / 4, r = b % 4;
-        const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + h * 64 + (r & 1) * 32));
-        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + h * 32));
-        const __m256i low = r < 2 ? _mm256_and_si256(lb, low4) : _mm256_and_si256(_mm256_srli_epi16(lb, 4), low4);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * r), three);
-        const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), thirty_two);  // -32..31
+        const __m256i w = q6k_weights32(blk, b);
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
         const __m256i sx = _mm256_mask_sub_epi8(xv, _mm256_movepi8_mask(w), _mm256_setzero_si256(), xv);
         const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), sx);  // lanes 0-3, 4-7

@@ -40,6 +40,11 @@ SMOLLM2 = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 
 def add_arguments(parser) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256], help="rows M of the input")
     parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=list(DTYPES))
+    add_layer_timing_arguments(parser)
+
+
+def add_layer_timing_arguments(parser) -> None:
+    """The options of a per-layer timing at SmolLM2's shapes (this module's and ``quant_kernel``'s)."""
     parser.add_argument("--layers", type=int, default=30, help="decoder layers, for the model rows (SmolLM2: 30)")
     parser.add_argument("--scale", type=int, default=1, help="divide every width by this (tests: tiny shapes)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per system (median)")
@@ -51,7 +56,8 @@ def add_arguments(parser) -> None:
 
 def linear(w: torch.Tensor, path: str) -> Linear:
     """A bias-free ``Linear`` with weight ``w`` on batch-invariant mode's ``path`` (``"stock"``: padded,
-    ``"fixed"``: the fixed-order kernel), as ``CausalLM.prepare_for_serving`` would set it."""
+    ``"fixed"``: the fixed-order kernel), as ``CausalLM.prepare_for_serving`` would set it; any other
+    ``path``: the plain GEMM, neither."""
     layer = Linear(w.shape[1], w.shape[0], bias=False).to(w.dtype)
     with torch.no_grad():
         layer.weight.copy_(w)

@@ -27,7 +27,7 @@ import os
 import numpy as np
 import torch
 
-from paged.bench.linear_kernel import SMOLLM2, linear, median_ms
+from paged.bench.linear_kernel import SMOLLM2, add_layer_timing_arguments, linear, median_ms
 from paged.bench.prefill_kernel import DTYPES, headline, machine
 from paged.models.layers import gemm
 
@@ -42,13 +42,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
     parser.add_argument("--impls", nargs="+", choices=["scalar", "avx2", "avx512"],
                         help="implementations to time (default: every one compiled in)")
-    parser.add_argument("--layers", type=int, default=30, help="decoder layers, for the model rows (SmolLM2: 30)")
-    parser.add_argument("--scale", type=int, default=1, help="divide every width by this (tests: tiny shapes)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per system (median)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON (last line)")
+    add_layer_timing_arguments(parser)
 
 
 def random_blocks(kind: int, n: int, k: int, rng: np.random.Generator) -> torch.Tensor:
