@@ -351,6 +351,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &paged::add_rms_norm,
         "RMSNorm of x (of x + residual first, when given): (normed, x + residual or None)", py::arg("x"),
         py::arg("residual"), py::arg("weight"), py::arg("eps"), py::call_guard<py::gil_scoped_release>());
+  m.def("gemma_rms_norm", &paged::gemma_rms_norm,
+        "Gemma's RMSNorm of x, x / rms(x) * (1 + weight) in float32 (plus residual after it, when given)",
+        py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"), py::call_guard<py::gil_scoped_release>());
   m.def("silu_and_mul", &paged::silu_and_mul, "silu(x[:, :I]) * x[:, I:]", py::arg("x"),
         py::call_guard<py::gil_scoped_release>());
   m.def("rotary_", &paged::rotary_, "Rotate every head of x [T, heads, D] in place by the tables at positions",

@@ -7,8 +7,8 @@
 // parallel region; at decode batch sizes their fixed cost rivals the GEMMs'.
 // Here each is one pass per row, rounding exactly where the eager formula
 // rounds (paged/models/layers.py spells each one out), so:
-//   * add_rms_norm, rotary_, argmax_rows: bitwise equal to the eager formula
-//     except for the order of RMSNorm's sum of squares (a float32 sum);
+//   * add_rms_norm, gemma_rms_norm, rotary_, argmax_rows: bitwise equal to the
+//     eager formula except for the order of RMSNorm's sum of squares (a float32 sum);
 //   * silu_and_mul: equal up to the exp (a polynomial on AVX-512, std::exp
 //     elsewhere), then rounded to the storage type like the eager op.
 // float32 and bfloat16 only (float64 models keep the eager path). The tests
@@ -69,6 +69,15 @@ void check_rows(const at::Tensor& x, const char* name) {
 
 // --- RMSNorm, with the residual add before it ------------------------------
 
+// 1 / sqrt(mean(x^2) + eps) of one row, in float32 (1 / sqrt: torch's rsqrt, bit for bit).
+template <typename T>
+inline float inverse_rms(const T* x, int64_t n, double eps) {
+  float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t i = 0; i < n; ++i) squares += widen(x[i]) * widen(x[i]);
+  return 1.0f / std::sqrt(squares / float(n) + float(eps));
+}
+
 // out = weight * T(x * rsqrt(mean(x^2) + eps)), x = T(x + residual) when there
 // is a residual (then also written to residual_out).
 template <typename T>
@@ -91,13 +100,48 @@ void add_rms_norm_rows(const at::Tensor& x, const at::Tensor* residual, const at
         for (int64_t i = 0; i < n; ++i) ro[i] = narrow<T>(widen(xr[i]) + widen(r[i]));
         src = ro;
       }
-      float squares = 0.0f;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t i = 0; i < n; ++i) squares += widen(src[i]) * widen(src[i]);
-      const float inv = 1.0f / std::sqrt(squares / float(n) + float(eps));
+      const float inv = inverse_rms(src, n, eps);
       for (int64_t i = 0; i < n; ++i) o[i] = narrow<T>(widen(w[i]) * round_to<T>(widen(src[i]) * inv));
     }
   });
+}
+
+// Gemma's RMSNorm: out = T(x * rsqrt(mean(x^2) + eps) * (1 + weight)), the scale 1 + weight and
+// both products in float32, one rounding to T at the end; then, with a residual,
+// out = T(residual + out) (the sandwich norm's output joining the residual stream).
+template <typename T>
+void gemma_rms_norm_rows(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight,
+                         double eps, at::Tensor& out) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  const T* w = weight.data_ptr<T>();
+  const T* x0 = x.data_ptr<T>();
+  T* out0 = out.data_ptr<T>();
+  const T* r0 = residual != nullptr ? residual->data_ptr<T>() : nullptr;
+  at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* xr = x0 + t * x.stride(0);
+      T* o = out0 + t * n;
+      const float inv = inverse_rms(xr, n, eps);
+      for (int64_t i = 0; i < n; ++i) o[i] = narrow<T>(widen(xr[i]) * inv * (1.0f + widen(w[i])));
+      if (r0 != nullptr) {
+        const T* r = r0 + t * residual->stride(0);
+        for (int64_t i = 0; i < n; ++i) o[i] = narrow<T>(widen(r[i]) + widen(o[i]));
+      }
+    }
+  });
+}
+
+void check_norm_weight(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(),
+                    "weight must be [N] = [", x.size(1), "] and contiguous, got shape ", weight.sizes());
+  TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), "weight must have x's dtype ", x.scalar_type(),
+                   ", got ", weight.scalar_type());
+}
+
+void check_residual(const at::Tensor& x, const at::Tensor& residual) {
+  TORCH_CHECK_VALUE(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+                    "residual must match x (", x.sizes(), ", ", x.scalar_type(), "), got ",
+                    residual.sizes(), ", ", residual.scalar_type());
 }
 
 }  // namespace
@@ -105,17 +149,12 @@ void add_rms_norm_rows(const at::Tensor& x, const at::Tensor* residual, const at
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                                                 const at::Tensor& weight, double eps) {
   check_rows(x, "x");
-  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(),
-                    "weight must be [N] = [", x.size(1), "] and contiguous, got shape ", weight.sizes());
-  TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), "weight must have x's dtype ", x.scalar_type(),
-                   ", got ", weight.scalar_type());
+  check_norm_weight(x, weight);
   at::Tensor out = at::empty(x.sizes(), x.options());
   at::Tensor residual_out;
   if (residual.has_value()) {
     check_rows(*residual, "residual");
-    TORCH_CHECK_VALUE(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(),
-                      "residual must match x (", x.sizes(), ", ", x.scalar_type(), "), got ",
-                      residual->sizes(), ", ", residual->scalar_type());
+    check_residual(x, *residual);
     residual_out = at::empty(x.sizes(), x.options());
   }
   const at::Tensor* r = residual.has_value() ? &*residual : nullptr;
@@ -123,6 +162,22 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::
   if (x.scalar_type() == at::kFloat) add_rms_norm_rows<float>(x, r, weight, eps, out, ro);
   else add_rms_norm_rows<c10::BFloat16>(x, r, weight, eps, out, ro);
   return {out, residual_out};
+}
+
+at::Tensor gemma_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual, const at::Tensor& weight,
+                          double eps) {
+  check_rows(x, "x");
+  check_norm_weight(x, weight);
+  const at::Tensor* r = nullptr;
+  if (residual.has_value()) {
+    check_rows(*residual, "residual");
+    check_residual(x, *residual);
+    r = &*residual;
+  }
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  if (x.scalar_type() == at::kFloat) gemma_rms_norm_rows<float>(x, r, weight, eps, out);
+  else gemma_rms_norm_rows<c10::BFloat16>(x, r, weight, eps, out);
+  return out;
 }
 
 // --- SiLU(gate) * up -------------------------------------------------------

@@ -13,6 +13,11 @@ namespace paged {
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                                                 const at::Tensor& weight, double eps);
 
+// Gemma's RMSNorm of x [T, N], scaled by 1 + weight in float32; plus residual
+// after the norm, when given (the sandwich norm's output added to the stream).
+at::Tensor gemma_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual, const at::Tensor& weight,
+                          double eps);
+
 // silu(x[:, :I]) * x[:, I:] of x [T, 2I] -> [T, I].
 at::Tensor silu_and_mul(const at::Tensor& x);
 

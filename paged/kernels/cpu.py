@@ -19,7 +19,7 @@ If the build fails, ``load()`` warns once and returns ``None``, and
 each sequence's blocks and running SDPA (what step03's reference path does).
 Tests call ``load(strict=True)`` so that a broken build fails them instead.
 
-``fused_ops(x)`` hands the model layers the fused ops (``add_rms_norm``,
+``fused_ops(x)`` hands the model layers the fused ops (``add_rms_norm``, ``gemma_rms_norm``,
 ``silu_and_mul``, ``rotary_``, ``argmax_rows``; see ``csrc/cpu/fused_ops.cpp``)
 when ``x`` can take them: a float32 or bfloat16 CPU tensor under
 ``torch.inference_mode()`` (the ops have no backward), with the extension

@@ -25,6 +25,7 @@ from torch import nn
 
 from paged.models.attention import Attention, attention_options
 from paged.models.base import CausalLM
+from paged.kernels.cpu import fused_ops
 from paged.models.config import ModelConfig
 from paged.models.layers import Embedding, Linear, MergedLinear, RotaryEmbedding, gelu_and_mul
 
@@ -38,6 +39,20 @@ class GemmaRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., N] -> [..., N]
+        ops = fused_ops(x)
+        if ops is not None:  # the fused op takes rows: [T, N] (or [T * H, N] for the per-head q/k norms)
+            return ops.gemma_rms_norm(x.reshape(-1, x.shape[-1]), None, self.weight, self.eps).view(x.shape)
+        return self.eager(x)
+
+    def norm_and_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + norm(x)``: a sandwich norm's output joining the residual stream ([T, N] both)."""
+        ops = fused_ops(x)
+        if ops is not None:
+            return ops.gemma_rms_norm(x, residual, self.weight, self.eps)
+        return residual + self.eager(x)
+
+    def eager(self, x: torch.Tensor) -> torch.Tensor:
+        """The formula, one PyTorch operation at a time (what the fused op is tested against)."""
         y = x.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * (1.0 + self.weight.float())).type_as(x)
@@ -101,8 +116,8 @@ class GemmaDecoderLayer(nn.Module):
 
     def forward(self, layer, h, positions, attention, longest):  # [T, hidden] -> [T, hidden]
         x = self.self_attn(layer, self.input_layernorm(h), positions, attention, longest)
-        h = h + self.post_attention_layernorm(x)
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = self.post_attention_layernorm.norm_and_add(x, h)
+        return self.post_feedforward_layernorm.norm_and_add(self.mlp(self.pre_feedforward_layernorm(h)), h)
 
 
 class GemmaModel(nn.Module):

@@ -8,10 +8,11 @@ kernel instead of its math path. Levels of equality:
 * RoPE (``rotary_``), the residual add of ``add_rms_norm``, ``argmax_rows`` and
   the greedy fast path: bitwise (``torch.equal``) — the same products and sums,
   rounded at the same places.
-* RMSNorm: toleranced — only the order of the float32 sum of squares differs,
+* RMSNorm (LLaMA's and Gemma's): toleranced — only the order of the float32 sum of squares differs,
   which moves the normalised value by float32 rounding (~1e-7 relative); after
   the rounding to the storage type that is at most one bfloat16 ulp
-  (``FUSED_BFLOAT16``), ``FLOAT32`` in float32.
+  (``FUSED_BFLOAT16``), ``FLOAT32`` in float32. Gemma's also bitwise on inputs whose sum of
+  squares is exact in any order (small integers).
 * SiLU-and-mul: toleranced likewise — exp is a polynomial (AVX-512) or
   ``std::exp``, not PyTorch's, within an ulp of float32 before the rounding.
 * A whole LLaMA forward pass, fused vs eager, in float32: ``FUSED_MODEL_FLOAT32``.
@@ -31,6 +32,7 @@ import torch
 from paged.kernels import cpu
 from paged.models import ContiguousAttention, load_model
 from paged.models import layers
+from paged.models.gemma import GemmaRMSNorm
 from paged.models.layers import RMSNorm, RotaryEmbedding, prepack_linears, silu_and_mul, silu_and_mul_eager
 from paged.step02_block_table.kv_cache import zeros_on_demand
 from paged.step03_attention.backends import prefill_attention
@@ -69,6 +71,29 @@ def test_fused_rms_norm_equals_eager(dtype, width):
     torch.testing.assert_close(plain, norm.eager(x), **CLOSE[dtype])
     assert torch.equal(summed, x + residual)
     torch.testing.assert_close(normed, norm.eager(x + residual), **CLOSE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [64, 640, 1000])
+def test_fused_gemma_rms_norm_equals_eager(dtype, width):
+    """Gemma's norm (scale ``1 + w`` in float32, one rounding at the end), alone, after a residual, and per
+    head on a strided [T, H, D] view. Toleranced on random inputs (the sum of squares' order); bitwise
+    where that sum is exact in any order (small integers), which pins every rounding after it."""
+    norm = GemmaRMSNorm(width, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(_randn(width, dtype=dtype, seed=1))
+    x, residual = _randn(37, width, dtype=dtype, scale=3.0), _randn(37, width, dtype=dtype, seed=2)
+    exact = torch.randint(-8, 9, (37, width), generator=torch.Generator().manual_seed(3)).to(dtype)
+    heads = _randn(5, 3, width + 16, dtype=dtype, seed=4)[:, :, :width]  # rows of a wider tensor
+    with torch.inference_mode():
+        plain, summed = norm(x), norm.norm_and_add(x, residual)
+        exact_plain, exact_summed = norm(exact), norm.norm_and_add(exact, residual)
+        per_head = norm(heads)
+    torch.testing.assert_close(plain, norm.eager(x), **CLOSE[dtype])
+    torch.testing.assert_close(summed, residual + norm.eager(x), **CLOSE[dtype])
+    torch.testing.assert_close(per_head, norm.eager(heads), **CLOSE[dtype])
+    assert torch.equal(exact_plain, norm.eager(exact))
+    assert torch.equal(exact_summed, residual + norm.eager(exact))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -134,6 +159,10 @@ def test_fused_ops_reject_bad_input_with_a_specific_error():
         ops.add_rms_norm(torch.zeros(2, 8), None, torch.ones(4), 1e-5)
     with pytest.raises(ValueError, match="residual must match x"):
         ops.add_rms_norm(torch.zeros(2, 8), torch.zeros(3, 8), torch.ones(8), 1e-5)
+    with pytest.raises(ValueError, match=r"weight must be \[N\] = \[8\]"):
+        ops.gemma_rms_norm(torch.zeros(2, 8), None, torch.ones(4), 1e-6)
+    with pytest.raises(ValueError, match="residual must match x"):
+        ops.gemma_rms_norm(torch.zeros(2, 8), torch.zeros(2, 4), torch.ones(8), 1e-6)
     table = torch.zeros(4, 2)
     with pytest.raises(ValueError, match=r"positions\[1\] = 4 is outside the table's \[0, 4\)"):
         ops.rotary_(torch.zeros(2, 1, 4), torch.tensor([0, 4]), table, table)
