@@ -34,6 +34,7 @@
 #include "fused_ops.h"
 #include "quant_linear.h"
 #include "paged_attention.h"
+#include "softmax_exp.h"
 
 namespace {
 
@@ -329,6 +330,26 @@ void write_kv(const at::Tensor& key_cache, const at::Tensor& value_cache, const 
   });
 }
 
+// The attention kernels' softmax exp of every element of a float32 tensor (impl "scalar":
+// exp_nonpositive; "avx2": exp_nonpositive8, eight at a time, the tail by the scalar): for
+// the tests that hold the two to each other and to libm.
+at::Tensor softmax_exp(const at::Tensor& x, const std::string& impl) {
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "x must be float32, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.device().is_cpu() && x.is_contiguous(), "x must be a contiguous CPU tensor");
+  TORCH_CHECK_VALUE(impl == "scalar" || impl == "avx2", "impl must be 'scalar' or 'avx2', got '", impl, "'");
+  TORCH_CHECK_VALUE(impl != "avx2" || paged::avx2_compiled(), "impl='avx2': the AVX2 kernels are not compiled in");
+  at::Tensor y = at::empty_like(x);
+  const float* in = x.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (impl == "avx2")
+    for (; i + 8 <= x.numel(); i += 8) _mm256_storeu_ps(out + i, paged::exp_nonpositive8(_mm256_loadu_ps(in + i)));
+#endif
+  for (; i < x.numel(); ++i) out[i] = paged::exp_nonpositive(in[i]);
+  return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -348,6 +369,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("slot_mapping"), py::call_guard<py::gil_scoped_release>());
   m.def("avx512_compiled", &paged::avx512_compiled, "Whether the AVX-512 decode was compiled in");
   m.def("avx2_compiled", &paged::avx2_compiled, "Whether the AVX2 attention (the scalar's arithmetic) was compiled in");
+  m.def("softmax_exp", &softmax_exp, "The scalar and AVX2 attention kernels' softmax exp, element-wise",
+        py::arg("x"), py::arg("impl"));
   m.def("add_rms_norm", &paged::add_rms_norm,
         "RMSNorm of x (of x + residual first, when given): (normed, x + residual or None)", py::arg("x"),
         py::arg("residual"), py::arg("weight"), py::arg("eps"), py::call_guard<py::gil_scoped_release>());

@@ -11,11 +11,14 @@
 //     build has -ffp-contract=off); the scalar's tree (lane l += lane l + 8,
 //     + 4, + 2, + 1) is one vector add, then adds of halves. Head dims that
 //     are a multiple of 16 only (the scalar's tail lanes are not done here).
-//   * the soft-cap, the running maximum and every exponential are the
-//     scalar's own calls (std::tanh, std::max, std::exp), one value at a time;
+//   * the soft-cap and the running maximum are the scalar's own calls
+//     (std::tanh, std::max), one value at a time; the exponentials are
+//     softmax_exp.h's, eight scores at a time (exp_nonpositive8: the scalar's
+//     exp_nonpositive, operation for operation);
 //   * the rescale (acc *= alpha) and the V accumulation (acc += p * v, the
 //     product rounded first) are the scalar's loops as vectors: each element
-//     gets the same two roundings.
+//     gets the same roundings in the same order. The accumulator stays in
+//     registers, 64 dims at a time, across a block's keys.
 // What it saves: a work item holds many query rows (the G query heads of a KV
 // head, times a tile of query tokens in a prefill), and each KV block is
 // widened to float32 once for all of them instead of once per row; and the
@@ -27,8 +30,9 @@
 // an item changes nothing in a row's arithmetic.
 
 #include "paged_attention.h"
+#include "softmax_exp.h"
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
@@ -41,7 +45,7 @@
 namespace paged {
 namespace {
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
 using detail::for_each_item;
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -74,13 +78,28 @@ struct Row {
 };
 
 struct Scratch {
-  std::vector<float> q, acc, k, v, scores;
+  std::vector<float> q, acc, k, v, scores, probs;
   std::vector<Row> rows;
   Scratch(int64_t max_rows, int64_t B, int64_t D)
-      : q(max_rows * D), acc(max_rows * D), k(B * D), v(B * D), scores(B) {
+      : q(max_rows * D), acc(max_rows * D), k(B * D), v(B * D), scores(B), probs(B) {
     rows.reserve(max_rows);
   }
 };
+
+// acc[0 .. 8V) = acc * alpha + sum over t in [t0, n) of p[t] * v[t] (rows of v D apart), in the
+// scalar's order for each element: the rescale, then one rounded product and one add per key.
+template <int V>
+inline void rescale_and_accumulate(float* acc, float alpha, const float* p, const float* v, int64_t t0,
+                                   int64_t n, int64_t D) {
+  __m256 a[V];
+  const __m256 va = _mm256_set1_ps(alpha);
+  for (int i = 0; i < V; ++i) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * i), va);
+  for (int64_t t = t0; t < n; ++t) {
+    const __m256 vp = _mm256_set1_ps(p[t]);
+    for (int i = 0; i < V; ++i) a[i] = _mm256_add_ps(a[i], _mm256_mul_ps(vp, _mm256_loadu_ps(v + t * D + 8 * i)));
+  }
+  for (int i = 0; i < V; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+}
 
 // Rows of one KV head of one sequence (block table `table`) over their keys:
 // decode_item_scalar's loop, each KV block widened once for all the rows.
@@ -113,18 +132,19 @@ void attend_rows(const DecodeArgs& a, const int32_t* table, int64_t kvh, Scratch
         block_max = std::max(block_max, dot);
       }
       const float m_new = std::max(r.m, block_max);
-      const float alpha = std::exp(r.m - m_new);
+      const float alpha = exp_nonpositive(r.m - m_new);
       r.l *= alpha;
-      const __m256 va = _mm256_set1_ps(alpha);
-      for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(r.acc + d, _mm256_mul_ps(_mm256_loadu_ps(r.acc + d), va));
-      for (int64_t t = t0; t < n; ++t) {
-        const float p = std::exp(w.scores[t] - m_new);
-        r.l += p;
-        const __m256 vp = _mm256_set1_ps(p);
-        const float* v = &w.v[t * D];
-        for (int64_t d = 0; d < D; d += 8)
-          _mm256_storeu_ps(r.acc + d, _mm256_add_ps(_mm256_loadu_ps(r.acc + d), _mm256_mul_ps(vp, load8(v + d))));
-      }
+      float* p = w.probs.data();
+      const __m256 vm = _mm256_set1_ps(m_new);
+      int64_t t = t0;
+      for (; t + 8 <= n; t += 8) _mm256_storeu_ps(p + t, exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(&w.scores[t]), vm)));
+      for (; t < n; ++t) p[t] = exp_nonpositive(w.scores[t] - m_new);
+      for (t = t0; t < n; ++t) r.l += p[t];
+      int64_t d = 0;  // D is a multiple of 16: chunks of 64 dims, then one of 16, 32 or 48
+      for (; d + 64 <= D; d += 64) rescale_and_accumulate<8>(r.acc + d, alpha, p, &w.v[d], t0, n, D);
+      if (D - d == 48) rescale_and_accumulate<6>(r.acc + d, alpha, p, &w.v[d], t0, n, D);
+      if (D - d == 32) rescale_and_accumulate<4>(r.acc + d, alpha, p, &w.v[d], t0, n, D);
+      if (D - d == 16) rescale_and_accumulate<2>(r.acc + d, alpha, p, &w.v[d], t0, n, D);
       r.m = m_new;
     }
   }
@@ -204,7 +224,7 @@ bool takes(const DecodeArgs& a) {
 }  // namespace
 
 bool paged_attention_decode_avx2(const DecodeArgs& a) {
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
   if (!takes(a)) return false;
   if (a.dtype == DType::kFloat32) run_decode<float>(a);
   else run_decode<c10::BFloat16>(a);
@@ -216,7 +236,7 @@ bool paged_attention_decode_avx2(const DecodeArgs& a) {
 }
 
 bool paged_attention_prefill_avx2(const PrefillArgs& a) {
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
   if (!takes(a)) return false;
   if (a.dtype == DType::kFloat32) run_prefill<float>(a);
   else run_prefill<c10::BFloat16>(a);
@@ -228,7 +248,7 @@ bool paged_attention_prefill_avx2(const PrefillArgs& a) {
 }
 
 bool avx2_compiled() {
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
   return true;
 #else
   return false;

@@ -3,7 +3,8 @@
 // own position. The header of paged_attention_avx512.cpp describes the
 // algorithm, the cache layout and the decode implementations, that of
 // paged_prefill_avx512.cpp the prefill ones; this file is the specification
-// the AVX-512 kernels are held to.
+// the AVX-512 kernels are held to. The softmax's exp is softmax_exp.h's
+// (float64: libm's), which the AVX2 kernel computes eight at a time.
 
 #include <c10/util/BFloat16.h>
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "paged_attention.h"
+#include "softmax_exp.h"
 
 namespace paged {
 namespace {
@@ -107,11 +109,11 @@ void decode_item_scalar(const DecodeArgs& a, const T* query, const int32_t* tabl
       }
       // online softmax: rescale what was accumulated under the old maximum
       const Acc m_new = std::max(w.m[g], block_max);
-      const Acc alpha = std::exp(w.m[g] - m_new);  // exp(-inf) = 0 on the first block
+      const Acc alpha = softmax_exp_of(w.m[g] - m_new);  // exp(-inf) = 0 on the first block
       w.l[g] *= alpha;
       for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
       for (int64_t t = t0; t < n; ++t) {
-        const Acc p = std::exp(w.scores[t] - m_new);
+        const Acc p = softmax_exp_of(w.scores[t] - m_new);
         w.l[g] += p;
         const T* v = v_block + t * row;
         for (int64_t d = 0; d < D; ++d) acc[d] += p * static_cast<Acc>(v[d]);

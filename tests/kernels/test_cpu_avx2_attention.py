@@ -4,8 +4,9 @@ Levels of equality: **bitwise** (``torch.equal``) against the scalar kernel (the
 specification) on the same call, decode and prefill, float32 and bfloat16, with
 windows and soft-caps, any query tile, one thread or two: the AVX2 file does the
 scalar's operations on every row in the same order (the products rounded before
-they are added, the scalar's lane tree, the same ``std::exp`` / ``std::tanh``), so
-nothing is toleranced. (Against each token's decode alone the avx2 prefill is
+they are added, the scalar's lane tree, the same ``std::tanh``, the softmax exp of
+``softmax_exp.h`` eight at a time), so nothing is toleranced; the exp itself is held
+bitwise to its plain form and, toleranced, to float64's. (Against each token's decode alone the avx2 prefill is
 checked in test_cpu_prefill.py and test_cpu_window.py, like every implementation.)
 Float64 and head dims that are not a multiple of 16 are the scalar's only: ``impl="avx2"``
 refuses them, ``impl="auto"`` runs the scalar.
@@ -94,3 +95,40 @@ def test_avx2_refuses_what_it_does_not_take_and_auto_runs_the_scalar(ext, dtype,
         ext.prefill(*args, out, "avx2", 32)
     assert (out == 7.0).all()
     assert torch.equal(ext.prefill(*args, None, "auto", 32), ext.prefill(*args, None, "scalar", 32))
+
+
+def _exp_inputs() -> torch.Tensor:
+    """Every kind of x the softmax gives its exp: a sweep of [-87, 0], random values, tiny ones,
+    the edges, below the edge, -inf (the first block's running maximum) and NaN (a lane count
+    that is not a multiple of 8, so the scalar tail runs too)."""
+    sweep = torch.linspace(-87.0, 0.0, 200_001)
+    spread = -torch.rand(100_000, generator=torch.Generator().manual_seed(0)) * 87.0
+    tiny = -torch.logspace(-30, 0, 1_000)
+    edges = torch.tensor([0.0, -0.0, -87.0, -86.99999, -87.00001, -88.0, -103.0, -1e30,
+                          float("-inf"), float("nan"), -0.6931472, -0.3465736, -1e-7])
+    return torch.cat([sweep, spread, tiny, edges]).float()
+
+
+def test_softmax_exp_avx2_bitwise_equal_scalar_and_within_2_ulp_of_libm(ext):
+    """The kernels' exp (``csrc/cpu/softmax_exp.h``): the AVX2 vector one bitwise the scalar one on
+    every input (so the two kernels' probabilities agree bit for bit); both within 2 float32 ulp
+    of exp computed in float64 on [-87, 0] (the Cephes polynomial: a toleranced check of the
+    formula, as libm is itself within an ulp); exactly 0 below -87 and for -inf; NaN stays NaN."""
+    x = _exp_inputs()
+    scalar, vector = ext.softmax_exp(x, "scalar"), ext.softmax_exp(x, "avx2")
+    nan = x.isnan()
+    assert torch.equal(vector[~nan], scalar[~nan]) and vector[nan].isnan().all() and scalar[nan].isnan().all()
+    kept = x >= -87.0
+    want = torch.exp(x[kept].double())
+    ulp = (torch.nextafter(want.float(), torch.tensor(float("inf"))) - want.float()).double()
+    error = (scalar[kept].double() - want).abs() / ulp
+    assert error.max() <= 2.0, f"{error.max():.2f} ulp at x = {x[kept][error.argmax()].item()!r}"
+    assert (scalar[(x < -87.0) & ~nan] == 0).all()
+    assert scalar[x == 0].eq(1.0).all()
+
+
+def test_softmax_exp_refuses_what_it_does_not_take(ext):
+    with pytest.raises(TypeError, match="x must be float32"):
+        ext.softmax_exp(torch.zeros(4, dtype=torch.float64), "scalar")
+    with pytest.raises(ValueError, match="impl must be 'scalar' or 'avx2', got 'avx512'"):
+        ext.softmax_exp(torch.zeros(4), "avx512")
