@@ -31,7 +31,9 @@
 // Speed layout: a tile of MR = 4 rows of x times NR = 3 rows of w keeps 12
 // accumulators in registers, loading each w vector once for 4 rows and each x
 // vector once for 3 columns; threads split the columns; rows go in chunks of
-// 64 so a chunk of x stays in L2 while w streams past it.
+// 64 so a chunk of x stays in L2 while w streams past it. A bfloat16 tile of w
+// met by more than one tile of rows is widened to float32 once (exactly) and
+// then read as float32, instead of being widened again for every 4 rows.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -41,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -130,6 +133,23 @@ void tile(const float* x, int mr, const T* w, int nr, int64_t K, float (*lanes)[
 #endif
 }
 
+// Outputs n0 .. n0 + nr of x rows m0 .. m_end: w holds those nr rows of the weight (K apart), as
+// stored (W = T) or widened to float32 (exact: the same products).
+template <typename W, typename T>
+void rows_times_tile(const float* x, int64_t m0, int64_t m_end, const W* w, int64_t n0, int nr, int64_t N,
+                     int64_t K, const T* bias, T* y, float (*lanes)[kLanes]) {
+  for (int64_t m = m0; m < m_end; m += kMR) {
+    const int mr = static_cast<int>(std::min<int64_t>(kMR, m_end - m));
+    tile(x + m * K, mr, w, nr, K, lanes);
+    for (int i = 0; i < mr; ++i)
+      for (int j = 0; j < nr; ++j) {
+        float sum = finish(lanes[i * nr + j], x + (m + i) * K, w + j * K, K);
+        if (bias != nullptr) sum += widen(bias[n0 + j]);
+        y[(m + i) * N + n0 + j] = static_cast<T>(sum);
+      }
+  }
+}
+
 template <typename T>
 void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const T* bias, T* y) {
   const int64_t tiles = (N + kNR - 1) / kNR;
@@ -137,20 +157,18 @@ void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, co
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, M * K * kNR));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     float lanes[kMR * kNR][kLanes];
+    std::vector<float> wide;  // a bfloat16 tile's w rows widened once for a chunk of many x rows
     for (int64_t m0 = 0; m0 < M; m0 += kMC) {
       const int64_t m_end = std::min(M, m0 + kMC);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * kNR;
         const int nr = static_cast<int>(std::min<int64_t>(kNR, N - n0));
-        for (int64_t m = m0; m < m_end; m += kMR) {
-          const int mr = static_cast<int>(std::min<int64_t>(kMR, m_end - m));
-          tile(x + m * K, mr, w + n0 * K, nr, K, lanes);
-          for (int i = 0; i < mr; ++i)
-            for (int j = 0; j < nr; ++j) {
-              float sum = finish(lanes[i * nr + j], x + (m + i) * K, w + (n0 + j) * K, K);
-              if (bias != nullptr) sum += widen(bias[n0 + j]);
-              y[(m + i) * N + n0 + j] = static_cast<T>(sum);
-            }
+        if (std::is_same_v<T, c10::BFloat16> && m_end - m0 > kMR) {  // w read by several tiles of x rows
+          wide.resize(static_cast<size_t>(nr * K));
+          for (int64_t i = 0; i < nr * K; ++i) wide[i] = widen(w[n0 * K + i]);
+          rows_times_tile(x, m0, m_end, wide.data(), n0, nr, N, K, bias, y, lanes);
+        } else {
+          rows_times_tile(x, m0, m_end, w + n0 * K, n0, nr, N, K, bias, y, lanes);
         }
       }
     }

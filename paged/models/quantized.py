@@ -217,7 +217,7 @@ def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list]) -> 
         tensors: its tensor table (``gguf_reader.tensor_table``): GGUF name -> ``[type, shape, offset, bytes]``.
 
     A linear with a bias, or whose parts (q, k, v of a fused layer) come in different formats or in
-    one the kernel does not read (Q5_0, Q2_K, float16, ...), stays dense. A tied LM head reads the token embedding's blocks
+    one the kernel does not read (Q5_1, Q2_K, Q3_K, Q5_K, float16, ...), stays dense. A tied LM head reads the token embedding's blocks
     (the embedding itself stays dense for the lookup).
     """
     data = np.memmap(path, dtype=np.uint8, mode="r")
