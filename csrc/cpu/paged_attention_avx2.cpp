@@ -10,7 +10,8 @@
 //     each step a product rounded, then added (no fused multiply-add: the
 //     build has -ffp-contract=off); the scalar's tree (lane l += lane l + 8,
 //     + 4, + 2, + 1) is one vector add, then adds of halves. Head dims that
-//     are a multiple of 16 only (the scalar's tail lanes are not done here).
+//     are a multiple of 16 only (the scalar's tail lanes are not done here);
+//     up to 64 the query stays in registers across a block's keys.
 //   * the soft-cap and the running maximum are the scalar's own calls
 //     (std::tanh, std::max), one value at a time; the exponentials are
 //     softmax_exp.h's, eight scores at a time (exp_nonpositive8: the scalar's
@@ -65,6 +66,39 @@ inline float dot16(const float* q, const float* k, int64_t D) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // l += l + 4
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                 // l += l + 2
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                         // l += l + 1
+}
+
+// dot16 with the query already in registers (q[2i], q[2i + 1]: dims 16i .. 16i + 15), S = D / 16 <= 4:
+// the same products and sums, without reloading the query for every key.
+template <int S>
+inline float dot16_held(const __m256* q, const float* k) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int i = 0; i < S; ++i) {
+    lo = _mm256_add_ps(lo, _mm256_mul_ps(q[2 * i], _mm256_loadu_ps(k + 16 * i)));
+    hi = _mm256_add_ps(hi, _mm256_mul_ps(q[2 * i + 1], _mm256_loadu_ps(k + 16 * i + 8)));
+  }
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// The scores of keys t0 .. n - 1 of a block (rows D apart in k) for query q.
+template <int S>
+inline void scores_held(const float* q, const float* k, int64_t t0, int64_t n, float* scores) {
+  __m256 qv[2 * S];
+  for (int i = 0; i < 2 * S; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
+  for (int64_t t = t0; t < n; ++t) scores[t] = dot16_held<S>(qv, k + t * 16 * S);
+}
+
+inline void block_scores(const float* q, const float* k, int64_t D, int64_t t0, int64_t n, float* scores) {
+  switch (D) {
+    case 16: scores_held<1>(q, k, t0, n, scores); break;
+    case 32: scores_held<2>(q, k, t0, n, scores); break;
+    case 48: scores_held<3>(q, k, t0, n, scores); break;
+    case 64: scores_held<4>(q, k, t0, n, scores); break;
+    default: for (int64_t t = t0; t < n; ++t) scores[t] = dot16(q, k + t * D, D);
+  }
 }
 
 // One query row: its scaled query, accumulator, running maximum and sum, the
@@ -124,12 +158,11 @@ void attend_rows(const DecodeArgs& a, const int32_t* table, int64_t kvh, Scratch
       if (j < r.lo / B || j * B >= r.ctx) continue;  // the scalar's loop for this row skips block j
       const int64_t n = std::min(B, r.ctx - j * B);
       const int64_t t0 = std::max<int64_t>(0, r.lo - j * B);
+      block_scores(r.q, w.k.data(), D, t0, n, w.scores.data());
       float block_max = -std::numeric_limits<float>::infinity();
       for (int64_t t = t0; t < n; ++t) {
-        float dot = dot16(r.q, &w.k[t * D], D);
-        if (a.softcap > 0) dot = cap * std::tanh(dot / cap);
-        w.scores[t] = dot;
-        block_max = std::max(block_max, dot);
+        if (a.softcap > 0) w.scores[t] = cap * std::tanh(w.scores[t] / cap);
+        block_max = std::max(block_max, w.scores[t]);
       }
       const float m_new = std::max(r.m, block_max);
       const float alpha = exp_nonpositive(r.m - m_new);
