@@ -55,6 +55,14 @@ inline __m256 load8(const c10::BFloat16* p) {  // a bfloat16 is the top half of 
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+// The scalar's tree over its 16 lanes, lanes 0-7 in lo and 8-15 in hi.
+inline float lane_tree16(__m256 lo, __m256 hi) {
+  const __m256 s8 = _mm256_add_ps(lo, hi);                                                 // l += l + 8
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // l += l + 4
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                 // l += l + 2
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                         // l += l + 1
+}
+
 // dot_in_lanes of paged_attention_scalar.cpp for D % 16 == 0.
 inline float dot16(const float* q, const float* k, int64_t D) {
   __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
@@ -62,10 +70,7 @@ inline float dot16(const float* q, const float* k, int64_t D) {
     lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d)));
     hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8)));
   }
-  const __m256 s8 = _mm256_add_ps(lo, hi);                                                 // l += l + 8
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // l += l + 4
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                 // l += l + 2
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                         // l += l + 1
+  return lane_tree16(lo, hi);
 }
 
 // dot16 with the query already in registers (q[2i], q[2i + 1]: dims 16i .. 16i + 15), S = D / 16 <= 4:
@@ -77,10 +82,7 @@ inline float dot16_held(const __m256* q, const float* k) {
     lo = _mm256_add_ps(lo, _mm256_mul_ps(q[2 * i], _mm256_loadu_ps(k + 16 * i)));
     hi = _mm256_add_ps(hi, _mm256_mul_ps(q[2 * i + 1], _mm256_loadu_ps(k + 16 * i + 8)));
   }
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  return lane_tree16(lo, hi);
 }
 
 // The scores of keys t0 .. n - 1 of a block (rows D apart in k) for query q.
