@@ -11,7 +11,8 @@
 // Below -87 the result is 0: exp(-87) = 1.6e-38 is the last value above
 // float32's smallest normal number, and a probability that small is below the
 // rounding of a softmax sum that holds a 1 (the maximum's own exp(0)). -inf (the
-// running maximum before the first block) gives 0, NaN stays NaN.
+// running maximum before the first block) gives 0, NaN stays NaN. The AVX-512
+// kernels' exp16 (avx512_math.h) takes the same constants.
 // Every product and sum is rounded where written: the fused multiply-adds are
 // std::fma / _mm256_fmadd_ps (one rounding each, the same in both), and the
 // build keeps the compiler from fusing anything else (-ffp-contract=off).
