@@ -90,61 +90,95 @@ inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is float32's top half
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// lanes[i * NR + j] <- the 8 lanes of x row i times w row j (the 8-wide part of K).
+// Speed only: tells the compiler that v is a register value it may not re-read from memory. Without
+// it GCC folds the loads into the multiply-adds (the 12 accumulators leave 4 of AVX2's 16 registers),
+// reading each w vector again for every row or each x vector again for every column: a step of K
+// loads 15 or 16 vectors instead of 7, and the loop waits on the load ports, not the FMA units
+// (measured on a Zen 3 core, a 4 x 3 tile over K = 576 in L2: 46 -> 86 GFLOP/s).
+inline void keep_in_register(__m256& v) {
+#if defined(__GNUC__)
+  asm("" : "+x"(v));
+#endif
+}
+
+// The tree of the order above on one register's 8 lanes, the scalar's additions in the scalar's order.
+inline float tree8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // l += l + 4
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));                                    // l += l + 2
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));                                 // 0 += 1
+}
+
+// x rows i times w rows j over the 8-wide part of K: where K has no tail, the finished sums
+// sums[i * NR + j] (the tree taken in registers); else the 8 lanes lanes[i * NR + j], for finish.
 template <typename T, int MR, int NR>
-void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes]) {
+void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], float* sums) {
   __m256 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int64_t k = 0; k + kLanes <= K; k += kLanes) {
     __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = load8(w + j * K + k);
+    for (int j = 0; j < NR; ++j) {
+      wv[j] = load8(w + j * K + k);
+      keep_in_register(wv[j]);
+    }
     for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * K + k);
+      __m256 xv = _mm256_loadu_ps(x + i * K + k);
+      keep_in_register(xv);
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) _mm256_storeu_ps(lanes[i * NR + j], acc[i][j]);
+    for (int j = 0; j < NR; ++j) {
+      if (K % kLanes == 0)
+        sums[i * NR + j] = tree8(acc[i][j]);
+      else
+        _mm256_storeu_ps(lanes[i * NR + j], acc[i][j]);
+    }
 }
 
 template <typename T, int MR>
-void tile_rows(const float* x, const T* w, int nr, int64_t K, float (*lanes)[kLanes]) {
+void tile_rows(const float* x, const T* w, int nr, int64_t K, float (*lanes)[kLanes], float* sums) {
   switch (nr) {
-    case 3: tile_avx2<T, MR, 3>(x, w, K, lanes); break;
-    case 2: tile_avx2<T, MR, 2>(x, w, K, lanes); break;
-    default: tile_avx2<T, MR, 1>(x, w, K, lanes); break;
+    case 3: tile_avx2<T, MR, 3>(x, w, K, lanes, sums); break;
+    case 2: tile_avx2<T, MR, 2>(x, w, K, lanes, sums); break;
+    default: tile_avx2<T, MR, 1>(x, w, K, lanes, sums); break;
   }
 }
 #endif
 
-// lanes of an mr x nr tile, by whichever loop was compiled in (the same bits).
+// sums[i * nr + j] <- x row i · w row j (before bias) for an mr x nr tile, in the order above, by
+// whichever loop was compiled in (the same bits).
 template <typename T>
-void tile(const float* x, int mr, const T* w, int nr, int64_t K, float (*lanes)[kLanes]) {
+void tile_sums(const float* x, int mr, const T* w, int nr, int64_t K, float* sums) {
+  float lanes[kMR * kNR][kLanes];
 #ifdef PAGED_FIXED_AVX2
   switch (mr) {
-    case 4: tile_rows<T, 4>(x, w, nr, K, lanes); break;
-    case 3: tile_rows<T, 3>(x, w, nr, K, lanes); break;
-    case 2: tile_rows<T, 2>(x, w, nr, K, lanes); break;
-    default: tile_rows<T, 1>(x, w, nr, K, lanes); break;
+    case 4: tile_rows<T, 4>(x, w, nr, K, lanes, sums); break;
+    case 3: tile_rows<T, 3>(x, w, nr, K, lanes, sums); break;
+    case 2: tile_rows<T, 2>(x, w, nr, K, lanes, sums); break;
+    default: tile_rows<T, 1>(x, w, nr, K, lanes, sums); break;
   }
+  if (K % kLanes == 0) return;  // the tree was taken in registers
 #else
   for (int i = 0; i < mr; ++i)
     for (int j = 0; j < nr; ++j) lanes_scalar(x + i * K, w + j * K, K, lanes[i * nr + j]);
 #endif
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) sums[i * nr + j] = finish(lanes[i * nr + j], x + i * K, w + j * K, K);
 }
 
 // Outputs n0 .. n0 + nr of x rows m0 .. m_end: w holds those nr rows of the weight (K apart), as
 // stored (W = T) or widened to float32 (exact: the same products).
 template <typename W, typename T>
 void rows_times_tile(const float* x, int64_t m0, int64_t m_end, const W* w, int64_t n0, int nr, int64_t N,
-                     int64_t K, const T* bias, T* y, float (*lanes)[kLanes]) {
+                     int64_t K, const T* bias, T* y) {
+  float sums[kMR * kNR];
   for (int64_t m = m0; m < m_end; m += kMR) {
     const int mr = static_cast<int>(std::min<int64_t>(kMR, m_end - m));
-    tile(x + m * K, mr, w, nr, K, lanes);
+    tile_sums(x + m * K, mr, w, nr, K, sums);
     for (int i = 0; i < mr; ++i)
       for (int j = 0; j < nr; ++j) {
-        float sum = finish(lanes[i * nr + j], x + (m + i) * K, w + j * K, K);
+        float sum = sums[i * nr + j];
         if (bias != nullptr) sum += widen(bias[n0 + j]);
         y[(m + i) * N + n0 + j] = static_cast<T>(sum);
       }
@@ -157,7 +191,6 @@ void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, co
   // about 64 K multiply-adds per task at the least: a decode step's small layers still split in two
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, M * K * kNR));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    float lanes[kMR * kNR][kLanes];
     std::vector<float> wide;  // a bfloat16 tile's w rows widened once for a chunk of many x rows
     for (int64_t m0 = 0; m0 < M; m0 += kMC) {
       const int64_t m_end = std::min(M, m0 + kMC);
@@ -171,9 +204,9 @@ void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, co
         if (std::is_same_v<T, c10::BFloat16> && m_end - m0 > kMR) {  // w read by several tiles of x rows
           wide.resize(static_cast<size_t>(nr * K));
           for (int64_t i = 0; i < nr * K; ++i) wide[i] = widen(w[n0 * K + i]);
-          rows_times_tile(x, m0, m_end, wide.data(), n0, nr, N, K, bias, y, lanes);
+          rows_times_tile(x, m0, m_end, wide.data(), n0, nr, N, K, bias, y);
         } else {
-          rows_times_tile(x, m0, m_end, w + n0 * K, n0, nr, N, K, bias, y, lanes);
+          rows_times_tile(x, m0, m_end, w + n0 * K, n0, nr, N, K, bias, y);
         }
       }
     }

@@ -78,19 +78,25 @@ BIG = 2.0**12  # BIG * BIG = 2**24: adding 1 to it rounds the 1 away (ties to ev
 # tail in another lane or adds the bias earlier loses or keeps the 1 and gives the other answer.
 PROBES = {
     "the tree pairs lane l with lane l + 4 first": ({0: BIG * BIG, 1: 1.0, 4: -BIG * BIG}, 0.0, 1.0),
+    "then lane l with lane l + 2": ({0: BIG * BIG, 1: 1.0, 2: -BIG * BIG}, 0.0, 1.0),
     "lane 0 sums k = 0, 8, 16 in that order": ({0: BIG * BIG, 8: 1.0, 16: -BIG * BIG}, 0.0, 0.0),
     "the tail of K goes to lanes 0, 1, ...": ({0: BIG * BIG, 4: -BIG * BIG, 8: 1.0}, 0.0, 0.0),
     "the bias is added after the tree": ({0: BIG * BIG, 4: -BIG * BIG}, 1.0, 1.0),
 }
 
 
+@pytest.mark.parametrize("whole_eights", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("probe", list(PROBES))
-def test_the_order_decides_cancelling_sums_as_documented(ext, probe, dtype):
+def test_the_order_decides_cancelling_sums_as_documented(ext, probe, dtype, whole_eights):
     """Exact values: a sum of 2**24, 1 and -2**24 is 0 or 1 by the order alone. Each probe runs as every
-    row of a 5-row call by 4 output columns (a full 4 x 3 tile and the edge tiles) and as a lone row."""
+    row of a 5-row call by 4 output columns (a full 4 x 3 tile and the edge tiles) and as a lone row,
+    with K just past its last product and with K padded by zeros to a whole number of 8s (no tail: the
+    AVX2 loop then takes the tree in registers instead of in ``finish``)."""
     products, bias, expected = PROBES[probe]
     k = max(products) + 1
+    if whole_eights:
+        k = -(-k // 8) * 8
     x, w = torch.zeros(k), torch.zeros(k)
     for position, product in products.items():
         x[position], w[position] = (BIG, product / BIG) if abs(product) > 1 else (1.0, product)
