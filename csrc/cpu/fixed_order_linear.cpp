@@ -94,7 +94,9 @@ inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is float32's top half
 // it GCC folds the loads into the multiply-adds (the 12 accumulators leave 4 of AVX2's 16 registers),
 // reading each w vector again for every row or each x vector again for every column: a step of K
 // loads 15 or 16 vectors instead of 7, and the loop waits on the load ports, not the FMA units
-// (measured on a Zen 3 core, a 4 x 3 tile over K = 576 in L2: 46 -> 86 GFLOP/s).
+// (measured on a Zen 3 core, a 4 x 3 tile over K = 576 in L2: 46 -> 86 GFLOP/s). Only where w is
+// float32 (a float32 layer, or a bfloat16 tile widened for many rows): a bfloat16 w is widened in
+// registers anyway, and there the hint made GCC's code slower (a lone row's LM head 1.7 -> 2.1 ms).
 inline void keep_in_register(__m256& v) {
 #if defined(__GNUC__)
   asm("" : "+x"(v));
@@ -119,11 +121,11 @@ void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], fl
     __m256 wv[NR];
     for (int j = 0; j < NR; ++j) {
       wv[j] = load8(w + j * K + k);
-      keep_in_register(wv[j]);
+      if constexpr (std::is_same_v<T, float>) keep_in_register(wv[j]);
     }
     for (int i = 0; i < MR; ++i) {
       __m256 xv = _mm256_loadu_ps(x + i * K + k);
-      keep_in_register(xv);
+      if constexpr (std::is_same_v<T, float>) keep_in_register(xv);
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
