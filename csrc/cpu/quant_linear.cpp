@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
@@ -340,6 +341,66 @@ void dot_cols(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow&
   }
   for (int c = 0; c < C; ++c) out[c] = sum8(acc[c]);
 }
+
+// dot_cols for two rows of x at once: each output gets exactly dot_cols' operations, and the two
+// rows share what depends on the weights only (each load of W, the 4-bit unpacking, Q5_0's fifth
+// bits, Q8_0's |w|, the float16 scales widened), which dot_cols redoes for every row of x.
+template <int64_t TYPE, int C>
+void dot_cols2(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x0, const QuantizedRow& x1,
+               float* out0, float* out1) {
+  const int64_t B = L.blocks;
+  __m256 acc0[C], acc1[C];
+  for (int c = 0; c < C; ++c) acc0[c] = acc1[c] = _mm256_setzero_ps();
+  if constexpr (TYPE == kQ8_0) {
+    for (int64_t b = 0; b < B; ++b) {
+      const __m256i xv0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.q + b * QK));
+      const __m256i xv1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.q + b * QK));
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* row = rows + c * L.row_bytes;
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK));
+        const __m256i w_abs = _mm256_abs_epi8(w);
+        const float d = half_at(row + L.d_offset + 2 * b);
+        const __m256i s0 = dot4(w_abs, _mm256_sign_epi8(xv0, w)), s1 = dot4(w_abs, _mm256_sign_epi8(xv1, w));
+        acc0[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d * x0.d[b]), acc0[c]);
+        acc1[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(d * x1.d[b]), acc1[c]);
+      }
+    }
+  } else {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    for (int64_t b = 0; b < B; b += 2) {
+      const __m256i lo_x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.q + b * 16));
+      const __m256i hi_x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.q + B * 16 + b * 16));
+      const __m256i lo_x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.q + b * 16));
+      const __m256i hi_x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.q + B * 16 + b * 16));
+      const __m128 dx0 = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x0.d + b)));
+      const __m128 dx1 = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x1.d + b)));
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* row = rows + c * L.row_bytes;
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16));
+        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if constexpr (TYPE == kQ5_0) {
+          const uint32_t h0 = high_bits(row + L.m_offset, b), h1 = high_bits(row + L.m_offset, b + 1);
+          lo = _mm256_or_si256(lo, fifth_bits((h0 & 0xFFFFu) | (h1 << 16)));
+          hi = _mm256_or_si256(hi, fifth_bits((h0 >> 16) | (h1 & 0xFFFF0000u)));
+        }
+        const __m256i s0 = _mm256_madd_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x0), _mm256_maddubs_epi16(hi, hi_x0)), ones);
+        const __m256i s1 = _mm256_madd_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x1), _mm256_maddubs_epi16(hi, hi_x1)), ones);
+        int32_t two;
+        std::memcpy(&two, row + L.d_offset + 2 * b, 4);
+        const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(two));  // scales(): d * dx, d widened once for both
+        const __m256 scale0 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(d, dx0)), spread);
+        const __m256 scale1 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(d, dx1)), spread);
+        acc0[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), scale0, acc0[c]);
+        acc1[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), scale1, acc1[c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) out0[c] = sum8(acc0[c]), out1[c] = sum8(acc1[c]);
+}
 #endif
 
 #if defined(PAGED_QUANT_VNNI)
@@ -426,6 +487,14 @@ void dot_cols(Vnni, const uint8_t* rows, const RowLayout& L, const QuantizedRow&
 }
 #endif
 
+// The other loops: dot_cols once for each row.
+template <int64_t TYPE, int C, typename Isa>
+void dot_cols2(Isa isa, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x0, const QuantizedRow& x1,
+               float* out0, float* out1) {
+  dot_cols<TYPE, C>(isa, rows, L, x0, out0);
+  dot_cols<TYPE, C>(isa, rows, L, x1, out1);
+}
+
 // The offset term of the 4-bit formats, for each of the C rows.
 template <int64_t TYPE, int C, typename Isa>
 void add_offsets(Isa isa, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
@@ -440,6 +509,18 @@ void add_offsets(Isa isa, const uint8_t* rows, const RowLayout& L, const Quantiz
 }
 
 #include "quant_linear_k.h"
+
+// f(std::integral_constant<int, C>{}) with C = cols (1 .. TILE_N): the loops take their column count as
+// a template argument, so their accumulators are registers.
+template <typename F>
+void with_cols(int64_t cols, F&& f) {
+  switch (cols) {
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+  }
+}
 
 template <typename Isa, typename T, int64_t TYPE>
 void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, at::Tensor& y) {
@@ -460,7 +541,7 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
   const int64_t tiles = (N + TILE_N - 1) / TILE_N;
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WEIGHTS / (TILE_N * K * M));
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
-    float out[TILE_N];
+    float out[TILE_N], out1[TILE_N];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * TILE_N, cols = std::min(TILE_N, N - n0);
       const uint8_t* rows = w0 + n0 * L.row_bytes;
@@ -468,19 +549,29 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
         const uint8_t* ahead = rows + PREFETCH_TILES * TILE_N * L.row_bytes;
         for (int64_t i = 0; i < TILE_N * L.row_bytes; i += 64) __builtin_prefetch(ahead + i);
       }
-      for (int64_t m = 0; m < M; ++m) {
+      auto store = [&](int64_t m, const float* o) {
+        for (int64_t c = 0; c < cols; ++c) y0[m * N + n0 + c] = static_cast<T>(o[c]);
+      };
+      for (int64_t m = 0; m < M;) {
         const QuantizedRow xr = row_of(m);
         if constexpr (RowLayout::is_k(TYPE)) {
           for (int64_t c = 0; c < cols; ++c) out[c] = dot_k<TYPE>(Isa{}, rows + c * L.row_bytes, K, xr);
+          store(m, out), m += 1;
+        } else if (m + 1 < M) {  // two rows of x at once: the same sums as one at a time
+          const QuantizedRow xr1 = row_of(m + 1);
+          with_cols(cols, [&](auto tag) {
+            constexpr int C = decltype(tag)::value;
+            dot_cols2<TYPE, C>(Isa{}, rows, L, xr, xr1, out, out1);
+            add_offsets<TYPE, C>(Isa{}, rows, L, xr, out), add_offsets<TYPE, C>(Isa{}, rows, L, xr1, out1);
+          });
+          store(m, out), store(m + 1, out1), m += 2;
         } else {
-          switch (cols) {
-            case 4: dot_cols<TYPE, 4>(Isa{}, rows, L, xr, out), add_offsets<TYPE, 4>(Isa{}, rows, L, xr, out); break;
-            case 3: dot_cols<TYPE, 3>(Isa{}, rows, L, xr, out), add_offsets<TYPE, 3>(Isa{}, rows, L, xr, out); break;
-            case 2: dot_cols<TYPE, 2>(Isa{}, rows, L, xr, out), add_offsets<TYPE, 2>(Isa{}, rows, L, xr, out); break;
-            default: dot_cols<TYPE, 1>(Isa{}, rows, L, xr, out), add_offsets<TYPE, 1>(Isa{}, rows, L, xr, out); break;
-          }
+          with_cols(cols, [&](auto tag) {
+            constexpr int C = decltype(tag)::value;
+            dot_cols<TYPE, C>(Isa{}, rows, L, xr, out), add_offsets<TYPE, C>(Isa{}, rows, L, xr, out);
+          });
+          store(m, out), m += 1;
         }
-        for (int64_t c = 0; c < cols; ++c) y0[m * N + n0 + c] = static_cast<T>(out[c]);
       }
     }
   });
