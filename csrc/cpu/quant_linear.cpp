@@ -555,8 +555,14 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
       for (int64_t m = 0; m < M;) {
         const QuantizedRow xr = row_of(m);
         if constexpr (RowLayout::is_k(TYPE)) {
-          for (int64_t c = 0; c < cols; ++c) out[c] = dot_k<TYPE>(Isa{}, rows + c * L.row_bytes, K, xr);
-          store(m, out), m += 1;
+          if (m + 1 < M) {  // two rows of x at once: the same sums as one at a time
+            const QuantizedRow xr1 = row_of(m + 1);
+            for (int64_t c = 0; c < cols; ++c) dot_k2<TYPE>(Isa{}, rows + c * L.row_bytes, K, xr, xr1, out + c, out1 + c);
+            store(m, out), store(m + 1, out1), m += 2;
+          } else {
+            for (int64_t c = 0; c < cols; ++c) out[c] = dot_k<TYPE>(Isa{}, rows + c * L.row_bytes, K, xr);
+            store(m, out), m += 1;
+          }
         } else if (m + 1 < M) {  // two rows of x at once: the same sums as one at a time
           const QuantizedRow xr1 = row_of(m + 1);
           with_cols(cols, [&](auto tag) {

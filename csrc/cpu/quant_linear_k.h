@@ -148,6 +148,61 @@ float dot_k(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x) {
   }
   return sum8(acc) - off;
 }
+
+// dot_k for two rows of x at once, *o0 and *o1: each gets exactly dot_k's operations, and the two
+// share what depends on the weights only (the loads, the unpacking, Q4_K's scales and mins, d * sc).
+template <int64_t TYPE>
+void dot_k2(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x0, const QuantizedRow& x1, float* o0,
+            float* o1) {
+  const int64_t supers = K / QK_K;
+  float off0 = 0.0f, off1 = 0.0f;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int64_t sb = 0; sb < supers; ++sb) {
+    const float *dx0 = x0.d + sb * 8, *dx1 = x1.d + sb * 8;
+    const int8_t *xq0 = x0.q + sb * QK_K, *xq1 = x1.q + sb * QK_K;
+    if constexpr (TYPE == kQ4_K) {
+      const uint8_t* blk = row + sb * 144;
+      const float d = half_at(blk), dmin = half_at(blk + 2);
+      uint8_t sc[8], m[8];
+      k_scales_mins(blk + 4, sc, m);
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + c * 32));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        const float d_lo = d * float(sc[2 * c]), d_hi = d * float(sc[2 * c + 1]);
+        const int8_t* xs[2] = {xq0 + c * 64, xq1 + c * 64};
+        const float* dxs[2] = {dx0, dx1};
+        __m256* accs[2] = {&acc0, &acc1};
+        for (int r = 0; r < 2; ++r) {
+          const __m256i s_lo = dot4(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[r])));
+          const __m256i s_hi = dot4(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[r] + 32)));
+          *accs[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_lo), _mm256_set1_ps(d_lo * dxs[r][2 * c]), *accs[r]);
+          *accs[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_hi), _mm256_set1_ps(d_hi * dxs[r][2 * c + 1]), *accs[r]);
+        }
+      }
+      off0 = q4k_min_term(dmin, m, x0.s + sb * 8, off0);
+      off1 = q4k_min_term(dmin, m, x1.s + sb * 8, off1);
+    } else {  // Q6_K
+      const uint8_t* blk = row + sb * 210;
+      const float d = half_at(blk + 208);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      for (int b = 0; b < 8; ++b) {
+        const __m256i w = q6k_weights32(blk, b);
+        const __m256i w_abs = _mm256_abs_epi8(w);
+        const float d_a = d * float(sc[b * 2]), d_b = d * float(sc[b * 2 + 1]);
+        const __m256i xv0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq0 + b * 32));
+        const __m256i xv1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq1 + b * 32));
+        const __m256i s0 = dot4(w_abs, _mm256_sign_epi8(xv0, w)), s1 = dot4(w_abs, _mm256_sign_epi8(xv1, w));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
+                               _mm256_blend_ps(_mm256_set1_ps(d_a * dx0[b]), _mm256_set1_ps(d_b * dx0[b]), 0xF0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1),
+                               _mm256_blend_ps(_mm256_set1_ps(d_a * dx1[b]), _mm256_set1_ps(d_b * dx1[b]), 0xF0), acc1);
+      }
+    }
+  }
+  *o0 = sum8(acc0) - off0;
+  *o1 = sum8(acc1) - off1;
+}
 #endif
 
 #if defined(PAGED_QUANT_VNNI)
@@ -217,4 +272,12 @@ inline void dequantize_k_row(const uint8_t* row, int64_t type, int64_t K, float*
       for (int j = 0; j < 256; ++j) out[j] = (d * float(sc[j / 16])) * float(q6_at(blk, j) - 32);
     }
   }
+}
+
+// The other loops: dot_k once for each row.
+template <int64_t TYPE, typename Isa>
+void dot_k2(Isa isa, const uint8_t* row, int64_t K, const QuantizedRow& x0, const QuantizedRow& x1, float* o0,
+            float* o1) {
+  *o0 = dot_k<TYPE>(isa, row, K, x0);
+  *o1 = dot_k<TYPE>(isa, row, K, x1);
 }
