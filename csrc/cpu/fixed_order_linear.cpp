@@ -49,6 +49,8 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #define PAGED_FIXED_AVX2 1
 #include <immintrin.h>
+
+#include "lane_tree.h"
 #endif
 
 #include "fixed_order_linear.h"
@@ -103,13 +105,6 @@ inline void keep_in_register(__m256& v) {
 #endif
 }
 
-// The tree of the order above on one register's 8 lanes, the scalar's additions in the scalar's order.
-inline float tree8(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // l += l + 4
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));                                    // l += l + 2
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));                                 // 0 += 1
-}
-
 // x rows i times w rows j over the 8-wide part of K: where K has no tail, the finished sums
 // sums[i * NR + j] (the tree taken in registers); else the 8 lanes lanes[i * NR + j], for finish.
 template <typename T, int MR, int NR>
@@ -132,7 +127,7 @@ void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], fl
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) {
       if (K % kLanes == 0)
-        sums[i * NR + j] = tree8(acc[i][j]);
+        sums[i * NR + j] = lane_tree8(acc[i][j]);  // the tree of the order above
       else
         _mm256_storeu_ps(lanes[i * NR + j], acc[i][j]);
     }

@@ -37,6 +37,8 @@
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
+#include "lane_tree.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -55,13 +57,8 @@ inline __m256 load8(const c10::BFloat16* p) {  // a bfloat16 is the top half of 
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// The scalar's tree over its 16 lanes, lanes 0-7 in lo and 8-15 in hi.
-inline float lane_tree16(__m256 lo, __m256 hi) {
-  const __m256 s8 = _mm256_add_ps(lo, hi);                                                 // l += l + 8
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // l += l + 4
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                 // l += l + 2
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                         // l += l + 1
-}
+// The scalar's tree over its 16 lanes, lanes 0-7 in lo and 8-15 in hi: l += l + 8, then lane_tree8.
+inline float lane_tree16(__m256 lo, __m256 hi) { return lane_tree8(_mm256_add_ps(lo, hi)); }
 
 // dot_in_lanes of paged_attention_scalar.cpp for D % 16 == 0.
 inline float dot16(const float* q, const float* k, int64_t D) {

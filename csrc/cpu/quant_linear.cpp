@@ -70,6 +70,8 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGED_QUANT_AVX2 1
 #include <immintrin.h>
+
+#include "lane_tree.h"
 #endif
 #if defined(PAGED_QUANT_VNNI) && !defined(PAGED_QUANT_AVX2)
 #error "the VNNI loops call the AVX2 ones for Q5_0: a CPU with AVX-512 VNNI has AVX2, FMA and F16C"
@@ -221,13 +223,15 @@ void quantize_row(Vnni, const T* x, int64_t K, const RowLayout& L, bool split_ha
 // (they share each load of x); add_offsets then adds each row's offset term.
 
 #if defined(PAGED_QUANT_AVX2) || defined(PAGED_QUANT_VNNI)
-inline __m128 scales(const uint8_t* d16, const float* dx, int n) {  // n = 2 or 4 blocks: d * dx
+inline __m128 half_scales(const uint8_t* d16, int n) {  // n = 2 or 4 blocks' float16 d, widened
   int32_t two;
   std::memcpy(&two, d16, 4);
-  const __m128i h = n == 4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(d16)) : _mm_cvtsi32_si128(two);
-  const __m128 x = n == 4 ? _mm_loadu_ps(dx) : _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dx)));
-  return _mm_mul_ps(_mm_cvtph_ps(h), x);
+  return _mm_cvtph_ps(n == 4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(d16)) : _mm_cvtsi32_si128(two));
 }
+inline __m128 scales(__m128 d, const float* dx, int n) {  // d * dx for those n blocks
+  return _mm_mul_ps(d, n == 4 ? _mm_loadu_ps(dx) : _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dx))));
+}
+inline __m128 scales(const uint8_t* d16, const float* dx, int n) { return scales(half_scales(d16, n), dx, n); }
 #endif
 
 // sum_b m_b * s_b (Q4_1), or sum_b d_b * s_b (Q4_0, to be multiplied by -8): the offset term.
@@ -276,13 +280,6 @@ inline __m256i fifth_bits(uint32_t bits) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
 }
 
-// The eight lanes added in one fixed order: halves, then pairs, then the last two.
-inline float sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 inline float offset_term(Avx2, const uint8_t* h16, const float* s, int64_t blocks) {
   __m256 acc = _mm256_setzero_ps();
   int64_t b = 0;
@@ -290,7 +287,7 @@ inline float offset_term(Avx2, const uint8_t* h16, const float* s, int64_t block
     const __m256 h = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h16 + 2 * b)));
     acc = _mm256_fmadd_ps(h, _mm256_loadu_ps(s + b), acc);
   }
-  float total = sum8(acc);
+  float total = lane_tree8(acc);
   for (; b < blocks; ++b) total = std::fma(half_at(h16 + 2 * b), s[b], total);
   return total;
 }
@@ -339,7 +336,7 @@ void dot_cols(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow&
       }
     }
   }
-  for (int c = 0; c < C; ++c) out[c] = sum8(acc[c]);
+  for (int c = 0; c < C; ++c) out[c] = lane_tree8(acc[c]);
 }
 
 // dot_cols for two rows of x at once: each output gets exactly dot_cols' operations, and the two
@@ -374,8 +371,6 @@ void dot_cols2(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow
       const __m256i hi_x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.q + B * 16 + b * 16));
       const __m256i lo_x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.q + b * 16));
       const __m256i hi_x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.q + B * 16 + b * 16));
-      const __m128 dx0 = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x0.d + b)));
-      const __m128 dx1 = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x1.d + b)));
       for (int c = 0; c < C; ++c) {
         const uint8_t* row = rows + c * L.row_bytes;
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16));
@@ -389,17 +384,15 @@ void dot_cols2(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow
             _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x0), _mm256_maddubs_epi16(hi, hi_x0)), ones);
         const __m256i s1 = _mm256_madd_epi16(
             _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x1), _mm256_maddubs_epi16(hi, hi_x1)), ones);
-        int32_t two;
-        std::memcpy(&two, row + L.d_offset + 2 * b, 4);
-        const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(two));  // scales(): d * dx, d widened once for both
-        const __m256 scale0 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(d, dx0)), spread);
-        const __m256 scale1 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(d, dx1)), spread);
+        const __m128 d = half_scales(row + L.d_offset + 2 * b, 2);  // widened once for both rows
+        const __m256 scale0 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales(d, x0.d + b, 2)), spread);
+        const __m256 scale1 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales(d, x1.d + b, 2)), spread);
         acc0[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), scale0, acc0[c]);
         acc1[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), scale1, acc1[c]);
       }
     }
   }
-  for (int c = 0; c < C; ++c) out0[c] = sum8(acc0[c]), out1[c] = sum8(acc1[c]);
+  for (int c = 0; c < C; ++c) out0[c] = lane_tree8(acc0[c]), out1[c] = lane_tree8(acc1[c]);
 }
 #endif
 

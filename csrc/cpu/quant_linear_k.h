@@ -146,7 +146,7 @@ float dot_k(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x) {
       }
     }
   }
-  return sum8(acc) - off;
+  return lane_tree8(acc) - off;
 }
 
 // dot_k for two rows of x at once, *o0 and *o1: each gets exactly dot_k's operations, and the two
@@ -200,8 +200,8 @@ void dot_k2(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x0, const Q
       }
     }
   }
-  *o0 = sum8(acc0) - off0;
-  *o1 = sum8(acc1) - off1;
+  *o0 = lane_tree8(acc0) - off0;
+  *o1 = lane_tree8(acc1) - off1;
 }
 #endif
 

@@ -12,8 +12,8 @@ need of it is plain data kept in the conversion's cache entry, ``tensor_table``
 included (where each tensor's bytes are, for the layers that multiply by them:
 ``quantized``), so a load that reads the cache parses no header at all.
 (``gguf.GGUFReader`` reads the same header but builds a numpy view for every
-element of every array: about 23 s for Gemma 3's 262 144-token vocabulary, where
-this reader takes well under a second; tests/models/test_gguf_reader.py holds the
+element of every array: 12.5 s for Gemma 3's 262 144-token vocabulary, where
+this reader takes 0.35 s (docs/benchmarks.md, "Start-up time"); tests/models/test_gguf_reader.py holds the
 two to the same values.)
 """
 
@@ -78,8 +78,8 @@ class GGUFFile:
 
 
 def read_gguf(path: Path) -> GGUFFile:
-    """Parse ``path``'s header; the tensors' bytes stay in the file, mapped. Raises ValueError (a bad type
-    number, an array of arrays' strings cut off, ...) or struct.error on a header cut short.
+    """Parse ``path``'s header; the tensors' bytes stay in the file, mapped. Raises ValueError (a type number
+    it does not know, a string, array or tensor that runs past the end) or struct.error (a number cut off).
 
     Layout (little-endian): ``GGUF``, version u32 (2 or 3), tensor count u64, metadata count u64; each
     metadata entry a key (string), a value type u32 and the value (a string is a u64 length and UTF-8
@@ -92,11 +92,11 @@ def read_gguf(path: Path) -> GGUFFile:
     buf = memoryview(data)
     pos = 0
 
-    def take(fmt: str):
+    def take(fmt: str):  # one little-endian number
         nonlocal pos
-        values = struct.unpack_from("<" + fmt, buf, pos)
+        (number,) = struct.unpack_from("<" + fmt, buf, pos)
         pos += struct.calcsize("<" + fmt)
-        return values[0] if len(values) == 1 else values
+        return number
 
     def string() -> str:
         nonlocal pos
