@@ -21,7 +21,13 @@ from torch import nn
 
 from paged.models.attention import Attention
 from paged.models.config import ModelConfig
-from paged.models.layers import MergedLinear, RotaryEmbedding, prepack_linears, use_fixed_order_linears
+from paged.models.layers import (
+    MergedLinear,
+    RotaryEmbedding,
+    fixed_order_rows,
+    prepack_linears,
+    use_fixed_order_linears,
+)
 from paged.models.quantized import QuantizedLinear
 
 
@@ -74,8 +80,9 @@ class CausalLM(nn.Module):
 
         In batch-invariant mode every linear gives a row the same bits whatever the row count: quantized
         linears run only their kernel, dense ones multiply a lone row as two (``layers.gemm``), or, on a
-        CPU without a bfloat16 GEMM, run the fixed-order kernel (``layers.use_fixed_order_linears``; in
-        bfloat16 there it is also the faster one, so it runs with the mode off too); otherwise
+        CPU without a bfloat16 GEMM, run the fixed-order kernel (``layers.use_fixed_order_linears``; it
+        is also the faster one there, so it runs with the mode off too: in float32 for calls of up to
+        ``layers.FLOAT32_FIXED_ORDER_ROWS`` rows); otherwise
         quantized linears hand batches of many rows to their dense layer. bfloat16 CPU linears get
         oneDNN-packed weights (the same bits).
 
@@ -90,6 +97,7 @@ class CausalLM(nn.Module):
         for module in self.modules():  # every dense GEMM (``layers.gemm``), tensor-parallel shards included
             if hasattr(module, "pad_one_row") and id(module) not in inside:
                 module.fixed_order = use_fixed_order_linears(module.weight, batch_invariant)
+                module.fixed_order_rows = fixed_order_rows(module.weight, batch_invariant)
                 module.pad_one_row = batch_invariant and not module.fixed_order
                 padded += module.pad_one_row
                 fixed += module.fixed_order

@@ -17,9 +17,10 @@ every other case (training, float64, CUDA, no compiler). ``prepack_linears``
 gives a served bfloat16 model's ``Linear`` layers their weights in oneDNN's
 blocked layout, once, instead of at every GEMM; each layer's own ``forward``
 then multiplies by that copy. On a CPU without bfloat16 GEMM instructions
-(``use_fixed_order_linears``) bfloat16 layers multiply by
-``csrc/cpu/fixed_order_linear.cpp`` instead, whose sums have one order for any
-row count: batch-invariant mode's linear there, and the faster one in either mode.
+(``use_fixed_order_linears``) layers multiply by ``csrc/cpu/fixed_order_linear.cpp``
+instead, whose sums have one order for any row count: batch-invariant mode's linear
+there, and in bfloat16 the faster one in either mode (in float32 with the mode off,
+up to ``FLOAT32_FIXED_ORDER_ROWS`` rows, where it is the faster one).
 """
 
 from __future__ import annotations
@@ -66,9 +67,11 @@ def gemm(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     projection), while from two rows up a row's bits do not depend on the row count.
     With ``layer.fixed_order`` (where ``use_fixed_order_linears`` says so) it
     multiplies by ``fixed_order_linear`` instead: one summation order written down for any row count,
-    no padding needed.
+    no padding needed; with ``layer.fixed_order_rows`` set (a float32 layer, the mode off), only calls of
+    up to that many rows do, larger ones take the stock GEMM, the faster there.
     """
-    if getattr(layer, "fixed_order", False):
+    most = getattr(layer, "fixed_order_rows", None)
+    if getattr(layer, "fixed_order", False) and (most is None or x.shape[0] <= most):
         return load_cpu_kernels().fixed_order_linear(x, layer.weight, bias)
     if x.shape[0] == 1 and getattr(layer, "pad_one_row", False):
         return product(layer, x.repeat(2, 1), bias)[:1]
@@ -92,6 +95,7 @@ class Linear(nn.Linear):
         self.packed_weight: torch.Tensor | None = None  # not a parameter: the plain weight stays the one saved
         self.pad_one_row = False
         self.fixed_order = False
+        self.fixed_order_rows: int | None = None  # with fixed_order: the most rows it takes (None: any count)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         return gemm(self, x, self.bias)
@@ -300,6 +304,10 @@ def prepack_linears(model: nn.Module) -> int:
 
 
 FIXED_ORDER_DTYPES = (torch.float32, torch.bfloat16)
+# With the mode off, a float32 layer takes the fixed-order kernel for calls of up to this many rows and
+# MKL's GEMM above: on an AVX2 CPU the kernel is 2.4-2.7x faster at 1-8 rows, 1.2x at 64, even at 128,
+# and 0.8-0.95x at 256-1024 (``python -m paged.bench linear_kernel --dtype float32``, docs/benchmarks.md).
+FLOAT32_FIXED_ORDER_ROWS = 128
 
 
 def use_fixed_order_linears(weight: torch.Tensor, batch_invariant: bool = True) -> bool:
@@ -307,13 +315,18 @@ def use_fixed_order_linears(weight: torch.Tensor, batch_invariant: bool = True) 
     (``csrc/cpu/fixed_order_linear.cpp``) rather than by the stock GEMM (in batch-invariant mode, with
     a lone row padded).
 
-    By default for bfloat16 weights where this CPU's oneDNN has no bfloat16 GEMM (an AVX2-only CPU)
-    and the kernel's AVX2 loop is built, in either mode: there the stock bfloat16 GEMM runs at about
-    20 GFLOP/s at any row count (a padded lone row costs two), while the fixed-order kernel is
-    3-3.5x faster at every row count (``python -m paged.bench linear_kernel``; docs/benchmarks.md,
-    "Batch invariance: the cost"). Not by default for float32: there MKL's GEMM beats it from 64 rows
-    up. ``PAGED_FIXED_ORDER_LINEAR=1`` forces it on in batch-invariant mode for float32 and bfloat16
-    CPU weights (where the kernels are built); ``0`` forces it off in both modes."""
+    By default on a CPU whose oneDNN has no bfloat16 GEMM (an AVX2-only CPU) where the kernel's AVX2
+    loop is built, for float32 and bfloat16 weights, in either mode. In bfloat16 the stock GEMM runs
+    there at about 20 GFLOP/s at any row count (a padded lone row costs two), and the kernel is
+    3-3.5x faster at every row count. In float32 the kernel reads a decode step's weights about
+    2.5x faster than MKL's GEMM of a padded lone row, and MKL's is the faster from 256 rows
+    (``python -m paged.bench linear_kernel``; docs/benchmarks.md, "Batch invariance: the cost"): in
+    batch-invariant mode the kernel takes every call (one order for any row count is the mode's
+    point), with the mode off only calls of up to ``FLOAT32_FIXED_ORDER_ROWS`` rows
+    (``fixed_order_rows``, set by ``CausalLM.prepare_for_serving``). Not on a CPU with AVX-512, whose
+    GEMMs were not measured against the kernel's AVX2 loop. ``PAGED_FIXED_ORDER_LINEAR=1`` forces
+    it on in batch-invariant mode for float32 and bfloat16 CPU weights (where the kernels are
+    built); ``0`` forces it off in both modes."""
     if weight.device.type != "cpu" or weight.dtype not in FIXED_ORDER_DTYPES:
         return False
     setting = os.environ.get("PAGED_FIXED_ORDER_LINEAR", "auto")
@@ -322,9 +335,16 @@ def use_fixed_order_linears(weight: torch.Tensor, batch_invariant: bool = True) 
     kernels = load_cpu_kernels()
     if setting == "1" and batch_invariant:
         return kernels is not None
-    if weight.dtype != torch.bfloat16 or cpu_has_bf16_gemm():
+    if cpu_has_bf16_gemm():
         return False
     return kernels is not None and kernels.fixed_order_avx2_compiled()
+
+
+def fixed_order_rows(weight: torch.Tensor, batch_invariant: bool) -> int | None:
+    """The most rows a fixed-order layer with this weight multiplies by the kernel (``gemm``): any count
+    (``None``) in batch-invariant mode and in bfloat16; ``FLOAT32_FIXED_ORDER_ROWS`` for float32 with the
+    mode off, where MKL's GEMM is the faster for more."""
+    return None if batch_invariant or weight.dtype != torch.float32 else FLOAT32_FIXED_ORDER_ROWS
 
 
 @functools.cache

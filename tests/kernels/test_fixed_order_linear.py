@@ -169,32 +169,35 @@ def test_the_vector_loop_is_compiled_where_the_cpu_has_avx2_and_fma(ext):
 
 
 def test_which_linears_take_the_kernel(ext, monkeypatch):
-    """``layers.use_fixed_order_linears``: by default for bfloat16 weights where this CPU has no bfloat16 GEMM
-    and the AVX2 loop is built, in either mode; forced on (batch-invariant mode) or off (both) by
-    ``PAGED_FIXED_ORDER_LINEAR``; float32 and bfloat16 CPU weights only; never without the kernels."""
+    """``layers.use_fixed_order_linears``: by default for float32 and bfloat16 weights where this CPU has no
+    bfloat16 GEMM and the AVX2 loop is built, in either mode; forced on (batch-invariant mode) or off (both)
+    by ``PAGED_FIXED_ORDER_LINEAR``; float32 and bfloat16 CPU weights only; never without the kernels.
+    ``layers.fixed_order_rows``: any row count but for float32 with the mode off."""
     from paged.models import layers
 
     w = torch.zeros(2, 8)
     monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR", raising=False)
-    assert layers.use_fixed_order_linears(w.bfloat16()) == (not layers.cpu_has_bf16_gemm()
-                                                           and ext.fixed_order_avx2_compiled())
+    for weight in (w, w.bfloat16()):
+        assert layers.use_fixed_order_linears(weight) == (not layers.cpu_has_bf16_gemm()
+                                                          and ext.fixed_order_avx2_compiled())
     for has_bf16_gemm in (False, True):
         monkeypatch.setattr(layers, "cpu_has_bf16_gemm", lambda: has_bf16_gemm)
-        assert layers.use_fixed_order_linears(w.bfloat16()) == (not has_bf16_gemm)
-        assert not layers.use_fixed_order_linears(w)  # float32: MKL's GEMM is the faster one from 64 rows
-        # with the mode off, the default rule: the kernel only where it is the faster (bfloat16, no GEMM)
-        assert layers.use_fixed_order_linears(w.bfloat16(), batch_invariant=False) == (not has_bf16_gemm)
-        assert not layers.use_fixed_order_linears(w, batch_invariant=False)
+        for mode in (True, False):  # the default rule: the kernel where this CPU has no bfloat16 GEMM
+            assert layers.use_fixed_order_linears(w.bfloat16(), batch_invariant=mode) == (not has_bf16_gemm)
+            assert layers.use_fixed_order_linears(w, batch_invariant=mode) == (not has_bf16_gemm)
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
         assert layers.use_fixed_order_linears(w) and layers.use_fixed_order_linears(w.bfloat16())
         assert not layers.use_fixed_order_linears(w.half()) and not layers.use_fixed_order_linears(w.to("meta"))
         # forcing it on is for batch-invariant mode; with the mode off the default rule still decides
-        assert not layers.use_fixed_order_linears(w, batch_invariant=False)
+        assert layers.use_fixed_order_linears(w, batch_invariant=False) == (not has_bf16_gemm)
         assert layers.use_fixed_order_linears(w.bfloat16(), batch_invariant=False) == (not has_bf16_gemm)
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")
-        assert not layers.use_fixed_order_linears(w)
+        assert not layers.use_fixed_order_linears(w) and not layers.use_fixed_order_linears(w.bfloat16())
         assert not layers.use_fixed_order_linears(w.bfloat16(), batch_invariant=False)
         monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR")
+    assert layers.fixed_order_rows(w, batch_invariant=False) == layers.FLOAT32_FIXED_ORDER_ROWS
+    assert layers.fixed_order_rows(w, batch_invariant=True) is None
+    assert layers.fixed_order_rows(w.bfloat16(), batch_invariant=False) is None
     monkeypatch.setattr(layers, "cpu_has_bf16_gemm", lambda: False)
 
     class ScalarOnly:  # a CPU without AVX2 + FMA: the scalar loop, only when asked for
@@ -206,3 +209,35 @@ def test_which_linears_take_the_kernel(ext, monkeypatch):
     assert layers.use_fixed_order_linears(w.bfloat16())
     monkeypatch.setattr(layers, "load_cpu_kernels", lambda: None)  # no compiler: the padded path
     assert not layers.use_fixed_order_linears(w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_takes_the_kernel_up_to_the_layers_row_limit(ext, monkeypatch, dtype):
+    """``layers.gemm`` of a fixed-order layer: bitwise the kernel's product for calls of up to
+    ``fixed_order_rows`` rows (every call when it is None), bitwise the stock ``F.linear`` above; which
+    one ran is also seen by counting the kernel's calls."""
+    from paged.models import layers
+
+    torch.manual_seed(3)
+    layer = layers.Linear(40, 24).to(dtype)
+    layer.fixed_order = True
+    calls = []
+    kernels = layers.load_cpu_kernels()
+
+    class Counting:
+        @staticmethod
+        def fixed_order_linear(*args):
+            calls.append(args[0].shape[0])
+            return kernels.fixed_order_linear(*args)
+
+    monkeypatch.setattr(layers, "load_cpu_kernels", Counting)
+    with torch.no_grad():
+        for most, rows in ((None, 300), (4, 4), (4, 5), (128, 1), (128, 129)):
+            layer.fixed_order_rows = most
+            x = torch.randn(rows, 40).to(dtype)
+            took_kernel = most is None or rows <= most
+            want = (ext.fixed_order_linear(x, layer.weight, layer.bias) if took_kernel
+                    else torch.nn.functional.linear(x, layer.weight, layer.bias))
+            calls.clear()
+            assert torch.equal(layer(x), want), (most, rows)
+            assert calls == ([rows] if took_kernel else []), (most, rows)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from paged import LLM, SamplingParams
-from paged.models import load_model
+from paged.models import layers, load_model
 from paged.models.contiguous import ContiguousAttention
 from paged.models.quantized import DENSE_ROWS, QuantizedLinear, quantize_activations
 from tests.gguf_files import gguf_name, write_gguf
@@ -177,8 +177,14 @@ def test_prepare_for_serving_makes_every_row_independent_of_the_batch_in_batch_i
     monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
     traits = dense.prepare_for_serving(batch_invariant=True)
     assert (traits.fixed_order_linears, traits.padded_linears) == (n, 0)
-    assert dense.prepare_for_serving(batch_invariant=False).fixed_order_linears == 0
-    assert not any(m.fixed_order or m.pad_one_row for m in dense.modules() if isinstance(m, torch.nn.Linear))
+    assert all(m.fixed_order_rows is None for m in dense.modules() if isinstance(m, torch.nn.Linear))
+    # with the mode off the default rule decides (on a CPU without a bfloat16 GEMM, the kernel for float32
+    # calls of up to FLOAT32_FIXED_ORDER_ROWS rows), and no row is padded
+    default = layers.use_fixed_order_linears(torch.zeros(1, 8), batch_invariant=False)
+    assert dense.prepare_for_serving(batch_invariant=False).fixed_order_linears == (n if default else 0)
+    assert not any(m.pad_one_row for m in dense.modules() if isinstance(m, torch.nn.Linear))
+    assert all(m.fixed_order_rows == layers.FLOAT32_FIXED_ORDER_ROWS
+               for m in dense.modules() if isinstance(m, torch.nn.Linear) and m.fixed_order)
 
 
 def test_kquant_layers_equal_dense_with_rounded_activations(tmp_path):
