@@ -305,8 +305,9 @@ def prepack_linears(model: nn.Module) -> int:
 
 FIXED_ORDER_DTYPES = (torch.float32, torch.bfloat16)
 # With the mode off, a float32 layer takes the fixed-order kernel for calls of up to this many rows and
-# MKL's GEMM above: on an AVX2 CPU the kernel is 2.4-2.7x faster at 1-8 rows, 1.2x at 64, even at 128,
-# and 0.8-0.95x at 256-1024 (``python -m paged.bench linear_kernel --dtype float32``, docs/benchmarks.md).
+# MKL's GEMM above: on an AVX2 CPU the kernel is 2.4-2.8x faster at 1-8 rows, 1.2x at 64, about even at
+# 128 (0.95-1.04x in two runs) and 0.8-0.95x at 256-1024 (``python -m paged.bench linear_kernel --dtype
+# float32``, docs/benchmarks.md).
 FLOAT32_FIXED_ORDER_ROWS = 128
 
 
