@@ -83,7 +83,9 @@ class CausalLM(nn.Module):
         CPU without a bfloat16 GEMM, run the fixed-order kernel (``layers.use_fixed_order_linears``; it
         is also the faster one there, so it runs with the mode off too: in float32 for calls of up to
         ``layers.FLOAT32_FIXED_ORDER_ROWS`` rows); otherwise
-        quantized linears hand batches of many rows to their dense layer. bfloat16 CPU linears get
+        quantized linears hand batches of many rows to their dense layer, which multiplies as the dense
+        linears do (on such a CPU in float32, by the fixed-order kernel up to that many rows; never
+        padded). bfloat16 CPU linears get
         oneDNN-packed weights (the same bits).
 
         Args:
@@ -92,15 +94,18 @@ class CausalLM(nn.Module):
         quantized = [m for m in self.modules() if isinstance(m, QuantizedLinear)]
         for layer in quantized:
             layer.use_kernel_only(batch_invariant)
-        inside = {id(q.dense) for q in quantized}  # a quantized layer's dense fallback: not run when padding
+        inside = {id(q.dense) for q in quantized}  # a quantized layer's dense fallback: never padded
         padded = fixed = 0
         for module in self.modules():  # every dense GEMM (``layers.gemm``), tensor-parallel shards included
-            if hasattr(module, "pad_one_row") and id(module) not in inside:
-                module.fixed_order = use_fixed_order_linears(module.weight, batch_invariant)
-                module.fixed_order_rows = fixed_order_rows(module.weight, batch_invariant)
-                module.pad_one_row = batch_invariant and not module.fixed_order
-                padded += module.pad_one_row
-                fixed += module.fixed_order
+            if not hasattr(module, "pad_one_row"):
+                continue
+            module.fixed_order = use_fixed_order_linears(module.weight, batch_invariant)
+            module.fixed_order_rows = fixed_order_rows(module.weight, batch_invariant)
+            if id(module) in inside:  # runs only with the mode off, for batches of many rows
+                continue
+            module.pad_one_row = batch_invariant and not module.fixed_order
+            padded += module.pad_one_row
+            fixed += module.fixed_order
         return ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self), fixed_order_linears=fixed)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]

@@ -169,6 +169,14 @@ def test_prepare_for_serving_makes_every_row_independent_of_the_batch_in_batch_i
     assert all(m.dense_rows is None for m in linears)
     quant.prepare_for_serving(batch_invariant=False)
     assert all(m.dense_rows == DENSE_ROWS for m in linears)
+    # the dense fallback multiplies as a dense linear does (here: forced off, the stock GEMM), never padded
+    assert not any(m.dense.fixed_order or m.dense.pad_one_row for m in linears)
+    monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR")
+    default = layers.use_fixed_order_linears(torch.zeros(1, 8), batch_invariant=False)
+    assert quant.prepare_for_serving(batch_invariant=False).fixed_order_linears == 0  # counts no fallback
+    assert all(m.dense.fixed_order == default and not m.dense.pad_one_row for m in linears)
+    assert all(m.dense.fixed_order_rows == layers.FLOAT32_FIXED_ORDER_ROWS for m in linears)
+    monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")
     dense = load_model(path, dtype="float32").model
     n = sum(isinstance(m, torch.nn.Linear) for m in dense.modules())
     assert dense.prepare_for_serving(batch_invariant=True).padded_linears == n > 0
