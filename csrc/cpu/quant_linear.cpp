@@ -292,32 +292,41 @@ inline float offset_term(Avx2, const uint8_t* h16, const float* s, int64_t block
   return total;
 }
 
-template <int64_t TYPE, int C>
-void dot_cols(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
+// dot_cols for R rows of x at once (xs[r] -> out[r]): each output gets the same operations in the same
+// order whatever R, and the rows share what depends on the weights only (each load of W, the 4-bit
+// unpacking, Q5_0's fifth bits, Q8_0's |w|, the float16 scales widened), which R = 1 redoes per row.
+template <int64_t TYPE, int C, int R>
+void dot_cols_rows(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow* const* xs, float* const* out) {
   const int64_t B = L.blocks;
-  __m256 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   if constexpr (TYPE == kQ8_0) {
     for (int64_t b = 0; b < B; ++b) {  // one block of 32 per step
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b * QK));
+      __m256i xv[R];
+      for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[r]->q + b * QK));
       for (int c = 0; c < C; ++c) {
         const uint8_t* row = rows + c * L.row_bytes;
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK));
-        // vpmaddubsw multiplies unsigned by signed bytes: |w| times x with w's sign
-        const __m256i s = dot4(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));
-        const __m256 scale = _mm256_set1_ps(half_at(row + L.d_offset + 2 * b) * x.d[b]);
-        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[c]);
+        const __m256i w_abs = _mm256_abs_epi8(w);
+        const float d = half_at(row + L.d_offset + 2 * b);
+        for (int r = 0; r < R; ++r) {
+          // vpmaddubsw multiplies unsigned by signed bytes: |w| times x with w's sign
+          const __m256i s = dot4(w_abs, _mm256_sign_epi8(xv[r], w));
+          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xs[r]->d[b]), acc[r][c]);
+        }
       }
     }
   } else {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);  // lanes 0-3: block b, 4-7: b + 1
-    const int8_t* xlo = x.q;
-    const int8_t* xhi = x.q + B * 16;
     for (int64_t b = 0; b < B; b += 2) {  // two blocks per step (B is even)
-      const __m256i lo_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xlo + b * 16));
-      const __m256i hi_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xhi + b * 16));
+      __m256i lo_x[R], hi_x[R];
+      for (int r = 0; r < R; ++r) {
+        lo_x[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[r]->q + b * 16));
+        hi_x[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[r]->q + B * 16 + b * 16));
+      }
       for (int c = 0; c < C; ++c) {
         const uint8_t* row = rows + c * L.row_bytes;
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16));
@@ -327,72 +336,36 @@ void dot_cols(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow&
           lo = _mm256_or_si256(lo, fifth_bits((h0 & 0xFFFFu) | (h1 << 16)));
           hi = _mm256_or_si256(hi, fifth_bits((h0 >> 16) | (h1 & 0xFFFF0000u)));
         }
-        // four products of at most 31 * 127 per int16 lane before vpmaddwd widens them
-        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x), _mm256_maddubs_epi16(hi, hi_x));
-        const __m256i s = _mm256_madd_epi16(pairs, ones);
-        const __m256 scale = _mm256_permutevar8x32_ps(
-            _mm256_castps128_ps256(scales(row + L.d_offset + 2 * b, x.d + b, 2)), spread);
-        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[c]);
+        const __m128 d = half_scales(row + L.d_offset + 2 * b, 2);
+        for (int r = 0; r < R; ++r) {
+          // four products of at most 31 * 127 per int16 lane before vpmaddwd widens them
+          const __m256i pairs =
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x[r]), _mm256_maddubs_epi16(hi, hi_x[r]));
+          const __m256i s = _mm256_madd_epi16(pairs, ones);
+          const __m256 scale =
+              _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales(d, xs[r]->d + b, 2)), spread);
+          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r][c]);
+        }
       }
     }
   }
-  for (int c = 0; c < C; ++c) out[c] = lane_tree8(acc[c]);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = lane_tree8(acc[r][c]);
 }
 
-// dot_cols for two rows of x at once: each output gets exactly dot_cols' operations, and the two
-// rows share what depends on the weights only (each load of W, the 4-bit unpacking, Q5_0's fifth
-// bits, Q8_0's |w|, the float16 scales widened), which dot_cols redoes for every row of x.
+template <int64_t TYPE, int C>
+void dot_cols(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x, float* out) {
+  const QuantizedRow* xs[1] = {&x};
+  float* outs[1] = {out};
+  dot_cols_rows<TYPE, C, 1>(Avx2{}, rows, L, xs, outs);
+}
+
 template <int64_t TYPE, int C>
 void dot_cols2(Avx2, const uint8_t* rows, const RowLayout& L, const QuantizedRow& x0, const QuantizedRow& x1,
                float* out0, float* out1) {
-  const int64_t B = L.blocks;
-  __m256 acc0[C], acc1[C];
-  for (int c = 0; c < C; ++c) acc0[c] = acc1[c] = _mm256_setzero_ps();
-  if constexpr (TYPE == kQ8_0) {
-    for (int64_t b = 0; b < B; ++b) {
-      const __m256i xv0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.q + b * QK));
-      const __m256i xv1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.q + b * QK));
-      for (int c = 0; c < C; ++c) {
-        const uint8_t* row = rows + c * L.row_bytes;
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * QK));
-        const __m256i w_abs = _mm256_abs_epi8(w);
-        const float d = half_at(row + L.d_offset + 2 * b);
-        const __m256i s0 = dot4(w_abs, _mm256_sign_epi8(xv0, w)), s1 = dot4(w_abs, _mm256_sign_epi8(xv1, w));
-        acc0[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d * x0.d[b]), acc0[c]);
-        acc1[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(d * x1.d[b]), acc1[c]);
-      }
-    }
-  } else {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    for (int64_t b = 0; b < B; b += 2) {
-      const __m256i lo_x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.q + b * 16));
-      const __m256i hi_x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.q + B * 16 + b * 16));
-      const __m256i lo_x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.q + b * 16));
-      const __m256i hi_x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.q + B * 16 + b * 16));
-      for (int c = 0; c < C; ++c) {
-        const uint8_t* row = rows + c * L.row_bytes;
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16));
-        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        if constexpr (TYPE == kQ5_0) {
-          const uint32_t h0 = high_bits(row + L.m_offset, b), h1 = high_bits(row + L.m_offset, b + 1);
-          lo = _mm256_or_si256(lo, fifth_bits((h0 & 0xFFFFu) | (h1 << 16)));
-          hi = _mm256_or_si256(hi, fifth_bits((h0 >> 16) | (h1 & 0xFFFF0000u)));
-        }
-        const __m256i s0 = _mm256_madd_epi16(
-            _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x0), _mm256_maddubs_epi16(hi, hi_x0)), ones);
-        const __m256i s1 = _mm256_madd_epi16(
-            _mm256_add_epi16(_mm256_maddubs_epi16(lo, lo_x1), _mm256_maddubs_epi16(hi, hi_x1)), ones);
-        const __m128 d = half_scales(row + L.d_offset + 2 * b, 2);  // widened once for both rows
-        const __m256 scale0 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales(d, x0.d + b, 2)), spread);
-        const __m256 scale1 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales(d, x1.d + b, 2)), spread);
-        acc0[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), scale0, acc0[c]);
-        acc1[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), scale1, acc1[c]);
-      }
-    }
-  }
-  for (int c = 0; c < C; ++c) out0[c] = lane_tree8(acc0[c]), out1[c] = lane_tree8(acc1[c]);
+  const QuantizedRow* xs[2] = {&x0, &x1};
+  float* outs[2] = {out0, out1};
+  dot_cols_rows<TYPE, C, 2>(Avx2{}, rows, L, xs, outs);
 }
 #endif
 

@@ -107,15 +107,20 @@ inline __m256i q6k_weights32(const uint8_t* blk, int b) {
 #endif
 
 #if defined(PAGED_QUANT_AVX2)
-template <int64_t TYPE>
-float dot_k(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x) {
+// dot_k for R rows of x at once (xs[r] -> out[r]): each output gets the same operations in the same order
+// whatever R, and the rows share what depends on the weights only (the loads, the unpacking, Q4_K's
+// scales and mins, d * sc).
+template <int64_t TYPE, int R>
+void dot_k_rows(Avx2, const uint8_t* row, int64_t K, const QuantizedRow* const* xs, float* out) {
   const int64_t supers = K / QK_K;
-  float off = 0.0f;
-  __m256 acc = _mm256_setzero_ps();
+  float off[R];  // Q4_K's min terms, summed apart
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) off[r] = 0.0f, acc[r] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int64_t sb = 0; sb < supers; ++sb) {
-    const float* dx = x.d + sb * 8;
-    const int8_t* xq = x.q + sb * QK_K;
+    const int8_t* xq[R];  // each row's super-block sb: its bytes and its 8 scales
+    const float* dx[R];
+    for (int r = 0; r < R; ++r) xq[r] = xs[r]->q + sb * QK_K, dx[r] = xs[r]->d + sb * 8;
     if constexpr (TYPE == kQ4_K) {
       const uint8_t* blk = row + sb * 144;
       const float d = half_at(blk), dmin = half_at(blk + 2);
@@ -124,84 +129,50 @@ float dot_k(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x) {
       for (int c = 0; c < 4; ++c) {  // 64 weights: blocks 2c (low nibbles) and 2c + 1 (high)
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + c * 32));
         const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        const __m256i s_lo = dot4(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + c * 64)));
-        const __m256i s_hi = dot4(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + c * 64 + 32)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_lo), _mm256_set1_ps(d * float(sc[2 * c]) * dx[2 * c]), acc);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_hi), _mm256_set1_ps(d * float(sc[2 * c + 1]) * dx[2 * c + 1]),
-                              acc);
+        const float d_lo = d * float(sc[2 * c]), d_hi = d * float(sc[2 * c + 1]);
+        for (int r = 0; r < R; ++r) {
+          const __m256i s_lo = dot4(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + c * 64)));
+          const __m256i s_hi = dot4(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + c * 64 + 32)));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_lo), _mm256_set1_ps(d_lo * dx[r][2 * c]), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_hi), _mm256_set1_ps(d_hi * dx[r][2 * c + 1]), acc[r]);
+        }
       }
-      off = q4k_min_term(dmin, m, x.s + sb * 8, off);
+      for (int r = 0; r < R; ++r) off[r] = q4k_min_term(dmin, m, xs[r]->s + sb * 8, off[r]);
     } else {  // Q6_K
       const uint8_t* blk = row + sb * 210;
       const float d = half_at(blk + 208);
       const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
       for (int b = 0; b < 8; ++b) {  // 32 weights: half b / 4, quarter b % 4
         const __m256i w = q6k_weights32(blk, b);
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
-        const __m256i s = dot4(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));  // lanes 0-3, 4-7: the two 16s
-        const int i = b * 2;
-        const __m256 scale = _mm256_blend_ps(_mm256_set1_ps(d * float(sc[i]) * dx[b]),
-                                             _mm256_set1_ps(d * float(sc[i + 1]) * dx[b]), 0xF0);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
+        const __m256i w_abs = _mm256_abs_epi8(w);
+        const float d_a = d * float(sc[b * 2]), d_b = d * float(sc[b * 2 + 1]);
+        for (int r = 0; r < R; ++r) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + b * 32));
+          const __m256i s = dot4(w_abs, _mm256_sign_epi8(xv, w));  // lanes 0-3, 4-7: the two 16s
+          const __m256 scale = _mm256_blend_ps(_mm256_set1_ps(d_a * dx[r][b]), _mm256_set1_ps(d_b * dx[r][b]), 0xF0);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r]);
+        }
       }
     }
   }
-  return lane_tree8(acc) - off;
+  for (int r = 0; r < R; ++r) out[r] = lane_tree8(acc[r]) - off[r];
 }
 
-// dot_k for two rows of x at once, *o0 and *o1: each gets exactly dot_k's operations, and the two
-// share what depends on the weights only (the loads, the unpacking, Q4_K's scales and mins, d * sc).
+template <int64_t TYPE>
+float dot_k(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x) {
+  const QuantizedRow* xs[1] = {&x};
+  float out;
+  dot_k_rows<TYPE, 1>(Avx2{}, row, K, xs, &out);
+  return out;
+}
+
 template <int64_t TYPE>
 void dot_k2(Avx2, const uint8_t* row, int64_t K, const QuantizedRow& x0, const QuantizedRow& x1, float* o0,
             float* o1) {
-  const int64_t supers = K / QK_K;
-  float off0 = 0.0f, off1 = 0.0f;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  for (int64_t sb = 0; sb < supers; ++sb) {
-    const float *dx0 = x0.d + sb * 8, *dx1 = x1.d + sb * 8;
-    const int8_t *xq0 = x0.q + sb * QK_K, *xq1 = x1.q + sb * QK_K;
-    if constexpr (TYPE == kQ4_K) {
-      const uint8_t* blk = row + sb * 144;
-      const float d = half_at(blk), dmin = half_at(blk + 2);
-      uint8_t sc[8], m[8];
-      k_scales_mins(blk + 4, sc, m);
-      for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + c * 32));
-        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        const float d_lo = d * float(sc[2 * c]), d_hi = d * float(sc[2 * c + 1]);
-        const int8_t* xs[2] = {xq0 + c * 64, xq1 + c * 64};
-        const float* dxs[2] = {dx0, dx1};
-        __m256* accs[2] = {&acc0, &acc1};
-        for (int r = 0; r < 2; ++r) {
-          const __m256i s_lo = dot4(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[r])));
-          const __m256i s_hi = dot4(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[r] + 32)));
-          *accs[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_lo), _mm256_set1_ps(d_lo * dxs[r][2 * c]), *accs[r]);
-          *accs[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_hi), _mm256_set1_ps(d_hi * dxs[r][2 * c + 1]), *accs[r]);
-        }
-      }
-      off0 = q4k_min_term(dmin, m, x0.s + sb * 8, off0);
-      off1 = q4k_min_term(dmin, m, x1.s + sb * 8, off1);
-    } else {  // Q6_K
-      const uint8_t* blk = row + sb * 210;
-      const float d = half_at(blk + 208);
-      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      for (int b = 0; b < 8; ++b) {
-        const __m256i w = q6k_weights32(blk, b);
-        const __m256i w_abs = _mm256_abs_epi8(w);
-        const float d_a = d * float(sc[b * 2]), d_b = d * float(sc[b * 2 + 1]);
-        const __m256i xv0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq0 + b * 32));
-        const __m256i xv1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq1 + b * 32));
-        const __m256i s0 = dot4(w_abs, _mm256_sign_epi8(xv0, w)), s1 = dot4(w_abs, _mm256_sign_epi8(xv1, w));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
-                               _mm256_blend_ps(_mm256_set1_ps(d_a * dx0[b]), _mm256_set1_ps(d_b * dx0[b]), 0xF0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1),
-                               _mm256_blend_ps(_mm256_set1_ps(d_a * dx1[b]), _mm256_set1_ps(d_b * dx1[b]), 0xF0), acc1);
-      }
-    }
-  }
-  *o0 = lane_tree8(acc0) - off0;
-  *o1 = lane_tree8(acc1) - off1;
+  const QuantizedRow* xs[2] = {&x0, &x1};
+  float out[2];
+  dot_k_rows<TYPE, 2>(Avx2{}, row, K, xs, out);
+  *o0 = out[0], *o1 = out[1];
 }
 #endif
 
