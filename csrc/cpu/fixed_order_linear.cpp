@@ -30,8 +30,10 @@
 //
 // Speed layout: a tile of MR = 4 rows of x times NR = 3 rows of w keeps 12
 // accumulators in registers, loading each w vector once for 4 rows and each x
-// vector once for 3 columns; threads split the columns; rows go in chunks of
-// 64 so a chunk of x stays in L2 while w streams past it. A bfloat16 tile of w
+// vector once for 3 columns; threads split the columns (a call too small to pay
+// for waking a second thread stays on one); rows go in chunks of 64 so a chunk
+// of x stays in L2 while w streams past it, and a tile asks for the next tile's
+// rows of w while it multiplies. A bfloat16 tile of w
 // met by more than one tile of rows is widened to float32 once (exactly) and
 // then read as float32, instead of being widened again for every 4 rows.
 
@@ -62,7 +64,7 @@ constexpr int kLanes = 8;
 constexpr int kMR = 4;       // rows of x per tile
 constexpr int kNR = 3;       // rows of w (output columns) per tile
 constexpr int64_t kMC = 64;  // rows of x per chunk
-constexpr int64_t kPrefetchTiles = 8;  // a thread prefetches the tile of w this many ahead (speed only)
+constexpr int64_t kPrefetchTiles = 1;  // a thread prefetches the tile of w this many ahead (speed only)
 
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
@@ -107,12 +109,21 @@ inline void keep_in_register(__m256& v) {
 
 // x rows i times w rows j over the 8-wide part of K: where K has no tail, the finished sums
 // sums[i * NR + j] (the tree taken in registers); else the 8 lanes lanes[i * NR + j], for finish.
+// Speed only: two cache lines of `ahead` (a later tile of w) are prefetched per step of K until
+// its `ahead_bytes` are asked for, spread over the loop rather than all at its start.
 template <typename T, int MR, int NR>
-void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], float* sums) {
+void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], float* sums, const char* ahead,
+               int64_t ahead_bytes) {
   __m256 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  int64_t asked = 0;
   for (int64_t k = 0; k + kLanes <= K; k += kLanes) {
+    if (asked < ahead_bytes) {
+      __builtin_prefetch(ahead + asked);
+      __builtin_prefetch(ahead + asked + 64);
+      asked += 128;
+    }
     __m256 wv[NR];
     for (int j = 0; j < NR; ++j) {
       wv[j] = load8(w + j * K + k);
@@ -134,29 +145,32 @@ void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], fl
 }
 
 template <typename T, int MR>
-void tile_rows(const float* x, const T* w, int nr, int64_t K, float (*lanes)[kLanes], float* sums) {
+void tile_rows(const float* x, const T* w, int nr, int64_t K, float (*lanes)[kLanes], float* sums, const char* ahead,
+               int64_t ahead_bytes) {
   switch (nr) {
-    case 3: tile_avx2<T, MR, 3>(x, w, K, lanes, sums); break;
-    case 2: tile_avx2<T, MR, 2>(x, w, K, lanes, sums); break;
-    default: tile_avx2<T, MR, 1>(x, w, K, lanes, sums); break;
+    case 3: tile_avx2<T, MR, 3>(x, w, K, lanes, sums, ahead, ahead_bytes); break;
+    case 2: tile_avx2<T, MR, 2>(x, w, K, lanes, sums, ahead, ahead_bytes); break;
+    default: tile_avx2<T, MR, 1>(x, w, K, lanes, sums, ahead, ahead_bytes); break;
   }
 }
 #endif
 
 // sums[i * nr + j] <- x row i · w row j (before bias) for an mr x nr tile, in the order above, by
-// whichever loop was compiled in (the same bits).
+// whichever loop was compiled in (the same bits); the AVX2 loop prefetches ahead_bytes of ahead.
 template <typename T>
-void tile_sums(const float* x, int mr, const T* w, int nr, int64_t K, float* sums) {
+void tile_sums(const float* x, int mr, const T* w, int nr, int64_t K, float* sums, const char* ahead,
+               int64_t ahead_bytes) {
   float lanes[kMR * kNR][kLanes];
 #ifdef PAGED_FIXED_AVX2
   switch (mr) {
-    case 4: tile_rows<T, 4>(x, w, nr, K, lanes, sums); break;
-    case 3: tile_rows<T, 3>(x, w, nr, K, lanes, sums); break;
-    case 2: tile_rows<T, 2>(x, w, nr, K, lanes, sums); break;
-    default: tile_rows<T, 1>(x, w, nr, K, lanes, sums); break;
+    case 4: tile_rows<T, 4>(x, w, nr, K, lanes, sums, ahead, ahead_bytes); break;
+    case 3: tile_rows<T, 3>(x, w, nr, K, lanes, sums, ahead, ahead_bytes); break;
+    case 2: tile_rows<T, 2>(x, w, nr, K, lanes, sums, ahead, ahead_bytes); break;
+    default: tile_rows<T, 1>(x, w, nr, K, lanes, sums, ahead, ahead_bytes); break;
   }
   if (K % kLanes == 0) return;  // the tree was taken in registers
 #else
+  (void)ahead, (void)ahead_bytes;
   for (int i = 0; i < mr; ++i)
     for (int j = 0; j < nr; ++j) lanes_scalar(x + i * K, w + j * K, K, lanes[i * nr + j]);
 #endif
@@ -165,14 +179,15 @@ void tile_sums(const float* x, int mr, const T* w, int nr, int64_t K, float* sum
 }
 
 // Outputs n0 .. n0 + nr of x rows m0 .. m_end: w holds those nr rows of the weight (K apart), as
-// stored (W = T) or widened to float32 (exact: the same products).
+// stored (W = T) or widened to float32 (exact: the same products). The first tile of rows
+// prefetches ahead_bytes of ahead (speed only).
 template <typename W, typename T>
 void rows_times_tile(const float* x, int64_t m0, int64_t m_end, const W* w, int64_t n0, int nr, int64_t N,
-                     int64_t K, const T* bias, T* y) {
+                     int64_t K, const T* bias, T* y, const char* ahead, int64_t ahead_bytes) {
   float sums[kMR * kNR];
   for (int64_t m = m0; m < m_end; m += kMR) {
     const int mr = static_cast<int>(std::min<int64_t>(kMR, m_end - m));
-    tile_sums(x + m * K, mr, w, nr, K, sums);
+    tile_sums(x + m * K, mr, w, nr, K, sums, ahead, m == m0 ? ahead_bytes : 0);
     for (int i = 0; i < mr; ++i)
       for (int j = 0; j < nr; ++j) {
         float sum = sums[i * nr + j];
@@ -185,8 +200,13 @@ void rows_times_tile(const float* x, int64_t m0, int64_t m_end, const W* w, int6
 template <typename T>
 void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const T* bias, T* y) {
   const int64_t tiles = (N + kNR - 1) / kNR;
-  // about 64 K multiply-adds per task at the least: a decode step's small layers still split in two
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, M * K * kNR));
+  // Tasks of about 2 MB of weights read (a million bfloat16 multiply-adds for one row) at the
+  // least: waking a second thread costs tens of microseconds when idle threads sleep, so a lone
+  // row's smaller layers run on one (an AVX2 CPU, one bfloat16 row, `python -m paged.bench
+  // linear_kernel --rows 1 --threads 1|2`: 576 x 576 took 0.033 ms on one thread, 0.092 on two).
+  constexpr int64_t kMinTaskBytes = int64_t(2) << 20;
+  const int64_t task_macs = kMinTaskBytes / static_cast<int64_t>(sizeof(T));
+  const int64_t grain = std::max<int64_t>(1, task_macs / std::max<int64_t>(1, M * K * kNR));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> wide;  // a bfloat16 tile's w rows widened once for a chunk of many x rows
     for (int64_t m0 = 0; m0 < M; m0 += kMC) {
@@ -194,16 +214,16 @@ void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, co
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * kNR;
         const int nr = static_cast<int>(std::min<int64_t>(kNR, N - n0));
-        if (t + kPrefetchTiles < t1) {  // ask for a later tile's rows of w now: memory answers late
-          const char* ahead = reinterpret_cast<const char*>(w + (n0 + kPrefetchTiles * kNR) * K);
-          for (int64_t i = 0; i < kNR * K * static_cast<int64_t>(sizeof(T)); i += 64) __builtin_prefetch(ahead + i);
-        }
+        // a later tile's rows of w, asked for while this one is multiplied: memory answers late
+        const bool later = t + kPrefetchTiles < t1;
+        const char* ahead = later ? reinterpret_cast<const char*>(w + (n0 + kPrefetchTiles * kNR) * K) : nullptr;
+        const int64_t ahead_bytes = later ? kNR * K * static_cast<int64_t>(sizeof(T)) : 0;
         if (std::is_same_v<T, c10::BFloat16> && m_end - m0 > kMR) {  // w read by several tiles of x rows
           wide.resize(static_cast<size_t>(nr * K));
           for (int64_t i = 0; i < nr * K; ++i) wide[i] = widen(w[n0 * K + i]);
-          rows_times_tile(x, m0, m_end, wide.data(), n0, nr, N, K, bias, y);
+          rows_times_tile(x, m0, m_end, wide.data(), n0, nr, N, K, bias, y, ahead, ahead_bytes);
         } else {
-          rows_times_tile(x, m0, m_end, w + n0 * K, n0, nr, N, K, bias, y);
+          rows_times_tile(x, m0, m_end, w + n0 * K, n0, nr, N, K, bias, y, ahead, ahead_bytes);
         }
       }
     }

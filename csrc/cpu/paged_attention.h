@@ -120,6 +120,16 @@ inline std::vector<PrefillItem> prefill_items(const PrefillArgs& a, int64_t tile
   return items;
 }
 
+// The threads for a call of `pairs` (query row, key) pairs of head dim D: one below about a
+// million multiply-adds, where waking a second thread (tens of microseconds when idle threads
+// sleep) costs more than it saves (an AVX2 CPU, `python -m paged.bench kernel`: the decode of
+// one sequence of 128 tokens, 9 query heads of 64, took 0.03 ms on one thread, 0.08-0.13 ms on
+// two). Speed only: a row's bits do not depend on the threads.
+inline int threads_for_pairs(int threads, int64_t pairs, int64_t head_dim) {
+  constexpr int64_t kMinParallelMacs = int64_t(1) << 20;
+  return pairs * head_dim < kMinParallelMacs ? 1 : threads;
+}
+
 // Runs fn(i, scratch) for i in [0, items) over torch's threads, dynamically
 // scheduled so sequences of different lengths balance. Each thread owns one
 // Scratch, built once (from the arguments a), not per item.

@@ -27,8 +27,9 @@
 //
 // Work items as the scalar's: decode (sequence, KV head); prefill (sequence,
 // tile of query tokens, KV head), the last tiles first, tiles made smaller
-// for a call with few tokens (detail::query_tile_for_threads). Which rows share
-// an item changes nothing in a row's arithmetic.
+// for a call with few tokens (detail::query_tile_for_threads); a call too small to
+// pay for waking a second thread runs on one (detail::threads_for_pairs). Which
+// rows share an item, and which thread runs it, changes nothing in a row's arithmetic.
 
 #include "paged_attention.h"
 #include "softmax_exp.h"
@@ -208,7 +209,11 @@ void add_rows(const DecodeArgs& a, const T* query, T* out, int64_t ctx, Scratch&
 }
 
 template <typename T>
-void run_decode(const DecodeArgs& a) {
+void run_decode(const DecodeArgs& args) {
+  DecodeArgs a = args;
+  int64_t keys = 0;
+  for (int64_t s = 0; s < a.num_seqs; ++s) keys += a.context_lens[s];
+  a.num_threads = detail::threads_for_pairs(a.num_threads, keys * a.num_heads, a.head_dim);
   const int64_t H_kv = a.num_kv_heads, G = a.num_heads / H_kv;
   struct Make {
     Scratch s;
@@ -225,7 +230,14 @@ void run_decode(const DecodeArgs& a) {
 }
 
 template <typename T>
-void run_prefill(const PrefillArgs& a) {
+void run_prefill(const PrefillArgs& args) {
+  PrefillArgs a = args;
+  int64_t pairs = 0;  // query i of a sequence sees context - query_len + i + 1 keys
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int64_t n = a.query_lens[s];
+    pairs += n * (a.context_lens[s] - n) + n * (n + 1) / 2;
+  }
+  a.num_threads = detail::threads_for_pairs(a.num_threads, pairs * a.num_heads, a.head_dim);
   const int64_t G = a.num_heads / a.num_kv_heads;
   const int64_t tile = detail::query_tile_for_threads(a);
   const std::vector<detail::PrefillItem> items = detail::prefill_items(a, tile);

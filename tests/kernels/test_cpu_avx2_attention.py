@@ -66,22 +66,28 @@ def test_avx2_decode_bitwise_equal_scalar(ext, dtype, data):
 
 def test_avx2_smollm2_shapes_bitwise_equal_scalar_on_one_or_two_threads(ext):
     """Bitwise, at SmolLM2's shapes (9 / 3 heads, D = 64, B = 16, bfloat16): a 300-token prompt, a 33-token
-    tail over a cached prefix and a decode token in one call; one thread and two; and the decode."""
+    tail over a cached prefix and a decode token in one call; one thread and two; and the decode of the
+    three sequences' last tokens, alone (a call small enough to run on one thread whatever torch's count)
+    and eight times over in one call (work enough for two)."""
     case = (16, 9, 3, 64, [(300, 300), (70, 33), (17, 1)], list(range(30))[::-1], 8.0, 5)
     args, _ = make_prefill(case, torch.bfloat16)
     want = ext.prefill(*args, None, "scalar", 32)
+    query, key_cache, value_cache, tables, context_lens, _, scale = args
+    last = query[[299, 332, 333]]
+    decode_lens = torch.tensor([300, 70, 17], dtype=torch.int32)
+    want_decode = ext.decode(last, key_cache, value_cache, tables, decode_lens, scale, None, "scalar", 0)
     before = torch.get_num_threads()
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
             assert torch.equal(ext.prefill(*args, None, "avx2", 32), want), threads
+            assert torch.equal(ext.decode(last, key_cache, value_cache, tables, decode_lens, scale, None, "avx2", 0),
+                               want_decode), threads
+            eight = ext.decode(last.repeat(8, 1, 1), key_cache, value_cache, tables.repeat(8, 1),
+                               decode_lens.repeat(8), scale, None, "avx2", 0)
+            assert torch.equal(eight, want_decode.repeat(8, 1, 1)), threads
     finally:
         torch.set_num_threads(before)
-    query, key_cache, value_cache, tables, context_lens, _, scale = args
-    last = query[[299, 332, 333]]
-    decode_lens = torch.tensor([300, 70, 17], dtype=torch.int32)
-    assert torch.equal(ext.decode(last, key_cache, value_cache, tables, decode_lens, scale, None, "avx2", 0),
-                       ext.decode(last, key_cache, value_cache, tables, decode_lens, scale, None, "scalar", 0))
 
 
 @pytest.mark.parametrize("dtype, d, says", [(torch.float64, 64, "Double"), (torch.float32, 40, "D = 40"),
