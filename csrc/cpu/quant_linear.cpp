@@ -58,6 +58,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
@@ -89,9 +90,13 @@ struct Vnni {};
 
 constexpr int64_t QK = 32;     // weights per block
 constexpr int64_t TILE_N = 4;  // output columns computed side by side
-// Waking a second thread costs microseconds; a task smaller than this many weights per row of
-// x finishes sooner on one (measured: 576 x 576 at one row took 13.2 us on 2 threads, 10.7 on 1).
-constexpr int64_t MIN_TASK_WEIGHTS = 1 << 19;
+// Waking a second thread costs microseconds to tens of them where idle threads sleep (paged's
+// default); a task smaller than this many weights x rows of x finishes sooner on one. Measured
+// per loop: on an AVX2 CPU (Zen 3, `python -m paged.bench quant_kernel --type Q4_1 --rows 1`) 960 x
+// 576 took 0.072 ms split in two, 0.032 on one; with VNNI (Zen 5, where waking was cheaper) 576 x
+// 576 took 13.2 us split, 10.7 on one, and larger layers gained from the split.
+constexpr int64_t MIN_TASK_WEIGHTS = 1 << 21;
+constexpr int64_t MIN_TASK_WEIGHTS_VNNI = 1 << 19;
 // A thread prefetches the tile this many ahead of the one it computes (speed only: no value changes).
 constexpr int64_t PREFETCH_TILES = 8;
 
@@ -505,7 +510,8 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
     }
   });
   const int64_t tiles = (N + TILE_N - 1) / TILE_N;
-  const int64_t grain = std::max<int64_t>(1, MIN_TASK_WEIGHTS / (TILE_N * K * M));
+  const int64_t min_task = std::is_same_v<Isa, Vnni> ? MIN_TASK_WEIGHTS_VNNI : MIN_TASK_WEIGHTS;
+  const int64_t grain = std::max<int64_t>(1, min_task / (TILE_N * K * M));
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
     float out[TILE_N], out1[TILE_N];
     for (int64_t t = begin; t < end; ++t) {
