@@ -130,10 +130,10 @@ def dense_is_faster_for_many_rows(dense: Linear) -> bool:
     """Whether batches of many rows should leave the kernel for ``dense``: not for bfloat16 weights on a CPU
     whose oneDNN has no bfloat16 GEMM (AVX2 only), where torch's bfloat16 GEMM is 4-5x slower than the
     kernel's AVX2 loop at 1 to 256 rows; yes otherwise (bfloat16 with AVX-512: the GEMM 3-4x faster at 64
-    rows; float32: MKL's GEMM, 1.3-1.4x faster from 64 rows on AVX2, where the dense layer's own ``gemm``
-    now takes calls of up to 128 rows by the fixed-order kernel instead, faster again: 1.2-1.35x the output
-    tokens per second of the handoff to MKL on ``python -m paged.bench engine --workload batch``), and
-    without the kernel built."""
+    rows; float32: MKL's GEMM, 1.3-1.4x faster from 64 rows on AVX2), and without the kernel built. The
+    dense layer multiplies as any dense linear does (``layers.gemm``): on an AVX2 CPU in float32, calls of up
+    to ``layers.FLOAT32_FIXED_ORDER_ROWS`` rows by the fixed-order kernel, faster again there (1.2-1.35x the
+    output tokens per second of MKL's GEMM, ``python -m paged.bench engine --workload batch``)."""
     return dense.weight.dtype != torch.bfloat16 or cpu_has_bf16_gemm() or load_cpu_kernels() is None
 
 
