@@ -200,13 +200,16 @@ void rows_times_tile(const float* x, int64_t m0, int64_t m_end, const W* w, int6
 template <typename T>
 void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const T* bias, T* y) {
   const int64_t tiles = (N + kNR - 1) / kNR;
-  // Tasks of about 2 MB of weights read (a million bfloat16 multiply-adds for one row) at the
-  // least: waking a second thread costs tens of microseconds when idle threads sleep, so a lone
-  // row's smaller layers run on one (an AVX2 CPU, one bfloat16 row, `python -m paged.bench
+  // A second thread only for a call of more than 2 MB of work: waking one costs tens of
+  // microseconds when idle threads sleep (an AVX2 CPU, one bfloat16 row, `python -m paged.bench
   // linear_kernel --rows 1 --threads 1|2`: 576 x 576 took 0.033 ms on one thread, 0.092 on two).
+  // A tile's work is the bytes of w it reads or half its multiply-adds, whichever is more, so a
+  // few rows count little more than one: w is read once for all of them. Set by measuring (the
+  // same AVX2 CPU, SmolLM2 in bfloat16 decoding 4 sequences: 92.1, 90.3 -> 96.5, 94.9 tokens/s
+  // against counting every multiply-add as a byte of w; docs/benchmarks.md).
   constexpr int64_t kMinTaskBytes = int64_t(2) << 20;
-  const int64_t task_macs = kMinTaskBytes / static_cast<int64_t>(sizeof(T));
-  const int64_t grain = std::max<int64_t>(1, task_macs / std::max<int64_t>(1, M * K * kNR));
+  const int64_t tile_work = std::max<int64_t>(kNR * K * static_cast<int64_t>(sizeof(T)), M * K * kNR / 2);
+  const int64_t grain = std::max<int64_t>(1, kMinTaskBytes / std::max<int64_t>(1, tile_work));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> wide;  // a bfloat16 tile's w rows widened once for a chunk of many x rows
     for (int64_t m0 = 0; m0 < M; m0 += kMC) {
