@@ -35,7 +35,8 @@
 // of x stays in L2 while w streams past it, and a tile asks for the next tile's
 // rows of w while it multiplies. A bfloat16 tile of w
 // met by more than one tile of rows is widened to float32 once (exactly) and
-// then read as float32, instead of being widened again for every 4 rows.
+// then read as float32, instead of being widened again for every 4 rows; a
+// bfloat16 tile of 4 rows alone takes its 3 columns 2 and 1 at a time (below).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -108,11 +109,11 @@ inline void keep_in_register(__m256& v) {
 }
 
 // x rows i times w rows j over the 8-wide part of K: where K has no tail, the finished sums
-// sums[i * NR + j] (the tree taken in registers); else the 8 lanes lanes[i * NR + j], for finish.
+// sums[i * ld + j] (the tree taken in registers); else the 8 lanes lanes[i * ld + j], for finish.
 // Speed only: two cache lines of `ahead` (a later tile of w) are prefetched per step of K until
 // its `ahead_bytes` are asked for, spread over the loop rather than all at its start.
 template <typename T, int MR, int NR>
-void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], float* sums, const char* ahead,
+void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], float* sums, int ld, const char* ahead,
                int64_t ahead_bytes) {
   __m256 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -138,19 +139,28 @@ void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], fl
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) {
       if (K % kLanes == 0)
-        sums[i * NR + j] = lane_tree8(acc[i][j]);  // the tree of the order above
+        sums[i * ld + j] = lane_tree8(acc[i][j]);  // the tree of the order above
       else
-        _mm256_storeu_ps(lanes[i * NR + j], acc[i][j]);
+        _mm256_storeu_ps(lanes[i * ld + j], acc[i][j]);
     }
 }
 
 template <typename T, int MR>
 void tile_rows(const float* x, const T* w, int nr, int64_t K, float (*lanes)[kLanes], float* sums, const char* ahead,
                int64_t ahead_bytes) {
+  if (std::is_same_v<T, c10::BFloat16> && MR == 4 && nr == 3) {
+    // Speed only: w widened in registers, a 4 x 3 tile needs 17 vectors, one more than AVX2 has,
+    // and GCC kept an accumulator in memory (a store and a load on its chain every step of K);
+    // as 4 x 2 then 4 x 1 it fits (an AVX2 CPU, SmolLM2's linears at 4 rows 24.8, 23.0 -> 18.7,
+    // 19.0 ms a pass; docs/benchmarks.md).
+    tile_avx2<T, MR, 2>(x, w, K, lanes, sums, 3, ahead, ahead_bytes);
+    tile_avx2<T, MR, 1>(x, w + 2 * K, K, lanes + 2, sums + 2, 3, nullptr, 0);
+    return;
+  }
   switch (nr) {
-    case 3: tile_avx2<T, MR, 3>(x, w, K, lanes, sums, ahead, ahead_bytes); break;
-    case 2: tile_avx2<T, MR, 2>(x, w, K, lanes, sums, ahead, ahead_bytes); break;
-    default: tile_avx2<T, MR, 1>(x, w, K, lanes, sums, ahead, ahead_bytes); break;
+    case 3: tile_avx2<T, MR, 3>(x, w, K, lanes, sums, 3, ahead, ahead_bytes); break;
+    case 2: tile_avx2<T, MR, 2>(x, w, K, lanes, sums, 2, ahead, ahead_bytes); break;
+    default: tile_avx2<T, MR, 1>(x, w, K, lanes, sums, 1, ahead, ahead_bytes); break;
   }
 }
 #endif

@@ -65,8 +65,9 @@ def test_bfloat16_output_is_the_documented_order_bitwise(ext, shape, bias, seed)
 
 
 def test_bfloat16_documented_order_at_model_shapes(ext):
-    """Bitwise, at SmolLM2's shapes (K = 576 and 1536) and rows that fill whole tiles and leave some over."""
-    for m, n, k in [(1, 1536, 576), (9, 577, 1536), (70, 64, 576)]:
+    """Bitwise, at SmolLM2's shapes (K = 576 and 1536) and rows that fill whole tiles and leave some over;
+    four rows alone (a bfloat16 tile of 4 rows runs its 3 columns as 2 + 1), with and without a tail of K."""
+    for m, n, k in [(1, 1536, 576), (9, 577, 1536), (70, 64, 576), (4, 577, 576), (4, 13, 83)]:
         x, w, b = operands(m, n, k, torch.bfloat16, m, bias=False)
         assert torch.equal(ext.fixed_order_linear(x, w, b), documented_order(x, w, b)), (m, n, k)
 
