@@ -36,7 +36,7 @@
 // rows of w while it multiplies. A bfloat16 tile of w
 // met by more than one tile of rows is widened to float32 once (exactly) and
 // then read as float32, instead of being widened again for every 4 rows; a
-// bfloat16 tile of 4 rows alone takes its 3 columns 2 and 1 at a time (below).
+// bfloat16 tile of 4 rows alone takes its 3 columns 2 and 1 at a time (tile_rows).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -148,19 +148,21 @@ void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], fl
 template <typename T, int MR>
 void tile_rows(const float* x, const T* w, int nr, int64_t K, float (*lanes)[kLanes], float* sums, const char* ahead,
                int64_t ahead_bytes) {
-  if (std::is_same_v<T, c10::BFloat16> && MR == 4 && nr == 3) {
-    // Speed only: w widened in registers, a 4 x 3 tile needs 17 vectors, one more than AVX2 has,
-    // and GCC kept an accumulator in memory (a store and a load on its chain every step of K);
-    // as 4 x 2 then 4 x 1 it fits (an AVX2 CPU, SmolLM2's linears at 4 rows 24.8, 23.0 -> 18.7,
-    // 19.0 ms a pass; docs/benchmarks.md).
-    tile_avx2<T, MR, 2>(x, w, K, lanes, sums, 3, ahead, ahead_bytes);
-    tile_avx2<T, MR, 1>(x, w + 2 * K, K, lanes + 2, sums + 2, 3, nullptr, 0);
-    return;
-  }
-  switch (nr) {
-    case 3: tile_avx2<T, MR, 3>(x, w, K, lanes, sums, 3, ahead, ahead_bytes); break;
-    case 2: tile_avx2<T, MR, 2>(x, w, K, lanes, sums, 2, ahead, ahead_bytes); break;
-    default: tile_avx2<T, MR, 1>(x, w, K, lanes, sums, 1, ahead, ahead_bytes); break;
+  // Speed only: the columns go in groups whose accumulators, w vectors and x vector fit in AVX2's 16
+  // registers. A bfloat16 w widened in registers takes one more, so 4 x 3 would need 17, and GCC kept
+  // an accumulator in memory (a store and a load on its chain every step of K); 4 rows take their
+  // columns 2 and then 1 (an AVX2 CPU, SmolLM2's linears at 4 rows 24.8, 23.0 -> 18.7, 19.0 ms a
+  // pass; docs/benchmarks.md). The first group asks for `ahead`.
+  constexpr int kFit = (std::is_same_v<T, c10::BFloat16> && MR == 4) ? 2 : kNR;
+  for (int j0 = 0; j0 < nr; j0 += kFit) {
+    const T* wj = w + j0 * K;
+    const char* a = j0 == 0 ? ahead : nullptr;
+    const int64_t a_bytes = j0 == 0 ? ahead_bytes : 0;
+    switch (std::min(kFit, nr - j0)) {
+      case 3: tile_avx2<T, MR, 3>(x, wj, K, lanes + j0, sums + j0, nr, a, a_bytes); break;
+      case 2: tile_avx2<T, MR, 2>(x, wj, K, lanes + j0, sums + j0, nr, a, a_bytes); break;
+      default: tile_avx2<T, MR, 1>(x, wj, K, lanes + j0, sums + j0, nr, a, a_bytes); break;
+    }
   }
 }
 #endif

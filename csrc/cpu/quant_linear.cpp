@@ -58,7 +58,6 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
-#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \

@@ -151,8 +151,8 @@ def test_a_row_does_not_depend_on_the_batch(ext, impl, case):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_layer_large_enough_to_split_gives_the_same_bits_on_one_thread(ext, impl, kind):
     """Bitwise: a layer big enough that its columns are split between threads (4096 x 1024 at one and
-    three rows: a task takes at least 2 M weights x rows) gives the one-thread result, and each row its
-    own result."""
+    three rows: the AVX2 loop splits from 2 M weights x rows, three rows counted as one) gives the
+    one-thread result, and each row its own result."""
     n, k = 4096, 1024
     _, packed = quantized(kind, n, k, 3)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(3)).bfloat16()
