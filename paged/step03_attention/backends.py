@@ -28,7 +28,8 @@ docs/architecture.md) is its own business, decided here:
 Without the mode each takes its fastest route: the native kernels decode
 (the cpu one split into partitions when the batch is small), a prompt with
 nothing cached goes through ``prefill_attention`` (SDPA's fused kernel), one
-over a cached prefix through the reference path.
+over a cached prefix (a chunk of a long prompt, a tail after a prefix-cache
+hit) through the cpu prefill kernel on ``cpu``, the reference path elsewhere.
 
 Sliding windows and soft-capped scores (the keywords ``window`` and
 ``softcap`` of the models' attention call) reach every path: the PyTorch
@@ -168,7 +169,8 @@ def attention_path(name: str, batch_invariant: bool) -> Callable:
 def _cpu_path(module, batch_invariant: bool) -> Callable:
     """The cpu backend: all-decode batches through the decode kernel (never split into partitions
     in batch-invariant mode), batches with a prompt through the prefill kernel in that mode or
-    when the layer has a window or a soft-cap, else by ``_fastest``."""
+    when the layer has a window or a soft-cap, else by ``_fastest`` (its prompts over a cached prefix
+    through the prefill kernel too)."""
     decode = functools.partial(module.paged_attention_decode, partition_blocks=0 if batch_invariant else -1)
 
     def attend(q, kc, vc, m, scale, window=None, softcap=None):
@@ -177,7 +179,7 @@ def _cpu_path(module, batch_invariant: bool) -> Callable:
         if batch_invariant or window is not None or softcap is not None:
             return module.paged_attention_prefill(q, kc, vc, m.block_tables, m.context_lens, m.query_lens_tensor,
                                                   scale, window=window, softcap=softcap)
-        return _fastest(decode, q, kc, vc, m, scale)
+        return _fastest(decode, q, kc, vc, m, scale, prefill=module.paged_attention_prefill)
     return attend
 
 
@@ -199,9 +201,12 @@ def _reference_for_options(name: str, fast: Callable, reference: Callable) -> Ca
     return attend
 
 
-def _fastest(decode, q, key_cache, value_cache, m, scale):
+def _fastest(decode, q, key_cache, value_cache, m, scale, prefill=None):
     """Decode rows through the native kernel; a prompt with nothing cached through SDPA's
-    fused kernel over its own keys, one over a cached prefix through the reference path."""
+    fused kernel over its own keys; one over a cached prefix through ``prefill`` (the backend's
+    kernel for many queries over paged K/V, where it has one) or else the reference path, which
+    gathers the whole context and masks it (3-5x slower than the cpu prefill kernel for a
+    256-token chunk, see docs/benchmarks.md)."""
     if m.all_decode:
         return decode(q, key_cache, value_cache, m.block_tables, m.context_lens, scale)
     out = torch.empty_like(q)
@@ -211,7 +216,10 @@ def _fastest(decode, q, key_cache, value_cache, m, scale):
             k = gather_blocks(key_cache, m.block_tables[s], ctx)  # [ctx, H_kv, D]
             v = gather_blocks(value_cache, m.block_tables[s], ctx)
             out[rows] = prefill_attention(q[rows], k, v, scale)
-        else:  # a cached prefix (step04) or a recomputation chunk (step05)
+        elif prefill is not None:  # a cached prefix (step04), a chunk or a recomputation (step05)
+            out[rows] = prefill(q[rows], key_cache, value_cache, m.block_tables[s : s + 1],
+                                m.context_lens[s : s + 1], m.query_lens_tensor[s : s + 1], scale)
+        else:
             out[rows] = reference_attention(
                 q[rows], key_cache, value_cache, m.block_tables[s : s + 1], m.context_lens[s : s + 1], [q_len], scale
             )

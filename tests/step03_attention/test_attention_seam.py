@@ -12,7 +12,9 @@ and how batch-invariant mode is kept. Proven here, for every backend
 * bitwise (``torch.equal``), in batch-invariant mode: each token's output in
   the mixed batch equals the same token computed alone (a 1-token decode over
   its context) and in a chunk of its prompt. Control: without the mode the
-  cpu backend's prompt rows (SDPA's kernel) differ from the decode kernel's.
+  cpu backend's prompt rows (SDPA's kernel) differ from the decode kernel's;
+  and its rows of a prompt over a cached prefix are the prefill kernel's
+  (bitwise), not the reference path's.
 * the default cpu path builds no per-token tables, and the quoted
   ``__call__`` has no mode branch.
 """
@@ -131,6 +133,24 @@ def test_without_batch_invariance_cpu_prompt_rows_differ_from_decode():
     fast = attention_path("cpu", False)(query, cache.key(0), cache.value(0), meta, scale)
     alone, _ = _alone_and_in_chunks("cpu", cache, meta, query, scale)
     assert not torch.equal(fast, alone)
+
+
+def test_without_batch_invariance_cpu_prompt_over_a_cached_prefix_runs_the_prefill_kernel():
+    """Bitwise: with the mode off, the cpu backend attends a prompt's tail over a cached prefix (a
+    chunk of a long prompt) with the prefill kernel, not the reference path's gather: its rows are
+    the kernel's (float32), and differ from the reference path's, so the check can tell them apart.
+    (That they equal the oracle, toleranced, is the both-modes test above.)"""
+    from paged.kernels import cpu
+
+    batch = (16, 4, 2, [200], [60], list(range(14)))
+    cache, meta, query, _, _, _, scale = _batch("cpu", batch, False)
+    cache.data, query = cache.data.float(), query.float()
+    fast = attention_path("cpu", False)(query, cache.key(0), cache.value(0), meta, scale)
+    kernel = cpu.paged_attention_prefill(query, cache.key(0), cache.value(0), meta.block_tables, meta.context_lens,
+                                         meta.query_lens_tensor, scale)
+    gathered = attention_path("reference", False)(query, cache.key(0), cache.value(0), meta, scale)
+    assert torch.equal(fast, kernel)
+    assert not torch.equal(fast, gathered)
 
 
 def test_cpu_batch_invariant_path_builds_no_per_token_tables():
