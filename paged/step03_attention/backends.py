@@ -205,8 +205,8 @@ def _fastest(decode, q, key_cache, value_cache, m, scale, prefill=None):
     """Decode rows through the native kernel; a prompt with nothing cached through SDPA's
     fused kernel over its own keys; one over a cached prefix through ``prefill`` (the backend's
     kernel for many queries over paged K/V, where it has one) or else the reference path, which
-    gathers the whole context and masks it (3-5x slower than the cpu prefill kernel for a
-    256-token chunk, see docs/benchmarks.md)."""
+    gathers the whole context, repeats it for the query heads and masks it (the slower:
+    docs/benchmarks.md, "long prompts")."""
     if m.all_decode:
         return decode(q, key_cache, value_cache, m.block_tables, m.context_lens, scale)
     out = torch.empty_like(q)
