@@ -171,9 +171,10 @@ inline void attend_block(const DecodeArgs& a, Row* g, int count, const int32_t (
   float* scores = w.scores.data();
   float* probs = w.probs.data();
   group_scores(g, count, w.k.data(), D, tlo, thi, scores);
-  if (a.softcap > 0) {
+  if (a.softcap > 0) {  // the scalar's std::tanh, for each row's own keys only (a decode's G rows leave lanes idle)
     const float cap = static_cast<float>(a.softcap);
-    for (int64_t e = tlo * kGroup; e < thi * kGroup; ++e) scores[e] = cap * std::tanh(scores[e] / cap);
+    for (int i = 0; i < count; ++i)
+      for (int64_t t = t0[i]; t < n[i]; ++t) scores[t * kGroup + i] = cap * std::tanh(scores[t * kGroup + i] / cap);
   }
   // The lanes of row i hold its keys t0[i] <= t < n[i]; the others take no part: a score of
   // -inf leaves the maximum as it was (as the scalar's loop, not reaching them), a
