@@ -202,6 +202,21 @@ def usage_of(usage, served, reasoning: str) -> ResponseUsage:
                          output_tokens_details=OutputTokensDetails(reasoning_tokens=thought))
 
 
+# the chat request's fields that come from a Responses request's own (ResponsesRequest.chat_body)
+RESPONSES_FIELD = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
+                   "messages": "input", "response_format": "text.format"}
+
+
+def in_responses_terms(err: APIError) -> APIError:
+    """An error of the chat request a Responses request became, naming the field the client sent
+    (``max_output_tokens``, not ``max_completion_tokens``) in ``param`` and at the head of the message."""
+    ours = RESPONSES_FIELD.get((err.param or "").split(".")[0])
+    if ours is None:
+        return err
+    rest = err.message[len(err.param):] if err.message.startswith(err.param) else f": {err.message}"
+    return APIError(ours + rest, err.status, param=ours, code=err.code, type=err.type, headers=err.headers)
+
+
 def sse(event) -> str:
     return f"event: {event.type}\n{streaming.sse(event)}"
 
@@ -223,9 +238,11 @@ def install(app, served, generator, store: ResponseStore) -> None:
         body = req.chat_body(conversation)
         try:
             chat_req = ChatCompletionRequest.model_validate(body)
+            run = await chat.answer(chat_req, raw, served, generator, start_only=True)
         except ValidationError as e:
-            raise from_validation_error(e) from None
-        run = await chat.answer(chat_req, raw, served, generator, start_only=True)
+            raise in_responses_terms(from_validation_error(e)) from None
+        except APIError as e:
+            raise in_responses_terms(e) from None
         builder = ResponseBuilder(req, served.name)
         history = body["messages"][1:] if req.instructions else body["messages"]
         if req.stream:

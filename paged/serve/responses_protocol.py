@@ -122,7 +122,8 @@ class ResponsesRequest(RequestModel):
     previous_response_id: StrictStr | None = Field(None, description="continue a response this server gave "
                                                    "(and still keeps: the newest --response-store ones)")
     max_output_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
-    temperature: StrictFloat | None = Field(None, **bounds(minimum=0, maximum=2))
+    # the chat request's bound, which SamplingParams enforces (OpenAI's own API stops at 2; vLLM sets none)
+    temperature: StrictFloat | None = Field(None, **bounds(minimum=0, maximum=100))
     top_p: StrictFloat | None = Field(None, **bounds(exclusive_minimum=0, maximum=1))
     tools: list[FunctionTool | OtherTool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | dict | None = None

@@ -71,8 +71,9 @@ class SharingEngine(Engine):
         bound = min(MAX_BEST_OF, self.max_num_seqs)
         if params.best_of > bound:
             why = "" if bound == MAX_BEST_OF else " (max_num_seqs: a group runs whole in one iteration)"
-            raise RequestError(f"best_of (or n) must be <= {bound}{why}, got {params.best_of}",
-                               param="best_of", bound=bound)
+            field = "n" if params.n > bound else "best_of"  # the one the request set past the bound
+            raise RequestError(f"{field} must be <= {bound}{why}, got {getattr(params, field)}",
+                               param=field, bound=bound)
         if params.use_beam_search and params.temperature != 0:
             raise RequestError("beam search is deterministic: set temperature=0 "
                                f"(got {params.temperature})", param="temperature", bound=0)

@@ -53,7 +53,7 @@ CASES = [
     ("top_p_above_one", "/v1/completions", {"top_p": 1.5}, 400, "top_p", ["(0, 1]"]),
     ("top_k_negative", "/v1/completions", {"top_k": -5}, 400, "top_k", ["-1"]),
     ("n_zero", "/v1/completions", {"n": 0}, 400, "n", [">= 1"]),
-    ("n_over_limit", "/v1/completions", {"n": 1000}, 400, "best_of", ["64", "1000"]),
+    ("n_over_limit", "/v1/completions", {"n": 1000}, 400, "n", ["64", "1000"]),
     ("best_of_below_n", "/v1/completions", {"n": 3, "best_of": 2}, 400, "best_of", [">= n"]),
     ("best_of_over_limit", "/v1/completions", {"best_of": 100}, 400, "best_of", ["64"]),
     ("logprobs_over_limit", "/v1/completions", {"logprobs": 21}, 400, "logprobs", ["[0, 20]"]),

@@ -110,6 +110,22 @@ def test_responses_not_kept_are_404s_naming_the_field(c):
     assert c.get(f"/v1/responses/{first['id']}").status_code == 404
 
 
+@pytest.mark.parametrize("body, param", [
+    (dict(input="x", max_output_tokens=0), "max_output_tokens"),
+    (dict(input="x", max_output_tokens=10**6), "max_output_tokens"),
+    (dict(input="x " * 2000, max_output_tokens=2), "input"),
+    (dict(input="x", text={"format": {"type": "json_schema", "name": "o", "schema": {"type": "nope"}}}),
+     "text.format"),
+])
+def test_errors_name_the_responses_field_not_the_chat_field_it_became(c, body, param):
+    """A request is checked as the chat request it becomes; its 400 names the field the client sent
+    (``max_output_tokens``, not ``max_completion_tokens``), in ``param`` and at the message's head (exact)."""
+    r = c.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param), error
+
+
 def test_forced_function_calls_stream_as_function_call_items(c):
     body = dict(input="Weather in Paris?", tools=TOOLS, tool_choice="required", max_output_tokens=40, seed=2)
     whole = create(c, **body)

@@ -37,6 +37,7 @@ from collections import Counter
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from starlette.testclient import TestClient
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
@@ -116,6 +117,39 @@ def test_every_documented_example_is_accepted_and_conforms(app, schema, label):
         assert streamed == bool(example["value"].get("stream")), name
         if streamed:  # a chat or completion stream ends with [DONE], a Responses stream with its Response
             assert response.text.rstrip().endswith(("data: [DONE]", '"metadata":{}}}')), name
+    assert wait_idle(app)["blocks_used"] == 0
+
+
+def just_outside(prop: dict) -> list:
+    """A value just past each numeric bound ``prop`` publishes, of its type: a step below a minimum or
+    above a maximum, an exclusive bound itself."""
+    integer = "integer" in {prop.get("type"), *(branch.get("type") for branch in prop.get("anyOf", []))}
+    step, kind = (1, int) if integer else (0.5, float)
+    return ([kind(prop["minimum"] - step)] if "minimum" in prop else []) + \
+           ([kind(prop["maximum"] + step)] if "maximum" in prop else []) + \
+           [kind(prop[key]) for key in ("exclusiveMinimum", "exclusiveMaximum") if key in prop]
+
+
+@pytest.mark.parametrize("label", ["POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses"])
+def test_every_published_numeric_bound_is_refused_past_it(app, label):
+    """Each numeric bound a generation request's fields publish holds: the operation's first documented
+    example with one field just past its bound gets a 400 whose error names that field. The fuzzing test
+    draws such values only now and then; this sends each of them, every run (status and param: exact)."""
+    document = app.fastapi.openapi()
+    path = label.split()[1]
+    content = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+    schema_name = content["schema"]["$ref"].rsplit("/", 1)[1]
+    properties = document["components"]["schemas"][schema_name]["properties"]
+    example = next(iter(content["examples"].values()))["value"]
+    sent = 0
+    with TestClient(app) as client:
+        for field, prop in properties.items():
+            for value in just_outside(prop):
+                response = client.post(path, json={**example, field: value}, headers=AUTH)
+                assert response.status_code == 400, (field, value, response.status_code, response.text[:300])
+                assert response.json()["error"]["param"] == field, (field, value, response.text[:300])
+                sent += 1
+    assert sent >= 4  # every operation listed publishes at least temperature's and top_p's bounds
     assert wait_idle(app)["blocks_used"] == 0
 
 

@@ -106,8 +106,10 @@ def test_swapped_group_wider_than_the_token_budget_comes_back_when_the_device_is
 
 def test_group_wider_than_an_iteration_is_refused(model):
     engine = _engine(model, num_blocks=16, max_num_seqs=2)
-    with pytest.raises(ValueError, match=r"best_of \(or n\) must be <= 2 \(max_num_seqs"):
+    with pytest.raises(ValueError, match=r"^n must be <= 2 \(max_num_seqs.*got 3$"):
         engine.add_request("wide", [1, 2], SamplingParams(n=3, temperature=1.0))
+    with pytest.raises(ValueError, match=r"^best_of must be <= 2 \(max_num_seqs.*got 3$"):
+        engine.add_request("wide", [1, 2], SamplingParams(n=2, best_of=3, temperature=1.0))
     assert not engine.has_unfinished()
 
 
