@@ -20,7 +20,9 @@ needs ``temperature: 0``), and those requests get a 400 that names the rule.
 
 After each operation's examples the engine must be idle with every KV block
 free, and a good request must still succeed. Each example body the document
-shows is sent too, and must get a 200 that passes every check. Hypothesis is
+shows is sent too, and must get a 200 that passes every check; and each bound
+a generation request's fields publish is sent just past it, every run, and must
+be refused naming the field (the fuzzing draws those only now and then). Hypothesis is
 derandomized (the same examples every run). ``PAGED_FUZZ_EXAMPLES`` sets the
 examples per operation and mode (``make fuzz`` runs a larger number).
 
@@ -121,20 +123,35 @@ def test_every_documented_example_is_accepted_and_conforms(app, schema, label):
 
 
 def just_outside(prop: dict) -> list:
-    """A value just past each numeric bound ``prop`` publishes, of its type: a step below a minimum or
-    above a maximum, an exclusive bound itself."""
-    integer = "integer" in {prop.get("type"), *(branch.get("type") for branch in prop.get("anyOf", []))}
-    step, kind = (1, int) if integer else (0.5, float)
-    return ([kind(prop["minimum"] - step)] if "minimum" in prop else []) + \
-           ([kind(prop["maximum"] + step)] if "maximum" in prop else []) + \
-           [kind(prop[key]) for key in ("exclusiveMinimum", "exclusiveMaximum") if key in prop]
+    """A value just past each bound ``prop`` publishes: a number a step below its minimum or above its
+    maximum (an exclusive bound itself), of its type; a string a character past its length bounds; a
+    list an item past its count bounds (its items strings or integers); an object a key past its size."""
+    branches = [prop, *prop.get("anyOf", [])]
+    step, kind = (1, int) if "integer" in {b.get("type") for b in branches} else (0.5, float)
+    values = ([kind(prop["minimum"] - step)] if "minimum" in prop else []) + \
+             ([kind(prop["maximum"] + step)] if "maximum" in prop else []) + \
+             [kind(prop[key]) for key in ("exclusiveMinimum", "exclusiveMaximum") if key in prop]
+    if "maxLength" in prop:
+        values.append("a" * (prop["maxLength"] + 1))
+    if prop.get("minLength", 0) > 0:
+        values.append("a" * (prop["minLength"] - 1))
+    items = next((b["items"] for b in branches if b.get("type") == "array" and "items" in b), {})
+    sample = {"string": "a", "integer": 1}.get(items.get("type"))
+    if "maxItems" in prop and sample is not None:
+        values.append([sample] * (prop["maxItems"] + 1))
+    if prop.get("minItems", 0) == 1:  # one bound an empty list breaks whatever its items are
+        values.append([])
+    if "maxProperties" in prop:
+        values.append({str(i): 0 for i in range(prop["maxProperties"] + 1)})
+    return values
 
 
 @pytest.mark.parametrize("label", ["POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses"])
-def test_every_published_numeric_bound_is_refused_past_it(app, label):
-    """Each numeric bound a generation request's fields publish holds: the operation's first documented
-    example with one field just past its bound gets a 400 whose error names that field. The fuzzing test
-    draws such values only now and then; this sends each of them, every run (status and param: exact)."""
+def test_every_published_bound_is_refused_just_past_it(app, label):
+    """Each bound a generation request's fields publish holds (a number's range, a string's length, a
+    list's or an object's size): the operation's first documented example with one field just past one
+    bound gets a 400 whose error names that field. The fuzzing test draws such values only now and then;
+    this sends each of them, every run (status and param: exact)."""
     document = app.fastapi.openapi()
     path = label.split()[1]
     content = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
@@ -149,7 +166,7 @@ def test_every_published_numeric_bound_is_refused_past_it(app, label):
                 assert response.status_code == 400, (field, value, response.status_code, response.text[:300])
                 assert response.json()["error"]["param"] == field, (field, value, response.text[:300])
                 sent += 1
-    assert sent >= 4  # every operation listed publishes at least temperature's and top_p's bounds
+    assert sent >= 5  # each operation listed publishes at least 5 bounds (temperature's, top_p's, ...)
     assert wait_idle(app)["blocks_used"] == 0
 
 
