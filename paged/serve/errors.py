@@ -69,20 +69,55 @@ class APIError(Exception):
         return ErrorResponse.model_validate(self.body())
 
 
+def _is_field(part: str) -> bool:
+    return part.isdigit() or bool(re.fullmatch(r"[a-z_][a-z0-9_]*", part)) and part not in {
+        "str", "int", "float", "bool", "list", "dict", "none"}
+
+
 def _field_path(error: dict) -> list[str]:
     """``loc`` without the union-member tags pydantic inserts (``str``, ``list[int]``, ``function-after[...]``)."""
-    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
-    return [p for p in loc if p.isdigit() or re.fullmatch(r"[a-z_][a-z0-9_]*", p)
-            and p not in {"str", "int", "float", "bool", "list", "dict", "none"}]
+    return [p for p in (str(p) for p in error.get("loc", ()) if p != "body") if _is_field(p)]
+
+
+def _meant_members(errors: list[dict]) -> list[dict]:
+    """The errors of the union members a value was meant for: first a member whose type the value does
+    not have (a list where a string goes) is left out with its errors, then a member whose ``type``
+    field the value does not carry (an item of another kind); each step only if some errors remain."""
+    def loc(e: dict) -> list[str]:
+        return [str(p) for p in e.get("loc", ()) if p != "body"]
+
+    def without(errors: list[dict], wrong_kind: bool) -> list[dict]:
+        wrong, kinds = [], []
+        for e in errors:
+            tags = [i for i, p in enumerate(loc(e)) if not _is_field(p)]
+            rest = loc(e)[tags[-1] + 1:] if tags else None
+            if rest == [] and not wrong_kind and e.get("type", "").endswith("_type") or \
+                    rest == ["type"] and wrong_kind and e.get("type") in ("literal_error", "missing"):
+                wrong.append(loc(e)[:tags[-1] + 1])
+                kinds += [e["ctx"]["expected"]] if e.get("type") == "literal_error" else []
+        meant = [e for e in errors if not any(loc(e)[:len(m)] == m for m in wrong)]
+        if not meant and wrong_kind and kinds:  # an item of no kind the union has: name every kind
+            first = next(e for e in errors if e.get("type") == "literal_error")
+            return [{**first, "msg": f"Input should be {' or '.join(kinds)}"}]
+        return meant or errors
+
+    return without(without(errors, wrong_kind=False), wrong_kind=True)
 
 
 def from_validation_error(err: ValidationError | RequestValidationError, expected: dict | None = None) -> APIError:
     """The first pydantic error as a 400 naming the field (``messages.0.role``) and the problem.
 
     ``expected`` maps a field name to what it accepts, used when the field is a
-    union (pydantic then reports one error per member type).
+    union (pydantic then reports one error per member type). Another union's
+    errors are those of the members the value was meant for (``_meant_members``):
+    an ``input`` item with ``"type": "function_call_output"`` and no ``output`` is
+    told ``input.0.output: Field required``, not that it is not a string.
     """
     errors = err.errors()
+    top = _field_path(errors[0])
+    key = top[-1] if top and not top[-1].isdigit() else top[-2] if len(top) > 1 else None
+    if key not in (expected or {}):
+        errors = _meant_members(errors)
     first = errors[0]
     path = _field_path(first)
     field = ".".join(path) or None

@@ -126,6 +126,23 @@ def test_errors_name_the_responses_field_not_the_chat_field_it_became(c, body, p
     assert error["param"] == param and error["message"].startswith(param), error
 
 
+@pytest.mark.parametrize("item, message", [
+    ({"type": "function_call_output", "call_id": "a"}, "input.0.output: Field required"),
+    ({"role": "bogus", "content": "x"},
+     "input.0.role: Input should be 'user', 'assistant', 'system' or 'developer' (got 'bogus')"),
+    ({"type": "message", "role": "user", "content": [{"type": "input_text"}]}, "input.0.content.0.text: Field required"),
+    ({"type": "nope"},
+     "input.0.type: Input should be 'message' or 'function_call' or 'function_call_output' or 'reasoning' (got 'nope')"),
+])
+def test_a_bad_input_item_is_told_what_is_wrong_with_it(c, item, message):
+    """An item of ``input`` is checked as the kind its ``type`` names (a message without one): the 400 says
+    that kind's problem, not that the list is not a string (message and param: exact)."""
+    r = c.post("/v1/responses", json={"input": [item]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == message
+    assert r.json()["error"]["param"] == message.split(":")[0]
+
+
 def test_forced_function_calls_stream_as_function_call_items(c):
     body = dict(input="Weather in Paris?", tools=TOOLS, tool_choice="required", max_output_tokens=40, seed=2)
     whole = create(c, **body)
