@@ -248,7 +248,10 @@ def install(app, served, generator, store: ResponseStore) -> None:
         if req.stream:
             return StreamingResponse(events(run, builder, served, store, history), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        finals = await generator.collect(run, raw)
+        try:
+            finals = await generator.collect(run, raw)
+        except APIError as e:  # the request failed while it ran
+            raise in_responses_terms(e) from None
         if finals is None:
             return Response(status_code=499)
         whole = generator.whole_response(run, finals)
@@ -274,7 +277,7 @@ async def events(run, builder: ResponseBuilder, served, store: ResponseStore, hi
     reason, reasoning = None, ""
     async for chunk in streaming.events(run):
         if isinstance(chunk, ErrorResponse):
-            err = chunk.error
+            err = in_responses_terms(APIError(chunk.error.message, param=chunk.error.param, code=chunk.error.code))
             yield sse(builder._event(ErrorEvent, code=err.code, message=err.message, param=err.param))
             return
         if isinstance(chunk, str):  # [DONE]

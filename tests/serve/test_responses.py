@@ -126,6 +126,27 @@ def test_errors_name_the_responses_field_not_the_chat_field_it_became(c, body, p
     assert error["param"] == param and error["message"].startswith(param), error
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_that_fails_while_it_runs_is_told_in_responses_terms(c, monkeypatch, stream):
+    """A request that fails after it started (its own error, as a grammar meeting a limit would raise,
+    here made by the decoding step) gets that error naming the Responses field: the answer's 400, or the
+    stream's last event (param and message head: exact)."""
+    from paged import RequestError
+    scheduler = c.app.fastapi.state.engine.engine.scheduler
+    def fail(*args):
+        raise RequestError("max_tokens: made to fail while it ran", param="max_tokens")
+    monkeypatch.setattr(scheduler.decoding, "process", fail)
+    r = c.post("/v1/responses", json={"input": "x", "max_output_tokens": 4, "stream": stream})
+    if stream:
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+        error = events[-1]
+        assert error["type"] == "error", error
+    else:
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+    assert error["param"] == "max_output_tokens" and error["message"].startswith("max_output_tokens: "), error
+
+
 @pytest.mark.parametrize("item, message", [
     ({"type": "function_call_output", "call_id": "a"}, "input.0.output: Field required"),
     ({"role": "bogus", "content": "x"},
