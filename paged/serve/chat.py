@@ -48,9 +48,9 @@ def template_variables(req: ChatCompletionRequest) -> dict:
 
 
 async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, generator: Generator,
-                 start_only: bool = False):
+                 start_only: bool = False, tag: str | None = None):
     """Answer one parsed chat request (the stream, or the whole response); ``start_only``: submit it and
-    return the ``generation.Run`` (the Responses API answers it its own way)."""
+    return the ``generation.Run`` (the Responses API answers it its own way, its engine ids ``tag``)."""
     served.check(req.model)
     if served.chat is None:
         raise APIError(f"{served.no_chat}; use /v1/completions instead", param="messages",
@@ -76,5 +76,5 @@ async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, 
     args = (req, "chat", [ids], [text], max_tokens, req.num_logprobs, rename)
     keywords = dict(echo=echo, stop_token_ids=served.chat.end_of_turn_ids, parse=parse)
     if start_only:
-        return await generator.start(*args, **keywords)
+        return await generator.start(*args, **keywords, tag=tag)
     return await generator.run(req, raw, *args[1:], **keywords)

@@ -27,7 +27,8 @@ grammar is built, and a large answer's JSON is written, on the offload pool
 (``offload.py``), not on the event loop.
 
 **Engine ids are the server's.** Each engine request is ``cmpl-<uuid>-<i>``
-(``chatcmpl-...``), whatever the client sent as ``request_id``: engine ids are
+(``chatcmpl-...``; a Responses request's ``resp_<uuid>-0``, its response's id),
+whatever the client sent as ``request_id``: engine ids are
 what the server logs and the operator's KV view lists, and a string one client
 chose must not reach them. The response's ``id`` still carries the client's.
 """
@@ -210,8 +211,9 @@ class Generator:
 
     async def start(self, req, kind: str, ids: list[list[int]], prompts: list[str | None], max_tokens: int | None,
                     logprobs: int | None, rename: dict[str, str], prompt_logprobs: int | None = None, echo=None,
-                    stop_token_ids=(), parse=None) -> Run:
-        """Check and submit ``ids`` (as ``run``); the ``Run`` whose outputs then arrive."""
+                    stop_token_ids=(), parse=None, tag: str | None = None) -> Run:
+        """Check and submit ``ids`` (as ``run``); the ``Run`` whose outputs then arrive. ``tag``: the engine
+        ids' stem, when the server already named the answer (a Responses request: its ``resp_...`` id)."""
         self.check_context(ids, max_tokens, rename)
         entries = self.check_answer_size(req, ids, max_tokens, logprobs, rename, echo is not None)
         # a grammar is compiled while the params are built: off the loop
@@ -219,7 +221,7 @@ class Generator:
                                      logprobs, rename, prompt_logprobs)
         params.stop_token_ids += [t for t in stop_token_ids if t not in params.stop_token_ids]
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        tag = f"{prefix}-{uuid.uuid4().hex}"  # the engine's ids: the server's own (see the module's docstring)
+        tag = tag or f"{prefix}-{uuid.uuid4().hex}"  # the engine's ids: the server's own (the module's docstring)
         fmt = Formatter(kind, f"{prefix}-{req.request_id}" if req.request_id else tag, self.served.name,
                         self.served.tokenizer, logprobs, req.return_tokens_as_token_ids)
         rids = [f"{tag}-{i}" for i in range(len(ids))]

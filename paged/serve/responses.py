@@ -236,14 +236,14 @@ def install(app, served, generator, store: ResponseStore) -> None:
         req = await parse_body(raw, ResponsesRequest)
         conversation = store.get(req.previous_response_id)[1] if req.previous_response_id else []
         body = req.chat_body(conversation)
+        builder = ResponseBuilder(req, served.name)
         try:
             chat_req = ChatCompletionRequest.model_validate(body)
-            run = await chat.answer(chat_req, raw, served, generator, start_only=True)
+            run = await chat.answer(chat_req, raw, served, generator, start_only=True, tag=builder.id)
         except ValidationError as e:
             raise in_responses_terms(from_validation_error(e)) from None
         except APIError as e:
             raise in_responses_terms(e) from None
-        builder = ResponseBuilder(req, served.name)
         history = body["messages"][1:] if req.instructions else body["messages"]
         if req.stream:
             return StreamingResponse(events(run, builder, served, store, history), media_type="text/event-stream",

@@ -126,6 +126,20 @@ def test_errors_name_the_responses_field_not_the_chat_field_it_became(c, body, p
     assert error["param"] == param and error["message"].startswith(param), error
 
 
+def test_the_engine_runs_a_response_under_its_own_id(c, monkeypatch):
+    """The engine's id of a Responses request is its response's id (and ``-0``): what the server logs
+    and the KV view lists is the id the client got (set equality over every step it ran)."""
+    scheduler = c.app.fastapi.state.engine.engine.scheduler
+    seen, process = set(), scheduler.decoding.process
+
+    def record(sched, req, results):
+        seen.add(req.request_id)
+        return process(sched, req, results)
+    monkeypatch.setattr(scheduler.decoding, "process", record)
+    response = create(c, input="x", max_output_tokens=3)
+    assert seen == {f"{response['id']}-0"}
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_request_that_fails_while_it_runs_is_told_in_responses_terms(c, monkeypatch, stream):
     """A request that fails after it started (its own error, as a grammar meeting a limit would raise,
