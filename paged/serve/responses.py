@@ -1,4 +1,4 @@
-"""``POST /v1/responses``, ``GET /v1/responses/{id}``: OpenAI's Responses API over the chat path.
+"""``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``: OpenAI's Responses API over the chat path.
 
 A Responses request is a chat request in other clothes: ``responses_protocol``
 turns it into one (instructions, the previous response's conversation, the
@@ -11,7 +11,8 @@ stream sends. A whole answer goes through the same builder, fed once, so the
 two agree item for item.
 
 ``previous_response_id``: the server keeps the newest ``--response-store``
-responses it gave (in memory, for its lifetime; ``store: false`` keeps none),
+responses it gave (in memory, for its lifetime, or until ``DELETE
+/v1/responses/{id}``; ``store: false`` keeps none),
 each with its conversation (without its instructions, as OpenAI's API does),
 so a client can send only the new input. An id the server no longer keeps is
 a 404 naming the field.
@@ -36,7 +37,8 @@ from paged.serve.responses_protocol import ResponsesRequest
 from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, FunctionCallOut,
                                            IncompleteDetails, InputTokensDetails, ItemEvent, MessageOut, OutputText,
                                            OutputTokensDetails, PartEvent, ReasoningDeltaEvent, ReasoningDoneEvent,
-                                           ReasoningOut, ReasoningText, ResponseEvent, ResponseObject, ResponseUsage,
+                                           ReasoningOut, ReasoningText, ResponseDeleted, ResponseEvent, ResponseObject,
+                                           ResponseUsage,
                                            TextDeltaEvent, TextDoneEvent)
 from paged.serve.schemas import ErrorResponse
 
@@ -67,6 +69,11 @@ class ResponseStore:
                            code="not_found")
         response, conversation, _ = self.entries[response_id]
         return response, conversation
+
+    def delete(self, response_id: str) -> None:
+        """Forget a response and its conversation (a 404, as ``get``, if it is not kept)."""
+        self.get(response_id, param="response_id")
+        self.chars -= self.entries.pop(response_id)[2]
 
 
 class ResponseBuilder:
@@ -222,7 +229,7 @@ def sse(event) -> str:
 
 
 def install(app, served, generator, store: ResponseStore) -> None:
-    """Add ``POST /v1/responses`` and ``GET /v1/responses/{response_id}`` to ``app``."""
+    """Add ``POST /v1/responses`` and ``GET`` / ``DELETE /v1/responses/{response_id}`` to ``app``."""
     errors = error_responses(400, 401, 413, 415, 421, 500, _404="the model, or previous_response_id, is not here",
                              _503="the engine failed, or the server is stopping")
     stream_doc = {"text/event-stream": {"schema": {"type": "object", "properties": {"event": {"type": "string"},
@@ -268,6 +275,12 @@ def install(app, served, generator, store: ResponseStore) -> None:
              responses=error_responses(401, _404="not kept (the newest --response-store are)"))
     async def retrieve(response_id: str) -> ResponseObject:
         return store.get(response_id, param="response_id")[0]
+
+    @app.delete("/v1/responses/{response_id}", tags=["OpenAI API"], summary="Forget a response this server keeps",
+                responses=error_responses(401, _404="not kept (the newest --response-store are)"))
+    async def delete(response_id: str) -> ResponseDeleted:
+        store.delete(response_id)
+        return ResponseDeleted(id=response_id)
 
 
 async def events(run, builder: ResponseBuilder, served, store: ResponseStore, history: list[dict]):

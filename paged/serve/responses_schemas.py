@@ -116,6 +116,14 @@ class ResponseObject(BaseModel):
     metadata: dict = Field(default_factory=dict)
 
 
+class ResponseDeleted(BaseModel):
+    """``DELETE /v1/responses/{id}``'s answer: the response is no longer kept."""
+
+    id: str
+    object: Literal["response.deleted"] = "response.deleted"
+    deleted: Literal[True] = True
+
+
 # -- stream events -----------------------------------------------------------------------------
 class _Event(BaseModel):
     sequence_number: int = Field(ge=0)

@@ -227,6 +227,26 @@ def test_the_official_client(c):
     jsonschema.validate(json.loads(final.output_text), CITY)
 
 
+def test_a_deleted_response_is_forgotten(c):
+    """The official client's ``responses.delete``: the response then is a 404 to retrieve, to continue
+    and to delete again, and the store no longer counts its conversation (exact)."""
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=c, max_retries=0)
+    store = c.app.fastapi.state.response_store
+    kept = client.responses.create(model="m", input="def g():", max_output_tokens=2, temperature=0)
+    chars, size = store.chars, store.entries[kept.id][2]
+    r = c.delete(f"/v1/responses/{kept.id}")
+    assert r.status_code == 200 and r.json() == {"id": kept.id, "object": "response.deleted", "deleted": True}
+    assert size > 0 and store.chars == chars - size and kept.id not in store.entries
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(kept.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(kept.id)
+    again = c.post("/v1/responses", json={"input": "x", "previous_response_id": kept.id})
+    assert again.status_code == 404 and again.json()["error"]["param"] == "previous_response_id"
+    other = client.responses.create(model="m", input="def h():", max_output_tokens=2, temperature=0)
+    assert client.responses.delete(other.id) is None and other.id not in store.entries  # the client's own call
+
+
 def test_reasoning_then_text_then_a_call_as_events():
     """The builder alone: a reasoning item, a message and a call, each opened, filled and closed in order,
     each event one the official types accept."""

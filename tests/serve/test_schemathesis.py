@@ -91,6 +91,7 @@ def wait_idle(app) -> dict:
 
 OPERATIONS = ["GET /health", "GET /version", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
               "POST /v1/chat/completions", "POST /v1/responses", "GET /v1/responses/{response_id}",
+              "DELETE /v1/responses/{response_id}",
               "POST /tokenize", "POST /detokenize", "GET /tokenizer_info", "GET /metrics", "GET /"]
 # the operations with something to break (a body): the others have no request the schema refuses
 WITH_BODY = ["POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses", "POST /tokenize",
