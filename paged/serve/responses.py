@@ -65,7 +65,8 @@ class ResponseStore:
     def get(self, response_id: str, param: str = "previous_response_id") -> tuple[ResponseObject, list[dict]]:
         if response_id not in self.entries:
             raise APIError(f"response {response_id[:80]!r} is not kept by this server (it keeps the newest "
-                           f"{self.capacity} it gave, with store not false, since it started)", 404, param=param,
+                           f"{self.capacity} it gave, with store not false, since it started, until deleted)", 404,
+                           param=param,
                            code="not_found")
         response, conversation, _ = self.entries[response_id]
         return response, conversation
