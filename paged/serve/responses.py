@@ -66,8 +66,7 @@ class ResponseStore:
         if response_id not in self.entries:
             raise APIError(f"response {response_id[:80]!r} is not kept by this server (it keeps the newest "
                            f"{self.capacity} it gave, with store not false, since it started, until deleted)", 404,
-                           param=param,
-                           code="not_found")
+                           param=param, code="not_found")
         response, conversation, _ = self.entries[response_id]
         return response, conversation
 
