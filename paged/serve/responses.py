@@ -38,8 +38,7 @@ from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEve
                                            IncompleteDetails, InputTokensDetails, ItemEvent, MessageOut, OutputText,
                                            OutputTokensDetails, PartEvent, ReasoningDeltaEvent, ReasoningDoneEvent,
                                            ReasoningOut, ReasoningText, ResponseDeleted, ResponseEvent, ResponseObject,
-                                           ResponseUsage,
-                                           TextDeltaEvent, TextDoneEvent)
+                                           ResponseUsage, TextDeltaEvent, TextDoneEvent)
 from paged.serve.schemas import ErrorResponse
 
 MAX_STORED_CHARS = 64 * 2**20  # the store's conversations together, as JSON text: the oldest go first past it
