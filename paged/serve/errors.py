@@ -142,10 +142,17 @@ def from_request_error(err: RequestError, rename: dict[str, str]) -> APIError:
     The engine names fields as the offline API does; ``rename`` maps those
     names to this endpoint's (chat: ``prompt`` -> ``messages``, ``logprobs`` ->
     ``top_logprobs``). A renamed field leads the message, so the client reads
-    the name it sent.
+    the name it sent: in place of the engine's name where the message starts
+    with it (``max_completion_tokens must be ...``), else before it.
     """
     param = rename.get(err.param, err.param)
-    message = str(err) if param == err.param else f"{param}: {err}"
+    text = str(err)
+    if param == err.param:
+        message = text
+    elif err.param and text.startswith(f"{err.param} "):
+        message = param + text[len(err.param):]
+    else:
+        message = f"{param}: {text}"
     return APIError(message, 400, param=param, code="invalid_value")
 
 

@@ -227,3 +227,17 @@ def test_request_error_maps_to_param_by_its_field_not_its_text(param, rename, ex
     assert (err.status, err.param, err.code) == (400, expected, "invalid_value")
     assert err.message.endswith("best_of must be <= 64; beam search needs temperature=0")
     assert err.message.startswith(f"{expected}: ") == (expected != param)
+
+
+def test_a_renamed_field_replaces_the_engines_name_at_the_head_of_its_message():
+    """A message that starts with the engine's name of the field reads the endpoint's name there
+    instead, once (exact), in chat and in the Responses API."""
+    from paged import RequestError
+    from paged.serve.errors import from_request_error
+    from paged.serve.responses import in_responses_terms
+
+    err = from_request_error(RequestError("max_tokens must be an integer >= 1, got 0", param="max_tokens"),
+                             {"max_tokens": "max_completion_tokens"})
+    assert (err.param, err.message) == ("max_completion_tokens", "max_completion_tokens must be an integer >= 1, got 0")
+    ours = in_responses_terms(err)
+    assert (ours.param, ours.message) == ("max_output_tokens", "max_output_tokens must be an integer >= 1, got 0")
