@@ -79,6 +79,20 @@ def _field_path(error: dict) -> list[str]:
     return [p for p in (str(p) for p in error.get("loc", ()) if p != "body") if _is_field(p)]
 
 
+def _field_name(path: list[str]) -> str | None:
+    """The field a path ends in, past a list index (``messages.0`` -> ``messages``)."""
+    names = [p for p in path if not p.isdigit()]
+    return names[-1] if names else None
+
+
+def lead_with(message: str, old: str | None, new: str) -> str:
+    """``message`` led by the field name ``new``: in place of ``old`` where the message starts with it
+    (``max_tokens must be ...``, ``messages.0.role: ...``), else before it (``new: message``)."""
+    if old and message.startswith(old) and message[len(old):len(old) + 1] in (" ", ":"):
+        return new + message[len(old):]
+    return f"{new}: {message}"
+
+
 def _meant_members(errors: list[dict]) -> list[dict]:
     """The errors of the union members a value was meant for: first a member whose type the value does
     not have (a list where a string goes) is left out with its errors, then a member whose ``type``
@@ -113,19 +127,17 @@ def from_validation_error(err: ValidationError | RequestValidationError, expecte
     an ``input`` item with ``"type": "function_call_output"`` and no ``output`` is
     told ``input.0.output: Field required``, not that it is not a string.
     """
+    expected = expected or {}
     errors = err.errors()
-    top = _field_path(errors[0])
-    key = top[-1] if top and not top[-1].isdigit() else top[-2] if len(top) > 1 else None
-    if key not in (expected or {}):
+    if _field_name(_field_path(errors[0])) not in expected:
         errors = _meant_members(errors)
     first = errors[0]
     path = _field_path(first)
     field = ".".join(path) or None
     msg = first.get("msg", "invalid value")
     union = [e for e in errors if _field_path(e)[:len(path)] == path and e is not first]
-    if union and path and (expected or {}).get(path[-1] if not path[-1].isdigit() else path[-2]):
-        key = path[-1] if not path[-1].isdigit() else path[-2]
-        msg = f"expected {expected[key]}"
+    if union and _field_name(path) in expected:
+        msg = f"expected {expected[_field_name(path)]}"
         errors = [e for e in errors if e not in union]
     if first.get("type") == "extra_forbidden":
         msg = "unknown field; see docs/serving.md for the accepted fields"
@@ -146,13 +158,7 @@ def from_request_error(err: RequestError, rename: dict[str, str]) -> APIError:
     with it (``max_completion_tokens must be ...``), else before it.
     """
     param = rename.get(err.param, err.param)
-    text = str(err)
-    if param == err.param:
-        message = text
-    elif err.param and text.startswith(f"{err.param} "):
-        message = param + text[len(err.param):]
-    else:
-        message = f"{param}: {text}"
+    message = str(err) if param == err.param else lead_with(str(err), err.param, param)
     return APIError(message, 400, param=param, code="invalid_value")
 
 

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from paged.serve import chat, streaming
 from paged.serve.body import parse_body
 from paged.serve.chat_protocol import ChatCompletionRequest
-from paged.serve.errors import APIError, from_validation_error
+from paged.serve.errors import APIError, from_validation_error, lead_with
 from paged.serve.openapi import error_responses, request_body
 from paged.serve.responses_protocol import ResponsesRequest
 from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, FunctionCallOut,
@@ -219,8 +219,8 @@ def in_responses_terms(err: APIError) -> APIError:
     ours = RESPONSES_FIELD.get((err.param or "").split(".")[0])
     if ours is None:
         return err
-    rest = err.message[len(err.param):] if err.message.startswith(err.param) else f": {err.message}"
-    return APIError(ours + rest, err.status, param=ours, code=err.code, type=err.type, headers=err.headers)
+    return APIError(lead_with(err.message, err.param, ours), err.status, param=ours, code=err.code, type=err.type,
+                    headers=err.headers)
 
 
 def sse(event) -> str:

@@ -39,9 +39,9 @@ from collections import Counter
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from starlette.testclient import TestClient
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+from starlette.testclient import TestClient
 
 from paged import LLM
 from paged.serve.app import build_app
