@@ -26,8 +26,9 @@ MAX_JSON_DEPTH = 64  # nested arrays / objects in a body (a JSON schema needs a 
 MAX_JSON_INT_DIGITS = 40  # far past every field's bound (2**64 has 20), far below Python's 4 300-digit limit
 
 
-async def parse_body(raw: Request, model_cls):
-    """The body as ``model_cls``, or an ``APIError`` that says exactly what is wrong with it."""
+async def parse_body(raw: Request, model_cls, expected: dict[str, str] = EXPECTED):
+    """The body as ``model_cls``, or an ``APIError`` that says exactly what is wrong with it (``expected``:
+    what each field of several types takes, in this request's terms)."""
     body = await raw.body()
     try:
         text = body.decode("utf-8")
@@ -60,7 +61,7 @@ async def parse_body(raw: Request, model_cls):
     try:
         return model_cls.model_validate(data)
     except ValidationError as e:
-        raise from_validation_error(e, EXPECTED) from None
+        raise from_validation_error(e, expected) from None
 
 
 class _Refused:

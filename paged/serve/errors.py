@@ -95,20 +95,29 @@ def lead_with(message: str, old: str | None, new: str) -> str:
 
 def _meant_members(errors: list[dict]) -> list[dict]:
     """The errors of the union members a value was meant for: first a member whose type the value does
-    not have (a list where a string goes) is left out with its errors, then a member whose ``type``
-    field the value does not carry (an item of another kind); each step only if some errors remain."""
+    not have (a list where a string goes) is left out with its errors, where another member took the
+    value's type; then a member whose ``type`` field the value does not carry (an item of another kind);
+    each step only if some errors remain. A value no member takes the type of keeps each member's error:
+    that is its problem (``input.0.content``: 5 is neither a string nor a list of parts)."""
     def loc(e: dict) -> list[str]:
         return [str(p) for p in e.get("loc", ()) if p != "body"]
 
+    def member_of(e: dict, wrong_kind: bool) -> list[str] | None:
+        """The member ``e`` rules out: the value is not of its type, or carries another ``type``."""
+        tags = [i for i, p in enumerate(loc(e)) if not _is_field(p)]
+        rest = loc(e)[tags[-1] + 1:] if tags else None
+        if rest == [] and not wrong_kind and e.get("type", "").endswith("_type") or \
+                rest == ["type"] and wrong_kind and e.get("type") in ("literal_error", "missing"):
+            return loc(e)[:tags[-1] + 1]
+        return None
+
     def without(errors: list[dict], wrong_kind: bool) -> list[dict]:
-        wrong, kinds = [], []
-        for e in errors:
-            tags = [i for i, p in enumerate(loc(e)) if not _is_field(p)]
-            rest = loc(e)[tags[-1] + 1:] if tags else None
-            if rest == [] and not wrong_kind and e.get("type", "").endswith("_type") or \
-                    rest == ["type"] and wrong_kind and e.get("type") in ("literal_error", "missing"):
-                wrong.append(loc(e)[:tags[-1] + 1])
-                kinds += [e["ctx"]["expected"]] if e.get("type") == "literal_error" else []
+        wrong = [m for m in (member_of(e, wrong_kind) for e in errors) if m is not None]
+        if not wrong_kind:  # a type some member took: the parent holds an error of another kind
+            wrong = [m for m in wrong if any(loc(e)[:len(m) - 1] == m[:-1] and member_of(e, False) is None
+                                             for e in errors)]
+        kinds = [e["ctx"]["expected"] for e in errors if wrong_kind and member_of(e, True) is not None
+                 and e.get("type") == "literal_error"]
         meant = [e for e in errors if not any(loc(e)[:len(m)] == m for m in wrong)]
         if not meant and wrong_kind and kinds:  # an item of no kind the union has: name every kind
             first = next(e for e in errors if e.get("type") == "literal_error")
@@ -128,9 +137,7 @@ def from_validation_error(err: ValidationError | RequestValidationError, expecte
     told ``input.0.output: Field required``, not that it is not a string.
     """
     expected = expected or {}
-    errors = err.errors()
-    if _field_name(_field_path(errors[0])) not in expected:
-        errors = _meant_members(errors)
+    errors = _meant_members(err.errors())
     first = errors[0]
     path = _field_path(first)
     field = ".".join(path) or None

@@ -33,7 +33,7 @@ from paged.serve.body import parse_body
 from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.errors import APIError, from_validation_error, lead_with
 from paged.serve.openapi import error_responses, request_body
-from paged.serve.responses_protocol import ResponsesRequest
+from paged.serve.responses_protocol import EXPECTED, ResponsesRequest
 from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, FunctionCallOut,
                                            IncompleteDetails, InputTokensDetails, ItemEvent, MessageOut, OutputText,
                                            OutputTokensDetails, PartEvent, ReasoningDeltaEvent, ReasoningDoneEvent,
@@ -239,7 +239,7 @@ def install(app, served, generator, store: ResponseStore) -> None:
               responses={200: {"model": ResponseObject, "content": stream_doc,
                                "description": "the response; with stream: true, its events"}, **errors})
     async def create(raw: Request):
-        req = await parse_body(raw, ResponsesRequest)
+        req = await parse_body(raw, ResponsesRequest, EXPECTED)
         conversation = store.get(req.previous_response_id)[1] if req.previous_response_id else []
         body = req.chat_body(conversation)
         builder = ResponseBuilder(req, served.name)

@@ -14,9 +14,9 @@ custom tools) are not served: they are dropped, and logged once.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import Discriminator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag
 
 from paged.serve.chat_protocol import MAX_TOOLS, TOOL_NAME
 from paged.serve.extensions import OpenAIModel, RequestModel, note_ignored
@@ -86,16 +86,41 @@ class FunctionTool(OpenAIModel):
     strict: StrictBool | None = None
 
 
+NOT_FUNCTION = {"not": {"const": "function"}}  # in the document: a function's object is never "another type"
+
+
 class OtherTool(OpenAIModel):
     """A tool of another type (``web_search``, ``custom``, ``local_shell``...): not served, dropped."""
 
     note_extras: ClassVar[bool] = False  # dropped whole: its type is logged, not each of its fields
-    type: StrictStr
+    type: StrictStr = Field(json_schema_extra=NOT_FUNCTION)
 
 
 class FunctionChoice(OpenAIModel):
     type: Literal["function"]
     name: StrictStr
+
+
+class OtherChoice(OpenAIModel):
+    """A choice of another type (``allowed_tools``, a hosted tool's): not served, the default is used."""
+
+    note_extras: ClassVar[bool] = False
+    type: StrictStr = Field(json_schema_extra=NOT_FUNCTION)
+
+
+def by_type(function: type, other: type) -> Discriminator:
+    """Which member an object is checked as: ``"type": "function"`` makes it ``function`` (a bad name is
+    then that function's error, never an unknown type's), any other ``type`` makes it ``other``."""
+    def member(value) -> str:
+        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+        return (function if kind == "function" else other).__name__
+    return Discriminator(member)
+
+
+Tool = Annotated[Annotated[FunctionTool, Tag("FunctionTool")] | Annotated[OtherTool, Tag("OtherTool")],
+                 by_type(FunctionTool, OtherTool)]
+ToolChoice = Annotated[Annotated[FunctionChoice, Tag("FunctionChoice")] | Annotated[OtherChoice, Tag("OtherChoice")],
+                       by_type(FunctionChoice, OtherChoice)]
 
 
 class TextFormat(OpenAIModel):
@@ -113,6 +138,17 @@ class TextConfig(OpenAIModel):
     verbosity: Any = None
 
 
+PARTS = 'a list of {"type": "input_text", "text": ...} parts'
+# what a field of several types takes, for the error message (in this request's shapes, not chat's)
+EXPECTED = {
+    "input": 'a string or a list of items (each {"type": "message", "role", "content"}, "function_call", '
+             '"function_call_output" or "reasoning")',
+    "content": f"a string or {PARTS}",
+    "output": f"a string or {PARTS}",
+    "tool_choice": '"none", "auto", "required" or {"type": "function", "name": ...}',
+}
+
+
 class ResponsesRequest(RequestModel):
     """``POST /v1/responses``: OpenAI's fields this server reads; any other is accepted and logged once."""
 
@@ -125,8 +161,8 @@ class ResponsesRequest(RequestModel):
     # the chat request's bound, which SamplingParams enforces (OpenAI's own API stops at 2; vLLM sets none)
     temperature: StrictFloat | None = Field(None, **bounds(minimum=0, maximum=100))
     top_p: StrictFloat | None = Field(None, **bounds(exclusive_minimum=0, maximum=1))
-    tools: list[FunctionTool | OtherTool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
-    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | dict | None = None
+    tools: list[Tool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
+    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     text: TextConfig | None = None
     stream: StrictBool = False
@@ -150,8 +186,8 @@ class ResponsesRequest(RequestModel):
         choice = self.tool_choice
         if isinstance(choice, FunctionChoice):
             return {"type": "function", "function": {"name": choice.name}}
-        if isinstance(choice, dict):
-            note_ignored(f"tool_choice[type={str(choice.get('type'))[:40]}]", "only function choices are served")
+        if isinstance(choice, OtherChoice):
+            note_ignored(f"tool_choice[type={choice.type[:40]}]", "only function choices are served")
             return None
         return choice
 

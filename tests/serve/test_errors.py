@@ -104,7 +104,9 @@ CASES = [
      "messages.0.role", ["wizard"]),
     ("chat_image_part", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
-     "messages.0.content", ["text"]),
+     "messages.0.content.0.type", ["Input should be 'text'", "image_url"]),  # the part, not the string member
+    ("chat_content_neither_member", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400,
+     "messages.0.content", ["expected a string or a list of", "(got 5)"]),
     ("chat_top_logprobs_without_logprobs", "/v1/chat/completions", {"top_logprobs": 2}, 400, "top_logprobs",
      ["logprobs: true"]),
     ("chat_top_logprobs_over_limit", "/v1/chat/completions", {"logprobs": True, "top_logprobs": 50}, 400,

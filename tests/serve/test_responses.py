@@ -168,6 +168,11 @@ def test_a_request_that_fails_while_it_runs_is_told_in_responses_terms(c, monkey
     ({"type": "message", "role": "user", "content": [{"type": "input_text"}]}, "input.0.content.0.text: Field required"),
     ({"type": "nope"},
      "input.0.type: Input should be 'message' or 'function_call' or 'function_call_output' or 'reasoning' (got 'nope')"),
+    # a value of neither type a field takes: what the field takes, in the Responses API's shapes
+    ({"role": "user", "content": 5},
+     'input.0.content: expected a string or a list of {"type": "input_text", "text": ...} parts (got 5)'),
+    ({"type": "function_call_output", "call_id": "a", "output": 5},
+     'input.0.output: expected a string or a list of {"type": "input_text", "text": ...} parts (got 5)'),
 ])
 def test_a_bad_input_item_is_told_what_is_wrong_with_it(c, item, message):
     """An item of ``input`` is checked as the kind its ``type`` names (a message without one): the 400 says
@@ -176,6 +181,37 @@ def test_a_bad_input_item_is_told_what_is_wrong_with_it(c, item, message):
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"] == message
     assert r.json()["error"]["param"] == message.split(":")[0]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"tools": [{"type": "function", "name": "get weather"}]},
+     "tools.0.name: String should match pattern '^[a-zA-Z0-9_.:-]{1,64}$' (got 'get weather')"),
+    ({"tools": [{"name": "get_weather"}]}, "tools.0.type: Field required"),
+    ({"tool_choice": {"type": "function", "name": 5}},
+     'tool_choice: expected "none", "auto", "required" or {"type": "function", "name": ...} '
+     "(got {'type': 'function', 'name': 5})"),
+    ({"input": 5}, 'input: expected a string or a list of items (each {"type": "message", "role", "content"}, '
+                   '"function_call", "function_call_output" or "reasoning") (got 5)'),
+])
+def test_a_function_tool_is_checked_as_one_and_never_dropped_as_another_type(c, body, message):
+    """A tool or tool choice of ``"type": "function"`` is checked as a function's: a name outside the
+    published pattern is a 400 naming it, not a tool of another type, dropped with a log line; a field
+    of several types says what it takes in this API's shapes (message and param: exact)."""
+    r = c.post("/v1/responses", json={"input": "x", "max_output_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == message
+    assert r.json()["error"]["param"] == message.split(":")[0]
+
+
+def test_tools_and_choices_of_other_types_are_dropped(c, caplog, monkeypatch):
+    """A tool of another type (``web_search``) or a choice of one (``allowed_tools``) is not served: the
+    request runs as if it were absent, and the log names it (the echoed tools and choice: exact)."""
+    monkeypatch.setattr("paged.serve.extensions._noted", set())  # each is logged once a process: from here
+    response = create(c, input="x", max_output_tokens=2, tools=[{"type": "web_search"}],
+                      tool_choice={"type": "allowed_tools", "mode": "auto", "tools": []})
+    assert response["tools"] == [] and response["tool_choice"]["type"] == "allowed_tools"
+    assert {"tools[type=web_search]", "tool_choice[type=allowed_tools]"} <= \
+        {r.getMessage().split(": ", 1)[1].split(" (")[0] for r in caplog.records if "ignored" in r.getMessage()}
 
 
 def test_forced_function_calls_stream_as_function_call_items(c):

@@ -22,7 +22,9 @@ After each operation's examples the engine must be idle with every KV block
 free, and a good request must still succeed. Each example body the document
 shows is sent too, and must get a 200 that passes every check; and each bound
 a generation request's fields publish is sent just past it, every run, and must
-be refused naming the field (the fuzzing draws those only now and then). Hypothesis is
+be refused naming the field (the fuzzing draws those only now and then), and so
+is each bound below them (a list's items, a message's role, a tool's name, a
+part's type: ranges, lengths, counts, enums, consts, patterns). Hypothesis is
 derandomized (the same examples every run). ``PAGED_FUZZ_EXAMPLES`` sets the
 examples per operation and mode (``make fuzz`` runs a larger number).
 
@@ -33,9 +35,11 @@ engine thread is stopped and started again between tests (its state stays).
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 
+import jsonschema
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -168,6 +172,127 @@ def test_every_published_bound_is_refused_just_past_it(app, label):
                 assert response.json()["error"]["param"] == field, (field, value, response.text[:300])
                 sent += 1
     assert sent >= 5  # each operation listed publishes at least 5 bounds (temperature's, top_p's, ...)
+    assert wait_idle(app)["blocks_used"] == 0
+
+
+BOUND_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "maxLength", "minLength", "maxItems",
+              "minItems", "maxProperties", "enum", "const", "pattern"}
+
+
+def outside(prop: dict) -> list:
+    """``just_outside`` and a value outside an ``enum``, a ``const`` or a ``pattern`` (a string)."""
+    values = just_outside(prop)
+    values += ["not-" + str(prop["enum"][0])] if "enum" in prop else []
+    values += ["not-" + prop["const"]] if isinstance(prop.get("const"), str) else []
+    values += [s for s in ("", "a b", "a" * 65) if "pattern" in prop and not re.search(prop["pattern"], s)]
+    return values
+
+
+class Nested:
+    """The bounds below a request's fields, and a value of a field that holds one just past it.
+
+    A bound's place is a list of steps from the field: ``("prop", name)``, ``("item",)`` (a list's
+    first item), ``("key",)`` (an object's value under key "1") and ``("branch", "anyOf", i)``; each
+    object on the way gets its required fields filled with the least value its schema takes."""
+
+    def __init__(self, document: dict) -> None:
+        self.schemas = document["components"]["schemas"]
+
+    def resolve(self, schema: dict) -> dict:
+        while "$ref" in schema:
+            schema = self.schemas[schema["$ref"].rsplit("/", 1)[1]]
+        return schema
+
+    def bounds(self, schema: dict, steps: tuple = (), seen: frozenset = frozenset()):
+        """(steps, leaf schema) for each bound at least one list, key or property below the field."""
+        ref = schema.get("$ref")
+        if ref in seen:  # a schema holding itself: walked once
+            return
+        schema, seen = self.resolve(schema), seen | {ref} if ref else seen
+        if BOUND_KEYS & schema.keys() and any(step[0] != "branch" for step in steps):
+            yield steps, schema
+        for key in ("anyOf", "oneOf"):
+            for i, branch in enumerate(schema.get(key, [])):
+                yield from self.bounds(branch, (*steps, ("branch", key, i)), seen)
+        if isinstance(schema.get("items"), dict):
+            yield from self.bounds(schema["items"], (*steps, ("item",)), seen)
+        if isinstance(schema.get("additionalProperties"), dict):
+            yield from self.bounds(schema["additionalProperties"], (*steps, ("key",)), seen)
+        for prop, sub in schema.get("properties", {}).items():
+            yield from self.bounds(sub, (*steps, ("prop", prop)), seen)
+
+    def least(self, schema: dict):
+        """The least value ``schema`` takes: its const, its first enum member or branch, "a", 1, []..."""
+        schema = self.resolve(schema)
+        if "const" in schema or "enum" in schema:
+            return schema.get("const", schema.get("enum", [None])[0])
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return self.least(next(b for b in schema[key] if b.get("type") != "null"))
+        kind = schema.get("type")
+        if kind == "array":
+            return [self.least(schema["items"])] * schema.get("minItems", 0)
+        if kind == "object" or "properties" in schema:
+            return {p: self.least(schema["properties"][p]) for p in schema.get("required", [])}
+        value = {"string": "a" * max(1, schema.get("minLength", 1)), "boolean": False}.get(kind, 1)
+        assert "pattern" not in schema or re.search(schema["pattern"], value), (schema, value)
+        return value
+
+    def value(self, schema: dict, steps: tuple, leaf):
+        """A value of ``schema`` holding ``leaf`` at ``steps``, and the dotted path to it (``0.role``)."""
+        schema = self.resolve(schema)
+        if not steps:
+            return leaf, []
+        kind, *arg = steps[0]
+        if kind == "branch":
+            return self.value(schema[arg[0]][arg[1]], steps[1:], leaf)
+        if kind == "item":
+            inner, path = self.value(schema["items"], steps[1:], leaf)
+            return [inner], ["0", *path]
+        if kind == "key":
+            inner, path = self.value(schema["additionalProperties"], steps[1:], leaf)
+            return {"1": inner}, ["1", *path]
+        name = arg[0]
+        inner, path = self.value(schema["properties"][name], steps[1:], leaf)
+        required = {p: self.least(schema["properties"][p]) for p in schema.get("required", []) if p != name}
+        return {**required, name: inner}, [name, *path]
+
+
+@pytest.mark.parametrize("label", ["POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses"])
+def test_every_nested_bound_is_refused_just_past_it(app, label):
+    """Each bound below a generation request's fields (a list's items, an object's fields, a message's
+    role, a tool's name, a part's type: a number's range, a length, a count, an enum, a const, a
+    pattern) holds: the first documented example with one such value just past its bound, in an
+    otherwise least body for that field, gets a 400 whose ``param`` is the value's path or a field
+    holding it (``messages.0.role``; ``stop``, whose checker reads the whole list). A value one
+    branch of a union refuses but another takes (a tool choice of another ``type``) is not outside
+    the document: each body is sent only when the document itself refuses it (jsonschema)."""
+    document = app.fastapi.openapi()
+    path = label.split()[1]
+    content = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+    request_schema = {"$ref": content["schema"]["$ref"], "components": document["components"]}
+    refuses = jsonschema.Draft202012Validator(request_schema)
+    nested = Nested(document)
+    example = next(iter(content["examples"].values()))["value"]
+    properties = nested.resolve(content["schema"])["properties"]
+    sent, taken = [], []
+    with TestClient(app) as client:
+        for field, prop in properties.items():
+            for steps, leaf in nested.bounds(prop):
+                for bad in outside(leaf):
+                    value, where = nested.value(prop, steps, bad)
+                    body, dotted = {**example, field: value}, ".".join([field, *where])
+                    if refuses.is_valid(body):
+                        taken.append(dotted)
+                        continue
+                    response = client.post(path, json=body, headers=AUTH)
+                    assert response.status_code == 400, (dotted, bad, response.status_code, response.text[:300])
+                    param = response.json()["error"]["param"]
+                    assert dotted == param or dotted.startswith(param + "."), (dotted, response.text[:300])
+                    sent.append(dotted)
+    print(f"\n{label}: {len(sent)} values past nested bounds, at {sorted(set(sent))}; taken by another "
+          f"branch: {taken}")
+    assert len(sent) >= 8  # stop's items, logit_bias' values, response_format's type, structured_outputs' ...
     assert wait_idle(app)["blocks_used"] == 0
 
 
