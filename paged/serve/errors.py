@@ -142,10 +142,11 @@ def from_validation_error(err: ValidationError | RequestValidationError, expecte
     path = _field_path(first)
     field = ".".join(path) or None
     msg = first.get("msg", "invalid value")
-    union = [e for e in errors if _field_path(e)[:len(path)] == path and e is not first]
+    # every member's error at the field, those left out above included: a value of no shape is told them all
+    union = [e for e in err.errors() if _field_path(e)[:len(path)] == path and e != first]
     if union and _field_name(path) in expected:
         msg = f"expected {expected[_field_name(path)]}"
-        errors = [e for e in errors if e not in union]
+        errors = [e for e in errors if e == first or e not in union]
     if first.get("type") == "extra_forbidden":
         msg = "unknown field; see docs/serving.md for the accepted fields"
     elif "input" in first and first.get("type") not in ("missing",):

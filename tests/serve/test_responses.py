@@ -190,6 +190,9 @@ def test_a_bad_input_item_is_told_what_is_wrong_with_it(c, item, message):
     ({"tool_choice": {"type": "function", "name": 5}},
      'tool_choice: expected "none", "auto", "required" or {"type": "function", "name": ...} '
      "(got {'type': 'function', 'name': 5})"),
+    ({"tool_choice": {"name": "get_weather"}},  # no type: of no shape the field takes, so told them all
+     'tool_choice: expected "none", "auto", "required" or {"type": "function", "name": ...} '
+     "(got {'name': 'get_weather'})"),
     ({"input": 5}, 'input: expected a string or a list of items (each {"type": "message", "role", "content"}, '
                    '"function_call", "function_call_output" or "reasoning") (got 5)'),
 ])
