@@ -98,9 +98,9 @@ class FunctionDefinition(OpenAIModel):
 
 
 class Tool(OpenAIModel):
-    """A function the model may call."""
+    """A function the model may call (without a ``type``, a function: vLLM's default)."""
 
-    type: Literal["function"]
+    type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
@@ -111,7 +111,7 @@ class ChosenFunction(OpenAIModel):
 class NamedToolChoice(OpenAIModel):
     """``tool_choice`` naming one function: the model calls it, with arguments valid for its schema."""
 
-    type: Literal["function"]
+    type: Literal["function"] = "function"
     function: ChosenFunction
 
 

@@ -112,6 +112,17 @@ def test_a_named_function_is_called_with_valid_arguments(plain):
     assert message["calls"] == [(name, arguments)] and reason == "stop"
 
 
+def test_a_tool_and_a_named_choice_without_a_type_are_functions(plain):
+    """vLLM's default: a tool or a named choice that omits ``"type"`` is a function's; the forced call
+    is the same as with ``"type": "function"`` written out (greedy: names, arguments and reason, exact)."""
+    untyped = [{"function": tool["function"]} for tool in TOOLS]
+    out = chat(plain, tools=untyped, tool_choice={"function": {"name": "get_weather"}})["choices"][0]
+    typed = chat(plain, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert (calls_of(out["message"]), out["finish_reason"]) == \
+        (calls_of(typed["choices"][0]["message"]), typed["choices"][0]["finish_reason"])
+    assert [name for name, _ in calls_of(out["message"])] == ["get_weather"]
+
+
 def test_auto_finds_hermes_calls_in_what_the_model_wrote(auto):
     """The reply forced to a Hermes block: one call, the text before it as content; streamed equal."""
     body = dict(tools=TOOLS, guided_regex=HERMES)
