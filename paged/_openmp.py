@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 # One other process keeping a core busy half the time is enough to stall spinning threads.
 BUSY_LOAD = 0.5
@@ -49,6 +49,27 @@ def choose_wait_policy(environ: MutableMapping[str, str], torch_loaded: bool, lo
     return (f"paged: other processes are busy here (load average {load:.1f} on {cores} cores), and torch was "
             "imported before paged, so its OpenMP threads spin while they wait; that can make generation "
             "many times slower. Set OMP_WAIT_POLICY=passive before importing torch (or import paged first).")
+
+
+# libgomp's spins before an idle thread sleeps (about 100 000 a millisecond, its own estimate) that keep
+# the second thread awake across a decode step's one-thread stretches: measured, 30 000 did and 10 000
+# did not (SmolLM2, one stream, an AVX2 CPU; docs/benchmarks.md).
+SPIN_ACROSS_A_STEP = 30_000
+
+
+def threads_spin(environ: Mapping[str, str]) -> bool:
+    """Whether libgomp's idle threads spin long enough to be woken at once, by ``environ`` as it was when
+    torch loaded libgomp: ``GOMP_SPINCOUNT`` when set (``infinite``, or a count with an optional k, M,
+    G or T), else ``OMP_WAIT_POLICY`` (``passive``, paged's default, sleeps at once; ``active`` and
+    unset spin). Kernels then take a second thread for far smaller calls (``layers.SECOND_THREAD_BYTES``)."""
+    count = environ.get("GOMP_SPINCOUNT", "").strip().lower()
+    if count in ("infinite", "infinity"):
+        return True
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(count[-1:], 1)
+    digits = count[:-1] if scale > 1 else count
+    if digits.isdigit():
+        return int(digits) * scale >= SPIN_ACROSS_A_STEP
+    return environ.get("OMP_WAIT_POLICY", "").strip().lower() != "passive"
 
 
 def apply() -> None:

@@ -42,3 +42,25 @@ def test_the_choice_is_made_before_torch_loads_and_only_then():
     environ = {}
     assert _openmp.choose_wait_policy(environ, torch_loaded=False, load=0.0, cores=2) is None
     assert environ == {"OMP_WAIT_POLICY": "passive"}
+
+
+def test_threads_spin_reads_the_environment_as_libgomp_does():
+    """Exact: GOMP_SPINCOUNT wins when set (a count, with libgomp's suffixes, at least the spins that
+    bridge a decode step; or infinite), else every policy but passive spins (libgomp's default does)."""
+    cases = [({}, True), ({"OMP_WAIT_POLICY": "passive"}, False), ({"OMP_WAIT_POLICY": "ACTIVE"}, True),
+             ({"GOMP_SPINCOUNT": "10000"}, False), ({"GOMP_SPINCOUNT": "30k"}, True),
+             ({"GOMP_SPINCOUNT": "infinite", "OMP_WAIT_POLICY": "passive"}, True),
+             ({"GOMP_SPINCOUNT": "1M", "OMP_WAIT_POLICY": "passive"}, True),
+             ({"GOMP_SPINCOUNT": "0", "OMP_WAIT_POLICY": "active"}, False),
+             ({"GOMP_SPINCOUNT": "lots", "OMP_WAIT_POLICY": "passive"}, False)]
+    assert [_openmp.threads_spin(environ) for environ, _ in cases] == [spins for _, spins in cases]
+
+
+def test_a_spinning_policy_gives_the_linears_their_second_thread_from_smaller_calls():
+    """Exact: ``layers.SECOND_THREAD_BYTES`` is 2 MB where idle threads sleep (paged's default) and
+    256 KB where they spin (the user's ``OMP_WAIT_POLICY=active``), read in a fresh process."""
+    code = "import paged.models.layers as layers; print(layers.SECOND_THREAD_BYTES)"
+    clean = {k: v for k, v in os.environ.items() if k not in _openmp.USER_KNOBS}
+    seen = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**clean, **policy}).stdout.split()[-1] for policy in ({}, {"OMP_WAIT_POLICY": "active"})]
+    assert seen == [str(2 << 20), str(256 << 10)]

@@ -393,7 +393,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_avx2_compiled", &paged::quant_avx2_compiled, "Whether the AVX2 quantized linear was compiled in");
   m.def("fixed_order_linear", &paged::fixed_order_linear,
         "x [M, K] times w [N, K] transposed (+ bias) -> [M, N], every output summed in one order fixed by K",
-        py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+        py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("second_thread_bytes") = int64_t(2) << 20,
+        py::call_guard<py::gil_scoped_release>());
   m.def("fixed_order_avx2_compiled", &paged::fixed_order_avx2_compiled,
         "Whether the AVX2 + FMA fixed-order linear was compiled in");
 }

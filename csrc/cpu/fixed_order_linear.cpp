@@ -210,18 +210,20 @@ void rows_times_tile(const float* x, int64_t m0, int64_t m_end, const W* w, int6
 }
 
 template <typename T>
-void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const T* bias, T* y) {
+void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const T* bias, T* y,
+                 int64_t second_thread_bytes) {
   const int64_t tiles = (N + kNR - 1) / kNR;
-  // A second thread only for a call of more than 2 MB of work: waking one costs tens of
-  // microseconds when idle threads sleep (an AVX2 CPU, one bfloat16 row, `python -m paged.bench
-  // linear_kernel --rows 1 --threads 1|2`: 576 x 576 took 0.033 ms on one thread, 0.092 on two).
+  // A second thread only for a call of at least second_thread_bytes of work (the caller's choice,
+  // layers.SECOND_THREAD_BYTES): waking a sleeping thread costs tens of microseconds, so with the
+  // idle threads asleep (paged's default wait policy) that is 2 MB (an AVX2 CPU, one bfloat16 row,
+  // `python -m paged.bench linear_kernel --rows 1 --threads 1|2`: 576 x 576 took 0.033 ms on one
+  // thread, 0.092 on two); where they spin, a much smaller call gains from the second thread.
   // A tile's work is the bytes of w it reads or half its multiply-adds, whichever is more, so a
   // few rows count little more than one: w is read once for all of them. Set by measuring (the
   // same AVX2 CPU, SmolLM2 in bfloat16 decoding 4 sequences: 92.1, 90.3 -> 96.5, 94.9 tokens/s
   // against counting every multiply-add as a byte of w; docs/benchmarks.md).
-  constexpr int64_t kMinTaskBytes = int64_t(2) << 20;
   const int64_t tile_work = std::max<int64_t>(kNR * K * static_cast<int64_t>(sizeof(T)), M * K * kNR / 2);
-  const int64_t grain = std::max<int64_t>(1, kMinTaskBytes / std::max<int64_t>(1, tile_work));
+  const int64_t grain = std::max<int64_t>(1, second_thread_bytes / std::max<int64_t>(1, tile_work));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> wide;  // a bfloat16 tile's w rows widened once for a chunk of many x rows
     for (int64_t m0 = 0; m0 < M; m0 += kMC) {
@@ -247,7 +249,8 @@ void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, co
 
 }  // namespace
 
-at::Tensor fixed_order_linear(const at::Tensor& x_in, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
+at::Tensor fixed_order_linear(const at::Tensor& x_in, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                              int64_t second_thread_bytes) {
   TORCH_CHECK_VALUE(x_in.device().is_cpu() && w.device().is_cpu(), "x and w must be on the CPU, got ",
                     x_in.device(), " and ", w.device());
   TORCH_CHECK_TYPE(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
@@ -269,7 +272,7 @@ at::Tensor fixed_order_linear(const at::Tensor& x_in, const at::Tensor& w, const
   const at::Tensor x = x_in.contiguous();
   if (x.scalar_type() == at::kFloat) {
     linear_impl<float>(x.data_ptr<float>(), M, w.data_ptr<float>(), N, K,
-                       bias.has_value() ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());
+                       bias.has_value() ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>(), second_thread_bytes);
   } else {
     std::vector<float> xf(static_cast<size_t>(M * K));  // x widened once (exact), read by every tile
     const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
@@ -278,7 +281,7 @@ at::Tensor fixed_order_linear(const at::Tensor& x_in, const at::Tensor& w, const
     });
     linear_impl<c10::BFloat16>(xf.data(), M, w.data_ptr<c10::BFloat16>(), N, K,
                                bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr,
-                               y.data_ptr<c10::BFloat16>());
+                               y.data_ptr<c10::BFloat16>(), second_thread_bytes);
   }
   return y;
 }

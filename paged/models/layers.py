@@ -34,11 +34,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paged import _openmp
 from paged.kernels.cpu import fused_ops
 from paged.kernels.cpu import load as load_cpu_kernels
 from paged.models.config import ModelConfig
 
 logger = logging.getLogger("paged")
+
+# The work (bytes of weight) from which a fixed-order linear call takes a second thread; speed only, the
+# bits are the same. Waking a sleeping thread costs tens of microseconds (paged lets idle threads sleep:
+# paged/_openmp.py), more than a small layer's one-row call gains from it; a spinning one answers at
+# once, and then every layer of a decode step gains from two (measured: docs/benchmarks.md).
+SECOND_THREAD_BYTES = 256 << 10 if _openmp.threads_spin(os.environ) else 2 << 20
 
 
 class Embedding(nn.Embedding):
@@ -72,7 +79,7 @@ def gemm(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     """
     most = getattr(layer, "fixed_order_rows", None)
     if getattr(layer, "fixed_order", False) and (most is None or x.shape[0] <= most):
-        return load_cpu_kernels().fixed_order_linear(x, layer.weight, bias)
+        return load_cpu_kernels().fixed_order_linear(x, layer.weight, bias, SECOND_THREAD_BYTES)
     if x.shape[0] == 1 and getattr(layer, "pad_one_row", False):
         return product(layer, x.repeat(2, 1), bias)[:1]
     return product(layer, x, bias)

@@ -134,6 +134,15 @@ def test_a_row_gets_the_same_bits_alone_among_others_and_on_one_thread(ext, dtyp
     assert torch.equal(alone, among) and torch.equal(sliced, among) and torch.equal(one_thread, among)
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_second_thread_rule_changes_no_bit(ext, rows):
+    """Bitwise: a call split over the threads from any size of work (``second_thread_bytes`` 0: every
+    tile a task; 2 MB, the default; never) gives the same outputs, one row or a few."""
+    x, w, b = operands(rows, 960, 576, torch.bfloat16, 11, bias=True)
+    split = [ext.fixed_order_linear(x, w, b, second_thread_bytes) for second_thread_bytes in (0, 2 << 20, 1 << 62)]
+    assert torch.equal(split[0], split[1]) and torch.equal(split[0], split[2])
+
+
 def test_a_strided_x_reads_its_own_rows(ext):
     """Bitwise: a view of every other row, and of a column slice, gives the result of its contiguous copy."""
     x, w, _ = operands(20, 30, 64, torch.bfloat16, 3, bias=False)
