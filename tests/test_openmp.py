@@ -58,9 +58,11 @@ def test_threads_spin_reads_the_environment_as_libgomp_does():
 
 def test_a_spinning_policy_gives_the_linears_their_second_thread_from_smaller_calls():
     """Exact: ``layers.SECOND_THREAD_BYTES`` is 2 MB where idle threads sleep (paged's default) and
-    256 KB where they spin (the user's ``OMP_WAIT_POLICY=active``), read in a fresh process."""
-    code = "import paged.models.layers as layers; print(layers.SECOND_THREAD_BYTES)"
+    256 KB where they spin (the user's ``OMP_WAIT_POLICY=active``); the quantized linear's rule is its
+    kernel's own (None) and 256 K weights x rows; each read in a fresh process."""
+    code = ("import paged.models.layers as layers, paged.models.quantized as quantized; "
+            "print(layers.SECOND_THREAD_BYTES, quantized.SECOND_THREAD_WEIGHTS)")
     clean = {k: v for k, v in os.environ.items() if k not in _openmp.USER_KNOBS}
     seen = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**clean, **policy}).stdout.split()[-1] for policy in ({}, {"OMP_WAIT_POLICY": "active"})]
-    assert seen == [str(2 << 20), str(256 << 10)]
+                           env={**clean, **policy}).stdout.split()[-2:] for policy in ({}, {"OMP_WAIT_POLICY": "active"})]
+    assert seen == [[str(2 << 20), "None"], [str(256 << 10), str(256 << 10)]]

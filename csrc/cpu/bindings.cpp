@@ -386,7 +386,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("logits"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_linear", &paged::quant_linear, "x [M, K] times a GGUF-quantized W [N, K] transposed -> [M, N]",
         py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::arg("impl") = "auto",
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("second_thread_weights") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("quant_dequantize", &paged::quant_dequantize, "a GGUF-quantized W [N, K] as float32",
         py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_vnni_compiled", &paged::quant_vnni_compiled, "Whether the AVX-512 VNNI quantized linear was compiled in");

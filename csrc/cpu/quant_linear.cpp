@@ -56,6 +56,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -97,7 +98,8 @@ constexpr int64_t TILE_N = 4;  // output columns computed side by side
 // scalar loops count the rows of x at half (at least one): the weights are read once for all of
 // them (the same AVX2 CPU, SmolLM2 Q4_1 decoding 2 or 4 sequences: 78.5, 88.5 -> 90.2, 94.4 and
 // 107.7, 112.2 -> 117.3, 121.1 tokens/s against counting each row whole; docs/benchmarks.md).
-// The VNNI loop counts each row whole, as measured there.
+// The VNNI loop counts each row whole, as measured there. A caller whose threads spin (woken at once)
+// passes its own, smaller rule (quant_linear's second_thread_weights; paged/models/quantized.py).
 constexpr int64_t MIN_TASK_WEIGHTS = 1 << 21;
 constexpr int64_t MIN_TASK_WEIGHTS_VNNI = 1 << 19;
 // A thread prefetches the tile this many ahead of the one it computes (speed only: no value changes).
@@ -497,7 +499,8 @@ void with_cols(int64_t cols, F&& f) {
 }
 
 template <typename Isa, typename T, int64_t TYPE>
-void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, at::Tensor& y) {
+void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, at::Tensor& y,
+                 std::optional<int64_t> second_thread_weights) {
   const RowLayout L(TYPE, K);
   const int64_t M = x.size(0), ld = x.stride(0);
   const T* x0 = x.data_ptr<T>();
@@ -513,7 +516,8 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
     }
   });
   const int64_t tiles = (N + TILE_N - 1) / TILE_N;
-  const int64_t min_task = std::is_same_v<Isa, Vnni> ? MIN_TASK_WEIGHTS_VNNI : MIN_TASK_WEIGHTS;
+  const int64_t min_task =
+      second_thread_weights.value_or(std::is_same_v<Isa, Vnni> ? MIN_TASK_WEIGHTS_VNNI : MIN_TASK_WEIGHTS);
   const int64_t rows_counted = std::is_same_v<Isa, Vnni> ? M : std::max<int64_t>(1, M / 2);
   const int64_t grain = std::max<int64_t>(1, min_task / (TILE_N * K * rows_counted));
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
@@ -629,15 +633,16 @@ at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, i
 namespace {
 
 template <typename Isa>
-void linear_for(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t N, int64_t K, at::Tensor& y) {
+void linear_for(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t N, int64_t K, at::Tensor& y,
+                std::optional<int64_t> split) {
 #define PAGED_QUANT_CASE(T)                                               \
   switch (type) {                                                         \
-    case kQ4_0: linear_impl<Isa, T, kQ4_0>(x, packed, N, K, y); break;   \
-    case kQ4_1: linear_impl<Isa, T, kQ4_1>(x, packed, N, K, y); break;   \
-    case kQ5_0: linear_impl<Isa, T, kQ5_0>(x, packed, N, K, y); break;   \
-    case kQ4_K: linear_impl<Isa, T, kQ4_K>(x, packed, N, K, y); break;   \
-    case kQ6_K: linear_impl<Isa, T, kQ6_K>(x, packed, N, K, y); break;   \
-    default: linear_impl<Isa, T, kQ8_0>(x, packed, N, K, y); break;      \
+    case kQ4_0: linear_impl<Isa, T, kQ4_0>(x, packed, N, K, y, split); break;   \
+    case kQ4_1: linear_impl<Isa, T, kQ4_1>(x, packed, N, K, y, split); break;   \
+    case kQ5_0: linear_impl<Isa, T, kQ5_0>(x, packed, N, K, y, split); break;   \
+    case kQ4_K: linear_impl<Isa, T, kQ4_K>(x, packed, N, K, y, split); break;   \
+    case kQ6_K: linear_impl<Isa, T, kQ6_K>(x, packed, N, K, y, split); break;   \
+    default: linear_impl<Isa, T, kQ8_0>(x, packed, N, K, y, split); break;      \
   }
   if (x.scalar_type() == at::kBFloat16) {
     PAGED_QUANT_CASE(c10::BFloat16)
@@ -650,7 +655,7 @@ void linear_for(const at::Tensor& x, const at::Tensor& packed, int64_t type, int
 }  // namespace
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t N, int64_t K,
-                        const std::string& impl) {
+                        const std::string& impl, std::optional<int64_t> second_thread_weights) {
   check_packed(packed, type, N, K);
   TORCH_CHECK_VALUE(impl == "auto" || impl == "scalar" || impl == "avx2" || impl == "avx512",
                     "impl must be 'auto', 'scalar', 'avx2' or 'avx512', got '", impl, "'");
@@ -667,17 +672,17 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
   if (x.size(0) == 0) return y;
 #if defined(PAGED_QUANT_VNNI)
   if (impl == "avx512" || impl == "auto") {
-    linear_for<Vnni>(x, packed, type, N, K, y);
+    linear_for<Vnni>(x, packed, type, N, K, y, second_thread_weights);
     return y;
   }
 #endif
 #if defined(PAGED_QUANT_AVX2)
   if (impl == "avx2" || impl == "auto") {
-    linear_for<Avx2>(x, packed, type, N, K, y);
+    linear_for<Avx2>(x, packed, type, N, K, y, second_thread_weights);
     return y;
   }
 #endif
-  linear_for<Scalar>(x, packed, type, N, K, y);
+  linear_for<Scalar>(x, packed, type, N, K, y, second_thread_weights);
   return y;
 }
 

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace paged {
@@ -16,8 +17,10 @@ constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K 
 // GGUF blocks regrouped per row (uint8; paged/models/quantized.py's pack_blocks;
 // K-quants as the file stores them), x rounded to int8 per block of 32: y [M, N]
 // in x's dtype. impl: "scalar", "avx2", "avx512" (VNNI), or "auto" (the widest compiled in).
+// second_thread_weights: the weights x rows of x from which a call takes a second thread (speed only,
+// the same bits); none: the loop's own rule, set where idle threads sleep.
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t N, int64_t K,
-                        const std::string& impl = "auto");
+                        const std::string& impl = "auto", std::optional<int64_t> second_thread_weights = std::nullopt);
 
 // W [N, K] as float32: w = d * (q - 8), d * q + m, d * (q - 16) or d * q (K-quants: quant_linear_k.h), each
 // product rounded.

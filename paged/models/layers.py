@@ -41,11 +41,14 @@ from paged.models.config import ModelConfig
 
 logger = logging.getLogger("paged")
 
-# The work (bytes of weight) from which a fixed-order linear call takes a second thread; speed only, the
-# bits are the same. Waking a sleeping thread costs tens of microseconds (paged lets idle threads sleep:
-# paged/_openmp.py), more than a small layer's one-row call gains from it; a spinning one answers at
-# once, and then every layer of a decode step gains from two (measured: docs/benchmarks.md).
-SECOND_THREAD_BYTES = 256 << 10 if _openmp.threads_spin(os.environ) else 2 << 20
+# Whether idle OpenMP threads spin (the user's OMP_WAIT_POLICY=active) or sleep (paged's default):
+# paged/_openmp.py. Waking a sleeping thread costs tens of microseconds, more than a small layer's
+# one-row call gains from it; a spinning one answers at once, and then every layer of a decode step
+# gains from two (measured: docs/benchmarks.md).
+THREADS_SPIN = _openmp.threads_spin(os.environ)
+# The work (bytes of weight) from which a fixed-order linear call takes a second thread; speed only,
+# the bits are the same.
+SECOND_THREAD_BYTES = 256 << 10 if THREADS_SPIN else 2 << 20
 
 
 class Embedding(nn.Embedding):

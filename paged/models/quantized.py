@@ -39,12 +39,16 @@ from paged.kernels.cpu import load as load_cpu_kernels
 from paged.models.config import ModelLoadError
 from paged.models.gguf_names import hf_tensor_name, permuted_projections, unpermute_rows
 from paged.models.kquants import K_FORMATS, QK_K, dequantize_kquant
-from paged.models.layers import Linear, MergedLinear, cpu_has_bf16_gemm
+from paged.models.layers import THREADS_SPIN, Linear, MergedLinear, cpu_has_bf16_gemm
 
 QUANTIZATIONS = ("gguf",)  # the values of LLM(quantization=...) besides None
 # ggml type number -> (name, bytes per block of 32 weights) for the 32-weight formats the kernel reads
 BLOCK_FORMATS = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 6: ("Q5_0", 22), 8: ("Q8_0", 34)}
 QK = 32  # weights per block
+# The weights x rows from which a quantized linear call takes a second thread (speed only, the same
+# bits): where idle threads spin, from 256 K; where they sleep, the kernel's own rule for its loop
+# (None; csrc/cpu/quant_linear.cpp, MIN_TASK_WEIGHTS).
+SECOND_THREAD_WEIGHTS = 256 << 10 if THREADS_SPIN else None
 # every format the kernel reads: the block formats and the K-quants of a Q4_K_M file
 KERNEL_FORMATS = {**{kind: name for kind, (name, _) in BLOCK_FORMATS.items()}, 12: "Q4_K", 14: "Q6_K"}
 
@@ -185,7 +189,7 @@ class QuantizedLinear(nn.Module):
         kernels = load_cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
         if kernels is not None and x.dim() == 2:
             return kernels.quant_linear(x if x.stride(-1) == 1 else x.contiguous(), self.blocks, self.kind,
-                                        self.out_features, self.in_features)
+                                        self.out_features, self.in_features, "auto", SECOND_THREAD_WEIGHTS)
         weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features).to(x.device)
         return torch.nn.functional.linear(quantize_activations(x), weight).to(x.dtype)
 

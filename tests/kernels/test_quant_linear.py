@@ -168,6 +168,21 @@ def test_a_layer_large_enough_to_split_gives_the_same_bits_on_one_thread(ext, im
     assert torch.equal(split[1][:1], split[0])
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_second_thread_rule_changes_no_bit(ext, impl, kind):
+    """Bitwise: a small layer (960 x 576, qkv's) split over the threads from any work
+    (``second_thread_weights`` 0: every tile a task; the loop's own rule; never) gives the same
+    outputs, at one row and at three."""
+    n, k = 960, 576
+    _, packed = quantized(kind, n, k, 5)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(5)).bfloat16()
+    for m in (1, 3):
+        outs = [ext.quant_linear(x[:m], packed, kind, n, k, impl=impl, second_thread_weights=rule)
+                for rule in (0, None, 1 << 62)]
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), m
+
+
 def test_the_torch_fallback_equals_the_kernel(ext, monkeypatch):
     """Toleranced (as above): a ``QuantizedLinear`` without the kernel dequantizes and multiplies in float32."""
     import paged.models.quantized as quantized_module
