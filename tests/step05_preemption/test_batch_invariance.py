@@ -265,9 +265,9 @@ def test_with_fixed_order_linears_a_lone_row_goes_to_the_kernel_as_it_is(demo, m
     class Counting:  # the kernels, counting the rows of each fixed-order call (an AVX2 build, on any CPU)
         fixed_order_avx2_compiled = staticmethod(lambda: True)
 
-        def fixed_order_linear(self, x, w, bias=None):
+        def fixed_order_linear(self, x, w, bias=None, second_thread_bytes=2 << 20):
             fixed.append(x.shape[0])
-            return ext.fixed_order_linear(x, w, bias)
+            return ext.fixed_order_linear(x, w, bias, second_thread_bytes)
 
     monkeypatch.setattr(layers_module, "product", lambda layer, x, bias=None: stock.append(x.shape[0]) or
                         product(layer, x, bias))
