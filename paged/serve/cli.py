@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import socket
 import sys
 from pathlib import Path
 
+from paged import _openmp
 from paged.models.default import CHAT_MODEL_NAME, DEFAULT_MODEL_PATH, chat_model_path, default_model
 from paged.serve import vllm_flags
 from paged.serve.cli_options import DTYPES, ENGINE_OPTIONS, parser  # noqa: F401 (parser: the options, for tests)
@@ -148,6 +150,17 @@ def main(argv: list[str] | None = None) -> None:
     run(args, sock)
 
 
+def spinning_note(environ) -> str | None:
+    """A warning for a server whose idle OpenMP threads spin (the user set ``OMP_WAIT_POLICY=active`` or a
+    long ``GOMP_SPINCOUNT``): they hold the cores the server's own threads need. Measured on 2 cores, a
+    lone stream's tokens came about 1.4x slower than with them asleep (docs/benchmarks.md)."""
+    if not _openmp.threads_spin(environ):
+        return None
+    return ("idle OpenMP threads spin here (OMP_WAIT_POLICY / GOMP_SPINCOUNT is set so): they hold cores the "
+            "server's own threads need, and on 2 cores a lone stream decoded about 1.4x slower than with them "
+            "asleep, paged's default (unset both; docs/benchmarks.md)")
+
+
 def run(args, sock: socket.socket) -> None:
     """Load the model and serve on ``sock`` until stopped."""
     import uvicorn
@@ -181,6 +194,9 @@ def run(args, sock: socket.socket) -> None:
                 next(llm.model.model.parameters()).dtype, llm.engine.max_model_len)
     logger.info("KV cache: %d blocks of %d tokens = %d tokens", stats["blocks_total"], llm.engine.block_size,
                 stats["blocks_total"] * llm.engine.block_size)
+    note = spinning_note(os.environ)
+    if note:
+        logger.warning(note)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("listening on %s: reachable from other machines%s", args.host,
                        "" if args.api_key else " and no --api-key is set")

@@ -175,3 +175,14 @@ def test_the_command_serves_on_the_claimed_port_under_the_demo_name():
         proc.terminate()
         output = proc.communicate(timeout=30)[0]
     assert output.count("--enforce-eager has no effect here") == 1
+
+
+def test_a_server_whose_threads_spin_is_warned_that_they_slow_it():
+    """Exact: a warning where idle OpenMP threads spin (the user's policy, a long spin count), none where
+    they sleep (paged's default, or a spin count too short to keep them awake)."""
+    from paged.serve.cli import spinning_note
+
+    assert spinning_note({"OMP_WAIT_POLICY": "passive"}) is None
+    assert spinning_note({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "1000"}) is None
+    for environ in ({"OMP_WAIT_POLICY": "active"}, {"GOMP_SPINCOUNT": "infinite"}):
+        assert "1.4x slower" in spinning_note(environ) and "OMP_WAIT_POLICY" in spinning_note(environ)
