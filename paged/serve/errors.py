@@ -98,27 +98,30 @@ def _meant_members(errors: list[dict]) -> list[dict]:
     not have (a list where a string goes) is left out with its errors, where another member took the
     value's type; then a member whose ``type`` field the value does not carry (an item of another kind);
     each step only if some errors remain. A value no member takes the type of keeps each member's error:
-    that is its problem (``input.0.content``: 5 is neither a string nor a list of parts)."""
-    def loc(e: dict) -> list[str]:
-        return [str(p) for p in e.get("loc", ()) if p != "body"]
-
-    def member_of(e: dict, wrong_kind: bool) -> list[str] | None:
+    that is its problem (``input.0.content``: 5 is neither a string nor a list of parts). Linear in the
+    errors (a body of 10 000 bad items has 20 000): each is matched by the prefixes of its place."""
+    def member_of(loc: tuple, e: dict, wrong_kind: bool) -> tuple | None:
         """The member ``e`` rules out: the value is not of its type, or carries another ``type``."""
-        tags = [i for i, p in enumerate(loc(e)) if not _is_field(p)]
-        rest = loc(e)[tags[-1] + 1:] if tags else None
-        if rest == [] and not wrong_kind and e.get("type", "").endswith("_type") or \
-                rest == ["type"] and wrong_kind and e.get("type") in ("literal_error", "missing"):
-            return loc(e)[:tags[-1] + 1]
+        tags = [i for i, p in enumerate(loc) if not _is_field(p)]
+        rest = loc[tags[-1] + 1:] if tags else None
+        if rest == () and not wrong_kind and e.get("type", "").endswith("_type") or \
+                rest == ("type",) and wrong_kind and e.get("type") in ("literal_error", "missing"):
+            return loc[:tags[-1] + 1]
         return None
 
+    def prefixes(loc: tuple) -> list[tuple]:
+        return [loc[:i] for i in range(len(loc) + 1)]
+
     def without(errors: list[dict], wrong_kind: bool) -> list[dict]:
-        wrong = [m for m in (member_of(e, wrong_kind) for e in errors) if m is not None]
+        locs = [tuple(str(p) for p in e.get("loc", ()) if p != "body") for e in errors]
+        members = [member_of(loc, e, wrong_kind) for loc, e in zip(locs, errors)]
+        wrong = {m for m in members if m is not None}
         if not wrong_kind:  # a type some member took: the parent holds an error of another kind
-            wrong = [m for m in wrong if any(loc(e)[:len(m) - 1] == m[:-1] and member_of(e, False) is None
-                                             for e in errors)]
-        kinds = [e["ctx"]["expected"] for e in errors if wrong_kind and member_of(e, True) is not None
-                 and e.get("type") == "literal_error"]
-        meant = [e for e in errors if not any(loc(e)[:len(m)] == m for m in wrong)]
+            held = {p for loc, m in zip(locs, members) if m is None for p in prefixes(loc)}
+            wrong = {m for m in wrong if m[:-1] in held}
+        meant = [e for loc, e in zip(locs, errors) if not wrong.intersection(prefixes(loc))]
+        kinds = [e["ctx"]["expected"] for e, m in zip(errors, members)
+                 if wrong_kind and m is not None and e.get("type") == "literal_error"]
         if not meant and wrong_kind and kinds:  # an item of no kind the union has: name every kind
             first = next(e for e in errors if e.get("type") == "literal_error")
             return [{**first, "msg": f"Input should be {' or '.join(kinds)}"}]
@@ -137,16 +140,17 @@ def from_validation_error(err: ValidationError | RequestValidationError, expecte
     told ``input.0.output: Field required``, not that it is not a string.
     """
     expected = expected or {}
-    errors = _meant_members(err.errors())
+    every = err.errors()
+    errors = _meant_members(every)
     first = errors[0]
     path = _field_path(first)
     field = ".".join(path) or None
     msg = first.get("msg", "invalid value")
     # every member's error at the field, those left out above included: a value of no shape is told them all
-    union = [e for e in err.errors() if _field_path(e)[:len(path)] == path and e != first]
+    union = {id(e) for e in every if _field_path(e)[:len(path)] == path and e is not first}
     if union and _field_name(path) in expected:
         msg = f"expected {expected[_field_name(path)]}"
-        errors = [e for e in errors if e == first or e not in union]
+        errors = [e for e in errors if e is first or id(e) not in union]
     if first.get("type") == "extra_forbidden":
         msg = "unknown field; see docs/serving.md for the accepted fields"
     elif "input" in first and first.get("type") not in ("missing",):

@@ -266,7 +266,8 @@ def test_every_nested_bound_is_refused_just_past_it(app, label):
     otherwise least body for that field, gets a 400 whose ``param`` is the value's path or a field
     holding it (``messages.0.role``; ``stop``, whose checker reads the whole list). A value one
     branch of a union refuses but another takes (a tool choice of another ``type``) is not outside
-    the document: each body is sent only when the document itself refuses it (jsonschema)."""
+    the document: each body is sent only when the document itself refuses it (jsonschema). Status and
+    param: exact."""
     document = app.fastapi.openapi()
     path = label.split()[1]
     content = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
