@@ -8,7 +8,10 @@ surrogate, more than ``MAX_PROMPTS`` prompts — gets its own message in OpenAI'
 error shape with status 400, naming the field where it stands
 (``logit_bias.50256: the number 1e999 is beyond...``, ``param`` the request's
 field), and the connection stays open for the client's next request. Lists
-longer than their bound are refused before pydantic validates their items.
+longer than their bound are refused before pydantic validates their items, and
+each list stops at its first bad item (``extensions.Items``). A body of
+``INLINE_BODY_BYTES`` or more is parsed on the server's thread pool
+(``offload.py``), so that a 4 MiB one costs the event loop nothing.
 """
 
 from __future__ import annotations
@@ -20,16 +23,30 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from paged.serve.errors import APIError, from_validation_error
+from paged.serve.offload import Offload
 from paged.serve.protocol import EXPECTED, LIST_BOUNDS, MAX_PROMPTS, count_prompts
 
 MAX_JSON_DEPTH = 64  # nested arrays / objects in a body (a JSON schema needs a dozen)
 MAX_JSON_INT_DIGITS = 40  # far past every field's bound (2**64 has 20), far below Python's 4 300-digit limit
+INLINE_BODY_BYTES = 64 * 2**10  # smaller bodies are parsed on the event loop (a few ms at most; no hand-off)
 
 
-async def parse_body(raw: Request, model_cls, expected: dict[str, str] = EXPECTED):
+async def parse_body(raw: Request, model_cls, work: Offload, expected: dict[str, str] = EXPECTED):
     """The body as ``model_cls``, or an ``APIError`` that says exactly what is wrong with it (``expected``:
-    what each field of several types takes, in this request's terms)."""
+    what each field of several types takes, in this request's terms).
+
+    A body of ``INLINE_BODY_BYTES`` or more is parsed on ``work``, the server's pool, not on the event
+    loop: reading and checking a 4 MiB body takes a core for a second or more, and every other
+    connection would wait for it.
+    """
     body = await raw.body()
+    if len(body) < INLINE_BODY_BYTES:
+        return parse(body, model_cls, expected)
+    return await work.pooled(parse, body, model_cls, expected)
+
+
+def parse(body: bytes, model_cls, expected: dict[str, str] = EXPECTED):
+    """``parse_body``'s work: bytes -> text -> JSON -> checks -> ``model_cls``; cheap checks first."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -40,8 +57,6 @@ async def parse_body(raw: Request, model_cls, expected: dict[str, str] = EXPECTE
     data = _decode(text)
     if not isinstance(data, dict):
         raise APIError(f"request body must be a JSON object, got a JSON {type(data).__name__}", code="invalid_json")
-    if json_depth(data) > MAX_JSON_DEPTH:
-        raise _too_deep()
     for field, bound in LIST_BOUNDS.items():  # before the per-item validation a long list would cost
         value = data.get(field)
         if isinstance(value, (list, dict)) and len(value) > bound:
@@ -51,6 +66,8 @@ async def parse_body(raw: Request, model_cls, expected: dict[str, str] = EXPECTE
     if prompts > MAX_PROMPTS:
         raise APIError(f"prompt holds {prompts} prompts; at most {MAX_PROMPTS} are allowed in one request "
                        "(send the others in more requests)", param="prompt", code="invalid_value")
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise _too_deep()
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
@@ -150,13 +167,13 @@ def _too_deep() -> APIError:
 
 
 def json_depth(data) -> int:
-    """The deepest nesting of lists and dicts in ``data`` (a scalar is 0), without recursion."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
-            deepest = max(deepest, depth)
-            if depth <= MAX_JSON_DEPTH:
-                stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)
-                             if isinstance(child, (dict, list)))
-    return deepest
+    """The deepest nesting of lists and dicts in ``data`` (a scalar is 0), counted one level at a time
+    (no recursion; past ``MAX_JSON_DEPTH`` the count stops at ``MAX_JSON_DEPTH + 1``)."""
+    depth, level = 0, [data]
+    while depth <= MAX_JSON_DEPTH:
+        containers = [node for node in level if isinstance(node, (dict, list))]
+        if not containers:
+            break
+        depth += 1
+        level = [child for node in containers for child in (node.values() if isinstance(node, dict) else node)]
+    return depth

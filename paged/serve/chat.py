@@ -36,7 +36,7 @@ def install(app, served: ServedModel, generator: Generator) -> None:
     @app.post("/v1/chat/completions", summary="Answer a conversation",
               **generation_route(ChatCompletionRequest, ChatCompletionResponse, ChatCompletionChunk))
     async def chat_completions(raw: Request):
-        return await answer(await parse_body(raw, ChatCompletionRequest), raw, served, generator)
+        return await answer(await parse_body(raw, ChatCompletionRequest, served.work), raw, served, generator)
 
 
 def template_variables(req: ChatCompletionRequest) -> dict:

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from paged.serve.errors import APIError
-from paged.serve.extensions import ChatExtensions, OpenAIModel
+from paged.serve.extensions import ChatExtensions, Items, OpenAIModel
 from paged.serve.protocol import MAX_LOGPROBS, _Sampling, bounds
 
 MAX_TOOLS = 128  # OpenAI's bound on the functions of one request
@@ -47,9 +47,9 @@ class ChatMessage(OpenAIModel):
     """One message of the conversation; an assistant's may hold ``tool_calls`` instead of text."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[TextPart] | None = None
+    content: StrictStr | Items[TextPart] | None = None
     name: StrictStr | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: Items[ToolCall] | None = None
     tool_call_id: StrictStr | None = None
     reasoning_content: StrictStr | None = Field(None, description="an earlier reply's reasoning (vLLM's field)")
 
@@ -118,12 +118,12 @@ class NamedToolChoice(OpenAIModel):
 class ChatCompletionRequest(_Sampling, ChatExtensions):
     """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat_template.py``)."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Items[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
     max_completion_tokens: StrictInt | None = Field(None, **bounds(minimum=1))
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))
-    tools: list[Tool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
+    tools: Items[Tool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = Field(None, description="more than one call in a reply "
                                                    "(default true)")

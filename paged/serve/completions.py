@@ -29,7 +29,7 @@ def install(app, served: ServedModel, generator: Generator) -> None:
     @app.post("/v1/completions", summary="Complete prompts",
               **generation_route(CompletionRequest, CompletionResponse, CompletionChunk))
     async def completions(raw: Request):
-        return await complete(await parse_body(raw, CompletionRequest), raw, served, generator)
+        return await complete(await parse_body(raw, CompletionRequest, served.work), raw, served, generator)
 
 
 async def complete(req: CompletionRequest, raw: Request, served: ServedModel, generator: Generator) -> Response:

@@ -97,7 +97,8 @@ def _meant_members(errors: list[dict]) -> list[dict]:
     """The errors of the union members a value was meant for: first a member whose type the value does
     not have (a list where a string goes) is left out with its errors, where another member took the
     value's type; then a member whose ``type`` field the value does not carry (an item of another kind);
-    each step only if some errors remain. A value no member takes the type of keeps each member's error:
+    each step only if some errors remain; last, of members that failed at a list's items, the one that
+    failed furthest in. A value no member takes the type of keeps each member's error:
     that is its problem (``input.0.content``: 5 is neither a string nor a list of parts). Linear in the
     errors (a body of 10 000 bad items has 20 000): each is matched by the prefixes of its place."""
     def member_of(loc: tuple, e: dict, wrong_kind: bool) -> tuple | None:
@@ -127,7 +128,22 @@ def _meant_members(errors: list[dict]) -> list[dict]:
             return [{**first, "msg": f"Input should be {' or '.join(kinds)}"}]
         return meant or errors
 
-    return without(without(errors, wrong_kind=False), wrong_kind=True)
+    def furthest(errors: list[dict]) -> list[dict]:
+        """Members that each took a list's first items: the one that took the most was meant (token ids
+        ending in a string are told ``prompt.3``, not ``prompt.0`` where a list of strings failed)."""
+        def reach(e: dict) -> tuple[tuple, int] | None:
+            loc = tuple(str(p) for p in e.get("loc", ()) if p != "body")
+            at = [i for i in range(len(loc) - 1) if not _is_field(loc[i]) and loc[i + 1].isdigit()]
+            return (loc[:at[-1]], int(loc[at[-1] + 1])) if at else None
+
+        reaches = [reach(e) for e in errors]
+        most: dict[tuple, int] = {}
+        for r in reaches:
+            if r is not None:
+                most[r[0]] = max(most.get(r[0], -1), r[1])
+        return [e for e, r in zip(errors, reaches) if r is None or r[1] == most[r[0]]]
+
+    return furthest(without(without(errors, wrong_kind=False), wrong_kind=True))
 
 
 def from_validation_error(err: ValidationError | RequestValidationError, expected: dict | None = None) -> APIError:

@@ -28,7 +28,7 @@ decisions as a table; ``tests/serve/test_vllm_fields.py`` checks each one.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -71,6 +71,21 @@ def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
                 where = f"{prefix}{name}.{i}." if isinstance(value, list) else f"{prefix}{name}."
                 found += unknown_fields(item, where)
     return found
+
+
+class Items:
+    """``Items[T]``: a request's list of ``T``, whose check stops at its first bad item.
+
+    pydantic checks every item of a list and reports each failure; a 4 MiB body
+    of 100 000 bad messages would cost seconds of a core to report 100 000
+    errors, when the answer names only the first. Every list a request model
+    holds is declared this way (``tests/serve/test_request_guard.py`` checks that no
+    plain ``list[...]`` is left), so a bad body costs no more than its first bad
+    item.
+    """
+
+    def __class_getitem__(cls, kind):
+        return Annotated[list[kind], Field(fail_fast=True)]
 
 
 class OpenAIModel(BaseModel):
@@ -196,7 +211,7 @@ class ChatExtensions(_Extensions):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    documents: list[dict[str, Any]] | None = None
+    documents: Items[dict[str, Any]] | None = None
     chat_template: Any = None
     reasoning_effort: Any = None
 

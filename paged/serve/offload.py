@@ -1,4 +1,5 @@
-"""Heavy work off the event loop: tokenizing, detokenizing, chat templates, grammars, large JSON bodies.
+"""Heavy work off the event loop: parsing large bodies, tokenizing, detokenizing, chat templates, grammars,
+writing large JSON answers.
 
 One event loop serves every connection, so whatever a handler computes on it
 every other client waits for: a 3 MB ``/tokenize`` once froze every stream for
@@ -57,6 +58,10 @@ class Offload:
         ``INLINE_MAX``, else here and now."""
         if size < INLINE_MAX:
             return fn(*args)
+        return await self.pooled(fn, *args)
+
+    async def pooled(self, fn, *args):
+        """``fn(*args)`` on the pool, whatever its size (the caller decided it is large)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="paged-serve-offload")
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))

@@ -21,7 +21,7 @@ from pydantic import Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, Str
 
 from paged import SamplingParams
 from paged.serve.errors import APIError
-from paged.serve.extensions import CompletionExtensions, OpenAIModel
+from paged.serve.extensions import CompletionExtensions, Items, OpenAIModel
 from paged.step04_sharing.engine import MAX_BEST_OF
 from paged.errors import RequestError
 from paged.sampling.structured import (MAX_CHOICE_CHARS, MAX_CHOICES, MAX_GRAMMAR_CHARS, MAX_REGEX_CHARS,
@@ -106,7 +106,7 @@ class StructuredOutputs(OpenAIModel):
     json_schema: dict | StrictStr | None = Field(None, alias="json", description=f"a JSON schema of at most "
                                                  f"{MAX_SCHEMA_BYTES} bytes as compact JSON")
     regex: StrictStr | None = Field(None, **bounds(max_length=MAX_REGEX_CHARS))
-    choice: list[StrictStr] | None = Field(None, **bounds(max_items=MAX_CHOICES))
+    choice: Items[StrictStr] | None = Field(None, **bounds(max_items=MAX_CHOICES))
     grammar: StrictStr | None = Field(None, description=GUIDED_GRAMMAR_DOC, **bounds(max_length=MAX_GRAMMAR_CHARS))
     json_object: StrictBool | None = None
 
@@ -138,8 +138,8 @@ class _Sampling(OpenAIModel):
     best_of: StrictInt | None = Field(None, **bounds(minimum=1, maximum=MAX_BEST_OF))
     use_beam_search: StrictBool = False
     length_penalty: Number = Field(1.0, **bounds(minimum=-SP.MAX_LENGTH_PENALTY, maximum=SP.MAX_LENGTH_PENALTY))
-    stop: StopString | list[StopString] | None = Field(None, **bounds(max_items=SP.MAX_STOP))
-    stop_token_ids: list[Annotated[StrictInt, Field(**bounds(minimum=0, maximum=SP.MAX_INT64))]] | None = Field(
+    stop: StopString | Items[StopString] | None = Field(None, **bounds(max_items=SP.MAX_STOP))
+    stop_token_ids: Items[Annotated[StrictInt, Field(**bounds(minimum=0, maximum=SP.MAX_INT64))]] | None = Field(
         None, **bounds(max_items=SP.MAX_LIST))
     seed: StrictInt | None = Field(None, **bounds(minimum=0, maximum=SP.MAX_INT64))
     ignore_eos: StrictBool = False
@@ -152,14 +152,14 @@ class _Sampling(OpenAIModel):
     logit_bias: dict[str, Annotated[Number, Field(**bounds(minimum=-100, maximum=100))]] | None = Field(
         None, **bounds(max_properties=SP.MAX_LIST, property_names={"pattern": "^[0-9]{1,20}$"}))
     min_p: Number = Field(0.0, **bounds(minimum=0, maximum=1))
-    bad_words: list[BadWord] | None = Field(None, **bounds(max_items=SP.MAX_LIST))
+    bad_words: Items[BadWord] | None = Field(None, **bounds(max_items=SP.MAX_LIST))
     response_format: ResponseFormat | None = None
     guided_json: dict | StrictStr | None = Field(None, description=f"a JSON schema of at most {MAX_SCHEMA_BYTES} "
                                                  "bytes as compact JSON")
     guided_regex: StrictStr | None = Field(None, description=f"at most {MAX_REGEX_CHARS} characters, and at most "
                                            f"{MAX_REGEX_REPEAT} atoms once counted repetitions (a{{n}}) are "
                                            "multiplied out", **bounds(max_length=MAX_REGEX_CHARS))
-    guided_choice: list[StrictStr] | None = Field(None, description=f"at most {MAX_CHOICES} strings of at most "
+    guided_choice: Items[StrictStr] | None = Field(None, description=f"at most {MAX_CHOICES} strings of at most "
                                                   f"{MAX_CHOICE_CHARS} characters in all",
                                                   **bounds(max_items=MAX_CHOICES))
     guided_grammar: StrictStr | None = Field(None, description=GUIDED_GRAMMAR_DOC,
@@ -279,8 +279,8 @@ class _Sampling(OpenAIModel):
 class CompletionRequest(_Sampling, CompletionExtensions):
     """``POST /v1/completions``: a prompt as text, texts, token ids, or lists of token ids."""
 
-    prompt: (StrictStr | Annotated[list[StrictStr], Field(**bounds(max_items=MAX_PROMPTS))] | list[StrictInt]
-             | Annotated[list[list[StrictInt]], Field(**bounds(max_items=MAX_PROMPTS))]) = Field(
+    prompt: (StrictStr | Annotated[Items[StrictStr], Field(**bounds(max_items=MAX_PROMPTS))] | Items[StrictInt]
+             | Annotated[Items[Items[StrictInt]], Field(**bounds(max_items=MAX_PROMPTS))]) = Field(
         **bounds(min_items=1), description=f"one prompt, or a list of at most {MAX_PROMPTS}")
     max_tokens: StrictInt | None = Field(16, **bounds(minimum=1))
     logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))

@@ -223,6 +223,13 @@ def in_responses_terms(err: APIError) -> APIError:
                     headers=err.headers)
 
 
+def as_chat(req: ResponsesRequest, conversation: list[dict]) -> tuple[dict, ChatCompletionRequest]:
+    """The chat request ``req`` asks for, after ``conversation`` (a kept response's), with its body (on the
+    pool when the items are many: checking 100 000 messages takes a core for a second)."""
+    body = req.chat_body(conversation)
+    return body, ChatCompletionRequest.model_validate(body)
+
+
 def sse(event) -> str:
     return f"event: {event.type}\n{streaming.sse(event)}"
 
@@ -239,12 +246,12 @@ def install(app, served, generator, store: ResponseStore) -> None:
               responses={200: {"model": ResponseObject, "content": stream_doc,
                                "description": "the response; with stream: true, its events"}, **errors})
     async def create(raw: Request):
-        req = await parse_body(raw, ResponsesRequest, EXPECTED)
+        req = await parse_body(raw, ResponsesRequest, served.work, EXPECTED)
         conversation = store.get(req.previous_response_id)[1] if req.previous_response_id else []
-        body = req.chat_body(conversation)
         builder = ResponseBuilder(req, served.name)
         try:
-            chat_req = ChatCompletionRequest.model_validate(body)
+            items = len(conversation) + (len(req.input) if isinstance(req.input, list) else 1)
+            body, chat_req = await served.work.run(items, as_chat, req, conversation)
             run = await chat.answer(chat_req, raw, served, generator, start_only=True, tag=builder.id)
         except ValidationError as e:
             raise in_responses_terms(from_validation_error(e)) from None

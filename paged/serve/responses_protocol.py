@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Discriminator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag
 
 from paged.serve.chat_protocol import MAX_TOOLS, TOOL_NAME
-from paged.serve.extensions import OpenAIModel, RequestModel, note_ignored
+from paged.serve.extensions import Items, OpenAIModel, RequestModel, note_ignored
 from paged.serve.protocol import bounds
 
 
@@ -33,7 +33,7 @@ class TextPart(OpenAIModel):
 class MessageItem(OpenAIModel):
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: StrictStr | list[TextPart]
+    content: StrictStr | Items[TextPart]
     id: StrictStr | None = None
 
     def text(self) -> str:
@@ -55,7 +55,7 @@ class FunctionCallOutputItem(OpenAIModel):
 
     type: Literal["function_call_output"]
     call_id: StrictStr
-    output: StrictStr | list[TextPart]
+    output: StrictStr | Items[TextPart]
 
     def text(self) -> str:
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
@@ -71,8 +71,8 @@ class ReasoningItem(OpenAIModel):
 
     type: Literal["reasoning"]
     id: StrictStr | None = None
-    summary: list[ReasoningTextPart] = []
-    content: list[ReasoningTextPart] | None = None
+    summary: Items[ReasoningTextPart] = []
+    content: Items[ReasoningTextPart] | None = None
 
 
 InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
@@ -153,7 +153,7 @@ class ResponsesRequest(RequestModel):
     """``POST /v1/responses``: OpenAI's fields this server reads; any other is accepted and logged once."""
 
     model: StrictStr | None = None
-    input: StrictStr | list[InputItem] = Field(description="a user message, or the conversation's items")
+    input: StrictStr | Items[InputItem] = Field(description="a user message, or the conversation's items")
     instructions: StrictStr | None = None
     previous_response_id: StrictStr | None = Field(None, description="continue a response this server gave "
                                                    "(and still keeps: the newest --response-store ones)")
@@ -161,7 +161,7 @@ class ResponsesRequest(RequestModel):
     # the chat request's bound, which SamplingParams enforces (OpenAI's own API stops at 2; vLLM sets none)
     temperature: StrictFloat | None = Field(None, **bounds(minimum=0, maximum=100))
     top_p: StrictFloat | None = Field(None, **bounds(exclusive_minimum=0, maximum=1))
-    tools: list[Tool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
+    tools: Items[Tool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     text: TextConfig | None = None

@@ -33,6 +33,7 @@ from pydantic import (
 from paged.serve import offload
 from paged.serve.body import parse_body
 from paged.serve.errors import APIError
+from paged.serve.extensions import Items
 from paged.serve.openapi import COMPONENTS, error_responses
 from paged.serve.chat_protocol import MAX_TOOLS, ChatMessage, Tool
 
@@ -52,13 +53,13 @@ class TokenizeChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     model: StrictStr | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Items[ChatMessage] = Field(min_length=1)
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     add_special_tokens: StrictBool = False
     return_token_strs: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS, description="the functions the template lists, as "
+    tools: Items[Tool] | None = Field(None, max_length=MAX_TOOLS, description="the functions the template lists, as "
                                      "/v1/chat/completions passes them")
 
     @model_validator(mode="after")
@@ -91,7 +92,7 @@ class TokenizeResponse(BaseModel):
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: StrictStr | None = None
-    tokens: list[StrictInt]
+    tokens: Items[StrictInt]
 
 
 class DetokenizeResponse(BaseModel):
@@ -164,7 +165,7 @@ def install(app, served) -> None:
     @app.post("/tokenize", tags=["tokenizer"], summary="Token ids of a prompt or of chat messages",
               openapi_extra=_body("tokenize", *TokenizeRequest.models), responses=errors)
     async def tokenize(raw: Request) -> TokenizeResponse:
-        req = await parse_body(raw, TokenizeRequest)
+        req = await parse_body(raw, TokenizeRequest, served.work)
         served.check(req.model)
         tok = tokenizer()
         if isinstance(req, TokenizeChatRequest):
@@ -185,7 +186,7 @@ def install(app, served) -> None:
     @app.post("/detokenize", tags=["tokenizer"], summary="The text of token ids",
               openapi_extra=_body("detokenize", DetokenizeRequest), responses=errors)
     async def detokenize(raw: Request) -> DetokenizeResponse:
-        req = await parse_body(raw, DetokenizeRequest)
+        req = await parse_body(raw, DetokenizeRequest, served.work)
         served.check(req.model)
         tokenizer()
 
