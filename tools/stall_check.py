@@ -55,6 +55,14 @@ CASES = {  # name: (route, body)
     "prompt 1 MiB text (too long)": (COMPLETIONS, {**BASE, "prompt": CODE * 530}),
     "chat message 1 MiB (too long)": (CHAT, {"model": "m", "messages": [{"role": "user", "content": CODE * 530}],
                                              "max_tokens": 4}),
+    # bodies at the 4 MiB limit, of many items
+    "4 MiB: 1 392 000 token ids, then a string": (COMPLETIONS, {**BASE, "prompt": [5] * 1_392_000 + ["x"]}),
+    "4 MiB: 131 000 chat messages of content 5": (CHAT, {"model": "m", "messages": [{"role": "user", "content": 5}]
+                                                         * 131_000}),
+    "4 MiB: 220 000 image parts": (CHAT, {"model": "m", "messages": [{"role": "user",
+                                                                      "content": [{"type": "image"}] * 220_000}]}),
+    "4 MiB: 123 000 Responses items (too long)": ("/v1/responses", {"model": "m", "input": [
+        {"role": "user", "content": "h"}] * 123_000}),
 }
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
 

@@ -59,7 +59,7 @@ async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, 
     schema = plan.schema(functions)
     if schema is not None:
         req.force_json("tool_choice", schema)
-    messages = req.template_messages()
+    messages = await served.work.run(len(req.messages), req.template_messages)
     text, ids = await served.render_chat(messages, req.add_generation_prompt, req.continue_final_message,
                                          req.add_special_tokens, template_variables(req), plan.tools)
     if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
