@@ -23,7 +23,8 @@ import os
 import re
 
 from paged.serve import vllm_flags
-from paged.serve.connections import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
+from paged.serve.connections import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S,
+                                     DEFAULT_MAX_CONNECTIONS)
 from paged.serve.guard import DEFAULT_MAX_BODY_BYTES
 from paged.serve.options import DEFAULT_MAX_LOGPROBS, DEFAULT_RESPONSE_STORE
 from paged.serve.reasoning import PARSERS as REASONING_PARSERS
@@ -239,6 +240,8 @@ def _server(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_IDLE_TIMEOUT_S:g})")
     s.add_argument("--header-timeout", type=positive_float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
                    help=f"seconds a request's head may take from its first byte (default {DEFAULT_HEADER_TIMEOUT_S:g})")
+    s.add_argument("--body-timeout", type=positive_float, default=DEFAULT_BODY_TIMEOUT_S, metavar="S",
+                   help=f"seconds a request's body may take after its head (default {DEFAULT_BODY_TIMEOUT_S:g})")
     s.add_argument("--ssl-keyfile", help="serve HTTPS with this key (and --ssl-certfile)")
     s.add_argument("--ssl-certfile", help="serve HTTPS with this certificate")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],

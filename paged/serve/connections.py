@@ -5,15 +5,18 @@ but not one that never sends a request, nor one that sends its request head a
 byte at a time, and it caps nothing: 2 000 silent sockets stayed open for good,
 and at the process's descriptor limit every new client was refused while the
 event loop logged a traceback for each failed ``accept``. So the server runs
-uvicorn's own h11 protocol with three additions (``SheddingProtocol``), all
+uvicorn's own h11 protocol with four additions (``SheddingProtocol``), all
 in the transport, before a request reaches the app:
 
 * **idle timeout** (``--idle-timeout``): a connection that sends no byte of a
   first request within it is closed;
 * **header timeout** (``--header-timeout``): a request head (the request line
   and the headers) must be complete within it of its first byte, else a 408
-  and the connection is closed; the body is read by the guard, whose size is
-  bounded, and the time after the head is the request's own;
+  and the connection is closed;
+* **body timeout** (``--body-timeout``): a request's body (its size is bounded
+  by the guard) must be complete within it of the head's end, else a 408 and
+  the connection is closed: a body sent a byte at a time would otherwise hold
+  its connection for good; the time after the body is the request's own;
 * **connection cap** (``--max-connections``): a connection beyond it is
   answered at once with a 503 (OpenAI's error JSON, ``Retry-After``) and
   closed. The cap is kept below the process's descriptor limit (raised to
@@ -40,6 +43,7 @@ logger = logging.getLogger("paged.serve")
 DEFAULT_MAX_CONNECTIONS = 1000
 DEFAULT_IDLE_TIMEOUT_S = 10.0
 DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0  # 4 MiB (the default body limit) in 34 s at 1 Mbit/s
 MAX_BACKLOG = 511  # connections the kernel queues (nginx's default), fewer when descriptors are short
 FD_RESERVE = 64  # descriptors the process holds besides its connections (model files, pipes, the loop's own)
 BURST_S = 10.0  # a burst's counts are logged once, this long after its first event
@@ -107,14 +111,17 @@ class Shedding:
         max_connections: connections served at once; beyond it a 503 (see ``connection_limits``).
         idle_timeout: seconds a new connection may wait before the first byte of a request.
         header_timeout: seconds a request head may take from its first byte to its end.
+        body_timeout: seconds a request body may take from the head's end to its own.
         burst_log: the ``BurstLog`` (a fresh one by default).
     """
 
     def __init__(self, max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
-                 header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, burst_log: BurstLog | None = None) -> None:
+                 header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+                 burst_log: BurstLog | None = None) -> None:
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
         self.burst_log = burst_log or BurstLog()
         self.over_cap = raw_response(503, "Service Unavailable", f"the server has {max_connections} connections "
                                      "open (--max-connections); try again shortly", "too_many_connections",
@@ -122,6 +129,9 @@ class Shedding:
         self.too_slow = raw_response(408, "Request Timeout", f"the request head (request line and headers) did "
                                      f"not arrive within {header_timeout:g} s of its first byte (--header-timeout)",
                                      "request_timeout")
+        self.body_too_slow = raw_response(408, "Request Timeout", f"the request body did not arrive within "
+                                          f"{body_timeout:g} s of the request head (--body-timeout)",
+                                          "request_timeout")
 
     def protocol(self, *args, **kwargs) -> SheddingProtocol:
         """uvicorn's ``http=`` factory: one ``SheddingProtocol`` per connection."""
@@ -137,14 +147,14 @@ class Shedding:
 
 
 class SheddingProtocol(H11Protocol):
-    """uvicorn's h11 protocol, with the idle and header timeouts and the connection cap of ``Shedding``."""
+    """uvicorn's h11 protocol, with the idle, header and body timeouts and the connection cap of ``Shedding``."""
 
     def __init__(self, *args, shedding: Shedding, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.shedding = shedding
         self.refused = False
-        self._timer = None  # the idle or head deadline, while one runs
-        self._reading_head = False
+        self._timer = None  # the idle, head or body deadline, while one runs
+        self._reading_head = self._reading_body = False
 
     def connection_made(self, transport) -> None:
         if len(self.connections) >= self.shedding.max_connections:
@@ -169,6 +179,14 @@ class SheddingProtocol(H11Protocol):
         if self._reading_head and self.conn.their_state is not h11.IDLE:  # h11 has the whole head
             self._reading_head = False
             self._cancel_timer()
+            if self.conn.their_state is h11.SEND_BODY:  # a body follows
+                self._reading_body = True
+                self._timer = self.loop.call_later(self.shedding.body_timeout, self._shed,
+                                                   self.shedding.body_too_slow, "request body slower than "
+                                                   "--body-timeout")
+        elif self._reading_body and self.conn.their_state is not h11.SEND_BODY:  # the whole body is here
+            self._reading_body = False
+            self._cancel_timer()
 
     def connection_lost(self, exc) -> None:
         self._cancel_timer()
@@ -186,7 +204,7 @@ class SheddingProtocol(H11Protocol):
 
     def _shed(self, answer: bytes, reason: str) -> None:
         self._timer = None
-        if answer:
+        if answer and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no answer of the app's begun
             self.transport.write(answer)
         self.transport.close()
         self.shedding.burst_log.note(self.loop, reason)

@@ -7,6 +7,7 @@ answers ``ok``, with short limits:
 * a request head sent a byte at a time gets a 408 (OpenAI's error JSON) and is closed once the header
   timeout has passed — also the second head on a kept-alive connection — while a head sent in two
   parts within the timeout is served;
+* so does a request body sent a byte at a time, once the body timeout has passed;
 * a connection beyond the cap gets a 503 with ``Retry-After`` at once and is closed; once one closes,
   a new one is served;
 * a burst of shed connections, or of failed ``accept`` s, is one log line;
@@ -38,6 +39,8 @@ SLACK_S = 1.5  # how much later than its timeout a shed may come on a loaded mac
 async def ok_app(scope, receive, send):
     if scope["type"] != "http":
         return
+    while scope["method"] == "POST" and (await receive()).get("more_body"):  # the whole body first, as the guard
+        pass
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/plain"), (b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
@@ -144,6 +147,46 @@ def test_the_next_head_on_a_kept_alive_connection_is_timed_too(running):
     assert 0.9 < time.monotonic() - t0 < 1.0 + SLACK_S
 
 
+POST = b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n"
+BODY = b'{"prompt": "a body of forty bytes....."}'
+
+
+@pytest.mark.parametrize("running", [shedding(body_timeout=1.0)], indirect=True)
+def test_a_request_body_a_byte_at_a_time_gets_408_after_the_body_timeout(running):
+    """The head comes at once, its body a byte every 0.2 s: a 408 naming ``--body-timeout`` comes once it has
+    passed, and the connection is closed; a body sent in two parts within the timeout is served."""
+    assert len(BODY) == 40
+    slow = running.connect()
+    slow.sendall(POST)
+    t0, answer = time.monotonic(), b""
+    slow.settimeout(0.2)
+    for byte in BODY:
+        try:
+            slow.send(bytes([byte]))
+            answer += slow.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError:
+            break
+        if answer:
+            break
+    took = time.monotonic() - t0
+    slow.settimeout(10)
+    answer += read_all(slow)  # to the close
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert 0.9 < took < 1.0 + SLACK_S, took
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "request_timeout" and "--body-timeout" in error["message"]
+    halves = running.connect()
+    halves.sendall(POST + BODY[:10])
+    time.sleep(0.3)
+    halves.sendall(BODY[10:])
+    assert read_answer(halves).startswith(b"HTTP/1.1 200")
+    time.sleep(1.0 + SLACK_S)  # past the timeout: the connection served its request and stays open
+    halves.sendall(REQUEST)
+    assert read_answer(halves).startswith(b"HTTP/1.1 200")
+
+
 @pytest.mark.parametrize("running", [shedding(max_connections=3)], indirect=True)
 def test_connections_beyond_the_cap_get_503_at_once_and_closed(running):
     held = [running.connect() for _ in range(3)]
@@ -208,7 +251,7 @@ def test_the_cap_and_backlog_stay_below_the_descriptor_limit():
 # -- the command line -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def limited(model_path):
-    s = Server(model_path, server_args() + ["--idle-timeout", "1", "--header-timeout", "2",
+    s = Server(model_path, server_args() + ["--idle-timeout", "1", "--header-timeout", "2", "--body-timeout", "2",
                                             "--max-connections", "8"])
     yield s
     s.stop()
@@ -233,3 +276,15 @@ def test_the_server_sheds_by_its_options(limited):
         time.sleep(0.5)
     shed = [line for line in limited.output().splitlines() if "shed " in line]
     assert len(shed) == 1 and "over --max-connections" in shed[0] and "idle before a first request" in shed[0]
+
+
+def test_the_server_times_a_body_by_its_option(limited):
+    """``--body-timeout 2``: a completion whose body stops halfway gets the 408 after 2 s, and is closed."""
+    body = json.dumps({"model": "test-model", "prompt": "x", "max_tokens": 1}).encode()
+    s = socket.create_connection(("127.0.0.1", limited.port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+    t0 = time.monotonic()
+    answer = read_all(s)
+    assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer, answer
+    assert 1.9 < time.monotonic() - t0 < 2 + SLACK_S
