@@ -74,9 +74,15 @@ def _is_field(part: str) -> bool:
         "str", "int", "float", "bool", "list", "dict", "none"}
 
 
+def _loc(error: dict) -> tuple[str, ...]:
+    """Where an error stands, as strings, without FastAPI's leading ``body``, ``query`` or ``path``."""
+    loc = tuple(str(p) for p in error.get("loc", ()))
+    return loc[1:] if loc[:1] in (("body",), ("query",), ("path",)) else loc
+
+
 def _field_path(error: dict) -> list[str]:
     """``loc`` without the union-member tags pydantic inserts (``str``, ``list[int]``, ``function-after[...]``)."""
-    return [p for p in (str(p) for p in error.get("loc", ()) if p != "body") if _is_field(p)]
+    return [p for p in _loc(error) if _is_field(p)]
 
 
 def _field_name(path: list[str]) -> str | None:
@@ -114,7 +120,7 @@ def _meant_members(errors: list[dict]) -> list[dict]:
         return [loc[:i] for i in range(len(loc) + 1)]
 
     def without(errors: list[dict], wrong_kind: bool) -> list[dict]:
-        locs = [tuple(str(p) for p in e.get("loc", ()) if p != "body") for e in errors]
+        locs = [_loc(e) for e in errors]
         members = [member_of(loc, e, wrong_kind) for loc, e in zip(locs, errors)]
         wrong = {m for m in members if m is not None}
         if not wrong_kind:  # a type some member took: the parent holds an error of another kind
@@ -132,7 +138,7 @@ def _meant_members(errors: list[dict]) -> list[dict]:
         """Members that each took a list's first items: the one that took the most was meant (token ids
         ending in a string are told ``prompt.3``, not ``prompt.0`` where a list of strings failed)."""
         def reach(e: dict) -> tuple[tuple, int] | None:
-            loc = tuple(str(p) for p in e.get("loc", ()) if p != "body")
+            loc = _loc(e)
             at = [i for i in range(len(loc) - 1) if not _is_field(loc[i]) and loc[i + 1].isdigit()]
             return (loc[:at[-1]], int(loc[at[-1] + 1])) if at else None
 

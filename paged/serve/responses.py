@@ -1,4 +1,5 @@
-"""``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``: OpenAI's Responses API over the chat path.
+"""``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``: OpenAI's
+Responses API over the chat path.
 
 A Responses request is a chat request in other clothes: ``responses_protocol``
 turns it into one (instructions, the previous response's conversation, the
@@ -14,8 +15,9 @@ two agree item for item.
 responses it gave (in memory, for its lifetime, or until ``DELETE
 /v1/responses/{id}``; ``store: false`` keeps none),
 each with its conversation (without its instructions, as OpenAI's API does),
-so a client can send only the new input. An id the server no longer keeps is
-a 404 naming the field.
+so a client can send only the new input, and the items its request gave
+(``input_items``, a page at a time). An id the server no longer keeps is a
+404 naming the field.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
+from typing import Literal, NamedTuple
 
-from fastapi import Request
+from fastapi import Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
@@ -33,15 +36,28 @@ from paged.serve.body import parse_body
 from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.errors import APIError, from_validation_error, lead_with
 from paged.serve.openapi import error_responses, request_body
-from paged.serve.responses_protocol import EXPECTED, ResponsesRequest
+from paged.serve.responses_protocol import (EXPECTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
+                                            ResponsesRequest)
 from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, FunctionCallOut,
-                                           IncompleteDetails, InputTokensDetails, ItemEvent, MessageOut, OutputText,
+                                           FunctionCallOutputOut, IncompleteDetails, InputItemOut, InputMessage,
+                                           InputText, InputTokensDetails, ItemEvent, MessageOut, OutputText,
                                            OutputTokensDetails, PartEvent, ReasoningDeltaEvent, ReasoningDoneEvent,
-                                           ReasoningOut, ReasoningText, ResponseDeleted, ResponseEvent, ResponseObject,
-                                           ResponseUsage, TextDeltaEvent, TextDoneEvent)
+                                           ReasoningOut, ReasoningText, ResponseDeleted, ResponseEvent,
+                                           ResponseItemList, ResponseObject, ResponseUsage, TextDeltaEvent,
+                                           TextDoneEvent)
 from paged.serve.schemas import ErrorResponse
 
 MAX_STORED_CHARS = 64 * 2**20  # the store's conversations together, as JSON text: the oldest go first past it
+
+
+class Kept(NamedTuple):
+    """A response the server keeps: itself, the conversation it ends (chat messages, for a follow-up) and the
+    items its request gave (for ``input_items``); ``size``: the two, as text."""
+
+    response: ResponseObject
+    conversation: list[dict]
+    inputs: list[InputItemOut]
+    size: int
 
 
 class ResponseStore:
@@ -49,30 +65,75 @@ class ResponseStore:
 
     def __init__(self, capacity: int, max_chars: int = MAX_STORED_CHARS) -> None:
         self.capacity, self.max_chars = capacity, max_chars
-        self.entries: OrderedDict[str, tuple[ResponseObject, list[dict], int]] = OrderedDict()
+        self.entries: OrderedDict[str, Kept] = OrderedDict()
         self.chars = 0
 
-    def put(self, response: ResponseObject, conversation: list[dict]) -> None:
-        size = len(str(conversation))
+    def put(self, response: ResponseObject, conversation: list[dict], inputs: list[InputItemOut]) -> None:
+        size = len(str(conversation)) + sum(len(str(item)) for item in inputs)
         if self.capacity == 0 or size > self.max_chars:
             return
-        self.entries[response.id] = (response, conversation, size)
+        self.entries[response.id] = Kept(response, conversation, inputs, size)
         self.chars += size
         while len(self.entries) > self.capacity or self.chars > self.max_chars:
-            self.chars -= self.entries.popitem(last=False)[1][2]
+            self.chars -= self.entries.popitem(last=False)[1].size
 
-    def get(self, response_id: str, param: str = "previous_response_id") -> tuple[ResponseObject, list[dict]]:
+    def get(self, response_id: str, param: str = "previous_response_id") -> Kept:
         if response_id not in self.entries:
             raise APIError(f"response {response_id[:80]!r} is not kept by this server (it keeps the newest "
                            f"{self.capacity} it gave, with store not false, since it started, until deleted)", 404,
                            param=param, code="not_found")
-        response, conversation, _ = self.entries[response_id]
-        return response, conversation
+        return self.entries[response_id]
 
     def delete(self, response_id: str) -> None:
         """Forget a response and its conversation (a 404, as ``get``, if it is not kept)."""
         self.get(response_id, param="response_id")
-        self.chars -= self.entries.pop(response_id)[2]
+        self.chars -= self.entries.pop(response_id).size
+
+
+def input_items(req: ResponsesRequest) -> list[InputItemOut]:
+    """The items ``req.input`` gave, as OpenAI lists them: each with its id (the client's, else a new one),
+    text as ``input_text`` parts (an assistant's as ``output_text``), a call's output as text."""
+    def new_id(prefix: str) -> str:
+        return f"{prefix}_{uuid.uuid4().hex}"
+
+    items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    out: list[InputItemOut] = []
+    for item in items:
+        if isinstance(item, MessageItem) and item.role == "assistant":
+            out.append(MessageOut(id=item.id or new_id("msg"), status="completed",
+                                  content=[OutputText(text=item.text())]))
+        elif isinstance(item, MessageItem):
+            out.append(InputMessage(id=item.id or new_id("msg"), role=item.role,
+                                    content=[InputText(text=item.text())]))
+        elif isinstance(item, FunctionCallItem):
+            out.append(FunctionCallOut(id=item.id or new_id("fc"), call_id=item.call_id, name=item.name,
+                                       arguments=item.arguments, status="completed"))
+        elif isinstance(item, FunctionCallOutputItem):
+            out.append(FunctionCallOutputOut(id=new_id("fco"), call_id=item.call_id, output=item.text()))
+        else:  # ReasoningItem
+            out.append(ReasoningOut(id=item.id or new_id("rs"), status="completed",
+                                    summary=[p.model_dump() for p in item.summary],
+                                    content=[ReasoningText(text=p.text) for p in item.content or []]))
+    return out
+
+
+def page(items: list, limit: int, order: str, after: str | None, before: str | None) -> ResponseItemList:
+    """One page of ``items`` (oldest first): in ``order``, those after the item ``after`` and before the item
+    ``before`` (ids; a 400 naming the parameter when the response has no such item), at most ``limit``."""
+    ordered = items if order == "asc" else items[::-1]
+    ids = [item.id for item in ordered]
+    start, end = 0, len(ordered)
+    for name, cursor in (("after", after), ("before", before)):
+        if cursor is not None and cursor not in ids:
+            raise APIError(f"{name}: this response's input has no item {cursor[:80]!r}", param=name,
+                           code="invalid_value")
+    if after is not None:
+        start = ids.index(after) + 1
+    if before is not None:
+        end = ids.index(before)
+    data = ordered[start:max(start, end)][:limit]
+    return ResponseItemList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+                            has_more=start + len(data) < end)
 
 
 class ResponseBuilder:
@@ -235,7 +296,8 @@ def sse(event) -> str:
 
 
 def install(app, served, generator, store: ResponseStore) -> None:
-    """Add ``POST /v1/responses`` and ``GET`` / ``DELETE /v1/responses/{response_id}`` to ``app``."""
+    """Add ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{response_id}`` and ``GET
+    /v1/responses/{response_id}/input_items`` to ``app``."""
     errors = error_responses(400, 401, 413, 415, 421, 500, _404="the model, or previous_response_id, is not here",
                              _503="the engine failed, or the server is stopping")
     stream_doc = {"text/event-stream": {"schema": {"type": "object", "properties": {"event": {"type": "string"},
@@ -247,7 +309,7 @@ def install(app, served, generator, store: ResponseStore) -> None:
                                "description": "the response; with stream: true, its events"}, **errors})
     async def create(raw: Request):
         req = await parse_body(raw, ResponsesRequest, served.work, EXPECTED)
-        conversation = store.get(req.previous_response_id)[1] if req.previous_response_id else []
+        conversation = store.get(req.previous_response_id).conversation if req.previous_response_id else []
         builder = ResponseBuilder(req, served.name)
         try:
             items = len(conversation) + (len(req.input) if isinstance(req.input, list) else 1)
@@ -258,8 +320,10 @@ def install(app, served, generator, store: ResponseStore) -> None:
         except APIError as e:
             raise in_responses_terms(e) from None
         history = body["messages"][1:] if req.instructions else body["messages"]
+        inputs = await served.work.run(items, input_items, req) if req.store else []
         if req.stream:
-            return StreamingResponse(events(run, builder, served, store, history), media_type="text/event-stream",
+            return StreamingResponse(events(run, builder, served, store, history, inputs),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             finals = await generator.collect(run, raw)
@@ -274,13 +338,26 @@ def install(app, served, generator, store: ResponseStore) -> None:
                      [(i, c.id, c.function.name, c.function.arguments) for i, c in enumerate(message.tool_calls or [])])
         _, final = builder.finish(choice.finish_reason, usage_of(whole.usage, served, message.reasoning_content or ""))
         if req.store:
-            store.put(final, history + [builder.output_message()])
+            store.put(final, history + [builder.output_message()], inputs)
         return Response(final.model_dump_json(), media_type="application/json")
 
     @app.get("/v1/responses/{response_id}", tags=["OpenAI API"], summary="A response this server keeps",
              responses=error_responses(401, _404="not kept (the newest --response-store are)"))
     async def retrieve(response_id: str) -> ResponseObject:
-        return store.get(response_id, param="response_id")[0]
+        return store.get(response_id, param="response_id").response
+
+    @app.get("/v1/responses/{response_id}/input_items", tags=["OpenAI API"],
+             summary="The items a kept response was given (its input), a page at a time",
+             responses=error_responses(400, 401, _404="not kept (the newest --response-store are)"))
+    async def list_input_items(
+            response_id: str,
+            limit: int = Query(20, ge=1, le=100, description="items on the page"),
+            order: Literal["asc", "desc"] = Query("desc", description="asc: oldest first; desc: newest first"),
+            after: str | None = Query(None, description="the page starts after this item id"),
+            before: str | None = Query(None, description="the page ends before this item id"),
+            include: list[str] | None = Query(None, description="accepted and ignored: no item has more to add"),
+    ) -> ResponseItemList:
+        return page(store.get(response_id, param="response_id").inputs, limit, order, after, before)
 
     @app.delete("/v1/responses/{response_id}", tags=["OpenAI API"], summary="Forget a response this server keeps",
                 responses=error_responses(401, _404="not kept (the newest --response-store are)"))
@@ -289,7 +366,8 @@ def install(app, served, generator, store: ResponseStore) -> None:
         return ResponseDeleted(id=response_id)
 
 
-async def events(run, builder: ResponseBuilder, served, store: ResponseStore, history: list[dict]):
+async def events(run, builder: ResponseBuilder, served, store: ResponseStore, history: list[dict],
+                 inputs: list[InputItemOut]):
     """The Responses events of a streamed run, from the chat chunks ``streaming.events`` builds."""
     for event in builder.start():
         yield sse(event)
@@ -306,7 +384,7 @@ async def events(run, builder: ResponseBuilder, served, store: ResponseStore, hi
             for event in closing:
                 yield sse(event)
             if builder.req.store:
-                store.put(final, history + [builder.output_message()])
+                store.put(final, history + [builder.output_message()], inputs)
             continue
         choice = chunk.choices[0]
         delta = choice.delta

@@ -116,6 +116,44 @@ class ResponseObject(BaseModel):
     metadata: dict = Field(default_factory=dict)
 
 
+class InputText(BaseModel):
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class InputMessage(BaseModel):
+    """A message of a request's ``input`` (a user's, system's or developer's), as ``input_items`` lists it."""
+
+    type: Literal["message"] = "message"
+    id: str
+    role: Literal["user", "system", "developer"]
+    status: Status = "completed"
+    content: list[InputText]
+
+
+class FunctionCallOutputOut(BaseModel):
+    """A ``function_call_output`` of a request's ``input``, as ``input_items`` lists it."""
+
+    type: Literal["function_call_output"] = "function_call_output"
+    id: str
+    call_id: str
+    output: str
+    status: Status = "completed"
+
+
+InputItemOut = InputMessage | MessageOut | FunctionCallOut | FunctionCallOutputOut | ReasoningOut
+
+
+class ResponseItemList(BaseModel):
+    """``GET /v1/responses/{id}/input_items``: one page of the items a response was given."""
+
+    object: Literal["list"] = "list"
+    data: list[InputItemOut]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 class ResponseDeleted(BaseModel):
     """``DELETE /v1/responses/{id}``'s answer: the response is no longer kept."""
 

@@ -272,7 +272,7 @@ def test_a_deleted_response_is_forgotten(c):
     client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=c, max_retries=0)
     store = c.app.fastapi.state.response_store
     kept = client.responses.create(model="m", input="def g():", max_output_tokens=2, temperature=0)
-    chars, size = store.chars, store.entries[kept.id][2]
+    chars, size = store.chars, store.entries[kept.id].size
     r = c.delete(f"/v1/responses/{kept.id}")
     assert r.status_code == 200 and r.json() == {"id": kept.id, "object": "response.deleted", "deleted": True}
     assert size > 0 and store.chars == chars - size and kept.id not in store.entries
@@ -284,6 +284,49 @@ def test_a_deleted_response_is_forgotten(c):
     assert again.status_code == 404 and again.json()["error"]["param"] == "previous_response_id"
     other = client.responses.create(model="m", input="def h():", max_output_tokens=2, temperature=0)
     assert client.responses.delete(other.id) is None and other.id not in store.entries  # the client's own call
+
+
+def test_input_items_lists_what_the_request_gave_a_page_at_a_time(c):
+    """The official client's ``responses.input_items.list``: every item of the request's ``input`` (not the
+    kept conversation before it, nor the instructions), in order (exact), the client's ids kept, a call's
+    output as its text; pages of ``limit`` chained by ``after``, newest first by default; a cursor the
+    response lacks, or a limit past 100, is a 400 naming the parameter; a response not kept, a 404."""
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=c, max_retries=0)
+    first = create(c, input="Say hi.", max_output_tokens=1)
+    given = [{"role": "system", "content": "Be brief."},
+             {"type": "message", "role": "assistant", "id": "msg_mine", "content": [{"type": "output_text",
+                                                                                     "text": "Earlier."}]},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "sun"}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "And "}, {"type": "input_text",
+                                                                                  "text": "now?"}]}]
+    kept = create(c, input=given, previous_response_id=first["id"], instructions="Be kind.", max_output_tokens=1)
+    every = list(client.responses.input_items.list(kept["id"], order="asc", limit=2))  # three pages, followed
+    assert [(i.type, getattr(i, "role", None)) for i in every] == [
+        ("message", "system"), ("message", "assistant"), ("function_call", None), ("function_call_output", None),
+        ("message", "user")]
+    assert every[0].content[0].text == "Be brief." and every[0].content[0].type == "input_text"
+    assert every[1].id == "msg_mine" and every[1].content[0].type == "output_text"
+    assert (every[2].call_id, every[2].name, every[2].arguments) == ("call_1", "get_weather", '{"city": "Oslo"}')
+    assert every[3].output == "sun" and every[4].content[0].text == "And now?"
+    assert len({i.id for i in every}) == 5
+    newest = c.get(f"/v1/responses/{kept['id']}/input_items", params={"limit": 2}).json()
+    assert [i["id"] for i in newest["data"]] == [every[4].id, every[3].id] and newest["has_more"] is True
+    assert (newest["first_id"], newest["last_id"], newest["object"]) == (every[4].id, every[3].id, "list")
+    rest = c.get(f"/v1/responses/{kept['id']}/input_items", params={"after": every[3].id}).json()
+    assert [i["id"] for i in rest["data"]] == [i.id for i in every[2::-1]] and rest["has_more"] is False
+    before = c.get(f"/v1/responses/{kept['id']}/input_items", params={"order": "asc", "before": every[2].id}).json()
+    assert [i["id"] for i in before["data"]] == [every[0].id, every[1].id] and before["has_more"] is False
+    text = client.responses.input_items.list(first["id"]).data
+    assert [(i.type, i.role, i.content[0].text) for i in text] == [("message", "user", "Say hi.")]
+    for params, param in [({"after": "msg_nope"}, "after"), ({"limit": 101}, "limit"), ({"limit": 0}, "limit"),
+                          ({"order": "up"}, "order")]:
+        r = c.get(f"/v1/responses/{kept['id']}/input_items", params=params)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_nope")
+    unkept = create(c, input="x", max_output_tokens=1, store=False)
+    assert c.get(f"/v1/responses/{unkept['id']}/input_items").status_code == 404
 
 
 def test_reasoning_then_text_then_a_call_as_events():
