@@ -297,4 +297,4 @@ def test_kv_snapshot_carries_ids_and_counts_never_text(server, client):
     assert again["number"] >= snap["number"] and again["events"] == []
     assert again.get("unchanged") is (again["number"] == snap["number"] or None)
     bad = httpx.get(server.url + "/kv/snapshot?since=soon", headers=OPERATOR, timeout=10)
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "query.since"
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"
