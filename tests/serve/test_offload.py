@@ -6,6 +6,7 @@
 * In-process (the demo model behind ``build_app``, its tokenizer wrapped to note the thread of every call):
   a large ``/tokenize``, ``/detokenize``, prompt, chat message and answer do all their tokenizer work on
   a thread other than the event loop's.
+* While the pool works, and only then, the GIL changes hands every ``BUSY_SWITCH_S`` (exact, in-process).
 * Against the live server: while a 3 MB ``/tokenize`` runs, a concurrent stream's events keep coming, no
   two more than ``STALL_S`` apart (the loop froze for seconds when tokenizing ran on it).
 """
@@ -90,6 +91,40 @@ LARGE = [
     ("answer", "/v1/completions", {"prompt": [5] * 300, "n": 4, "echo": True, "logprobs": 5, "max_tokens": 2,
                                    "temperature": 0}, 200, "decode"),
 ]
+
+
+def test_the_gil_changes_hands_every_millisecond_only_while_the_pool_works():
+    """Exact: inside each of two overlapping pooled jobs the interval is ``BUSY_SWITCH_S``; it stays so
+    until the last one ends, then it is the interval from before (here 0.004 s); small work stays inline."""
+    import sys
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    work, seen, release = offload.Offload(), [], threading.Event()
+
+    def job(wait: bool) -> float:
+        if wait:
+            release.wait(10)
+        return sys.getswitchinterval()
+
+    async def main():
+        first = asyncio.ensure_future(work.pooled(job, True))
+        await asyncio.sleep(0.05)
+        seen.append(await work.pooled(job, False))  # while the first still runs
+        seen.append(sys.getswitchinterval())
+        release.set()
+        seen.append(await first)
+        seen.append(sys.getswitchinterval())
+        seen.append(await work.run(1, sys.getswitchinterval))  # inline: not the pool's
+
+    try:
+        asyncio.run(main())
+    finally:
+        work.shutdown()
+        got = sys.getswitchinterval()
+        sys.setswitchinterval(before)
+    busy = offload.BUSY_SWITCH_S
+    assert seen == pytest.approx([busy, busy, busy, 0.004, 0.004]) and got == pytest.approx(0.004)
 
 
 def test_large_tokenizer_work_runs_off_the_event_loop():
