@@ -25,6 +25,7 @@ import asyncio
 import functools
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 INLINE_MAX = 4096  # characters, tokens or logprob entries below which work stays on the loop (~1 ms)
@@ -42,6 +43,30 @@ def encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
 def decode(tokenizer, ids: list[int], skip_special_tokens: bool) -> str:
     """``tokenizer.decode(ids)``, computed without holding the GIL (a batch of one)."""
     return tokenizer.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
+
+
+class _Busy:
+    """The switch interval is ``BUSY_SWITCH_S`` while at least one pooled job runs, in this process (the
+    interval is the interpreter's: the count covers every pool, whichever thread's loop awaits it)."""
+
+    def __init__(self) -> None:
+        self.lock, self.running, self.saved = threading.Lock(), 0, sys.getswitchinterval()
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.running == 0:
+                self.saved = sys.getswitchinterval()
+                sys.setswitchinterval(BUSY_SWITCH_S)
+            self.running += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.running -= 1
+            if self.running == 0:
+                sys.setswitchinterval(self.saved)
+
+
+_BUSY = _Busy()
 
 
 class Offload:
@@ -62,8 +87,6 @@ class Offload:
     def __init__(self, workers: int = DEFAULT_WORKERS) -> None:
         self.workers = workers
         self._pool: ThreadPoolExecutor | None = None
-        self._running = 0  # jobs on the pool (counted on the event loop)
-        self._switch_s = sys.getswitchinterval()
 
     async def run(self, size: int, fn, *args):
         """``fn(*args)``: on the pool when ``size`` (the work's characters, tokens or entries) is at least
@@ -76,16 +99,8 @@ class Offload:
         """``fn(*args)`` on the pool, whatever its size (the caller decided it is large)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="paged-serve-offload")
-        if self._running == 0:
-            self._switch_s = sys.getswitchinterval()
-            sys.setswitchinterval(BUSY_SWITCH_S)
-        self._running += 1
-        try:
+        with _BUSY:
             return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
-        finally:
-            self._running -= 1
-            if self._running == 0:
-                sys.setswitchinterval(self._switch_s)
 
     def shutdown(self) -> None:
         if self._pool is not None:
