@@ -88,6 +88,26 @@ def read_all(s: socket.socket) -> bytes:
     return data
 
 
+def trickle(s: socket.socket, data: bytes) -> bytes:
+    """Send ``data`` a byte every 0.2 s until the server answers or closes; what it answered by then."""
+    s.settimeout(0.2)
+    answer = b""
+    try:
+        for byte in data:
+            try:
+                s.send(bytes([byte]))
+                answer += s.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            if answer:
+                break
+    finally:
+        s.settimeout(10)
+    return answer
+
+
 @pytest.fixture
 def running(request):
     r = Running(request.param)
@@ -112,18 +132,7 @@ def test_a_silent_connection_is_closed_after_the_idle_timeout(running):
 @pytest.mark.parametrize("running", [shedding(header_timeout=1.0)], indirect=True)
 def test_a_request_head_a_byte_at_a_time_gets_408_after_the_header_timeout(running):
     slow, t0 = running.connect(), time.monotonic()
-    slow.settimeout(0.2)
-    answer = b""
-    for byte in REQUEST:
-        try:
-            slow.send(bytes([byte]))
-            answer += slow.recv(65536)
-        except socket.timeout:
-            continue
-        except OSError:
-            break
-        if answer:
-            break
+    answer = trickle(slow, REQUEST)
     assert answer.startswith(b"HTTP/1.1 408"), answer
     took = time.monotonic() - t0
     assert 0.9 < took < 1.0 + SLACK_S, took
@@ -158,20 +167,9 @@ def test_a_request_body_a_byte_at_a_time_gets_408_after_the_body_timeout(running
     assert len(BODY) == 40
     slow = running.connect()
     slow.sendall(POST)
-    t0, answer = time.monotonic(), b""
-    slow.settimeout(0.2)
-    for byte in BODY:
-        try:
-            slow.send(bytes([byte]))
-            answer += slow.recv(65536)
-        except socket.timeout:
-            continue
-        except OSError:
-            break
-        if answer:
-            break
+    t0 = time.monotonic()
+    answer = trickle(slow, BODY)
     took = time.monotonic() - t0
-    slow.settimeout(10)
     answer += read_all(slow)  # to the close
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert 0.9 < took < 1.0 + SLACK_S, took
