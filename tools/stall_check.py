@@ -6,10 +6,11 @@ from a checkout before a change and once after), measures the latency of a plain
 completion when the server is otherwise idle (median of 5), then, for each request of
 ``CASES``, sends it and at the same time a stream of plain 1-token requests back to back;
 the stall is the slowest plain request's latency minus the idle median. A request the
-server refuses stalls nobody. Then the connection cases (``CONNECTION_CASES``): sockets that
-send nothing, and sockets that send a request head one byte a second, opened while plain
-requests run; each says how many of those sockets the server had closed after ``--hold``
-seconds. ``--fd-limit N`` adds one more: a server whose descriptor limit is N, N + 100
+server refuses stalls nobody. Then the connection cases: sockets that send nothing, sockets
+that send a request head one byte a second, and sockets that one address keeps alive with a
+request every 3 s, opened from another address while plain requests run; each says how many
+of those sockets the server had closed after ``--hold`` seconds, and the plain requests'
+stall (each on a new connection; a refused one counts as 600 s). ``--fd-limit N`` adds one more: a server whose descriptor limit is N, N + 100
 silent sockets, and what a new client gets and how many log lines the server wrote meanwhile.
 Prints one line per case and, with ``--json``, a JSON object; ``--only WORDS`` runs the cases
 whose name holds one of the comma-separated words.
@@ -65,6 +66,8 @@ CASES = {  # name: (route, body)
         {"role": "user", "content": "h"}] * 123_000}),
 }
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+CROWD_ADDRESS = "127.0.0.9"  # this machine too, but another client to the server than the plain requests'
 
 
 def free_port() -> int:
@@ -114,31 +117,65 @@ def closed(sock: socket.socket) -> bool:
         return True
 
 
-def crowd(client: httpx.Client, port: int, count: int, trickle: bool, hold: float, idle: float) -> dict:
-    """Open ``count`` sockets that send nothing (or, ``trickle``, a request head a byte a second) while plain
-    requests run back to back for ``hold`` seconds; how many the server closed, and the plain requests' stall."""
+def served(sock: socket.socket) -> bool:
+    """Does the server still answer on ``sock`` (a kept-alive socket; its earlier answers are drained first)?"""
+    try:
+        sock.setblocking(False)
+        while sock.recv(65536):
+            pass
+    except BlockingIOError:
+        pass
+    except OSError:
+        return False
+    try:
+        sock.settimeout(5)
+        sock.send(HEALTH)
+        return sock.recv(65536).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
+def crowd(client: httpx.Client, port: int, count: int, mode: str, hold: float, idle: float) -> dict:
+    """Open ``count`` sockets from another address (``CROWD_ADDRESS``) that send nothing (``mode`` "silent"), a
+    request head a byte a second ("trickle"), or a ``GET /health`` every 3 s, so they stay open ("keep"),
+    while plain requests, each on a new connection, run back to back for ``hold`` seconds; how many the server
+    closed, and the plain requests' stall (a refused one counts as 600 s)."""
     socks, worst, t0 = [], 0.0, time.monotonic()
     for _ in range(count):
         try:
-            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(CROWD_ADDRESS, 0)))
         except OSError:
             break
-    opened, sent = len(socks), 0
+    opened, sent, asked = len(socks), 0, 0.0
     while time.monotonic() - t0 < hold:
-        if trickle and sent < len(HEAD):
+        if mode == "trickle" and sent < len(HEAD):
             for s in socks:
                 try:
                     s.send(HEAD[sent:sent + 1])
                 except OSError:
                     pass
             sent += 1
+        if mode == "keep" and time.monotonic() - asked > 3.0:
+            asked = time.monotonic()
+            for s in socks:
+                try:
+                    s.setblocking(False)
+                    while s.recv(65536):  # the last answer (or the refusal), drained
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+                try:
+                    s.send(HEALTH)
+                except OSError:
+                    pass
         t1 = time.monotonic()
         try:
-            worst = max(worst, plain(client))
+            with httpx.Client(base_url=client.base_url, timeout=client.timeout) as new_client:  # a new connection
+                worst = max(worst, plain(new_client))
         except httpx.HTTPError:
             worst = max(worst, time.monotonic() - t1 + 600)  # counted as a failure: far past any stall
         time.sleep(max(0.0, 1.0 - (time.monotonic() - t1)))
-    shut = sum(closed(s) for s in socks)
+    shut = sum(not served(s) for s in socks) if mode == "keep" else sum(closed(s) for s in socks)
     for s in socks:
         s.close()
     return {"opened": opened, "closed": shut, "hold_s": hold, "stall_s": round(max(0.0, worst - idle), 3)}
@@ -233,9 +270,10 @@ def main(argv=None) -> int:
                 out[name] = {"status": status, "answer_s": round(took, 3), "stall_s": round(extra, 3)}
                 print(f"{name:58s} status {status!s:5s} answered in {took:7.2f} s; "
                       f"a concurrent 1-token request stalled {extra:7.2f} s")
-            for name, count, trickle in (("sockets 2 000 silent", 2000, False), ("sockets 200 slowloris", 200, True)):
+            for name, count, mode in (("sockets 2 000 silent", 2000, "silent"), ("sockets 200 slowloris", 200, "trickle"),
+                                      ("sockets 1 000 kept alive by one address", 1000, "keep")):
                 if wanted(name):
-                    out[name] = r = crowd(client, port, count, trickle, args.hold, idle)
+                    out[name] = r = crowd(client, port, count, mode, args.hold, idle)
                     print(f"{name:58s} {r['closed']} of {r['opened']} closed after {args.hold:.0f} s; "
                           f"a concurrent 1-token request stalled {r['stall_s']:7.2f} s")
     finally:

@@ -221,7 +221,8 @@ def run(args, sock: socket.socket) -> None:
 
         app = CORSMiddleware(guard, allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
                              allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
-    shedding = Shedding(max_connections, args.idle_timeout, args.header_timeout, args.body_timeout)
+    shedding = Shedding(max_connections, args.idle_timeout, args.header_timeout, args.body_timeout,
+                        per_client=args.max_connections_per_client)
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level or args.log_level, http=shedding.protocol,
                             backlog=backlog, timeout_graceful_shutdown=5, root_path=args.root_path,
                             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)

@@ -24,7 +24,7 @@ import re
 
 from paged.serve import vllm_flags
 from paged.serve.connections import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S,
-                                     DEFAULT_MAX_CONNECTIONS)
+                                     DEFAULT_MAX_CONNECTIONS, PER_CLIENT_SHARE)
 from paged.serve.guard import DEFAULT_MAX_BODY_BYTES
 from paged.serve.options import DEFAULT_MAX_LOGPROBS, DEFAULT_RESPONSE_STORE
 from paged.serve.reasoning import PARSERS as REASONING_PARSERS
@@ -235,6 +235,10 @@ def _server(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-connections", type=positive_int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                    help=f"connections served at once; more get a 503 (default {DEFAULT_MAX_CONNECTIONS}, lowered "
                         "to what the descriptor limit holds)")
+    s.add_argument("--max-connections-per-client", type=non_negative_int, metavar="N",
+                   help=f"connections one client address may hold at once; more get a 503 (default: a quarter of "
+                        f"--max-connections, {DEFAULT_MAX_CONNECTIONS // PER_CLIENT_SHARE}; 0: no per-client cap, "
+                        "e.g. behind a proxy, where every client has the proxy's address)")
     s.add_argument("--idle-timeout", type=positive_float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="S",
                    help=f"seconds a new connection may wait before sending a request (default "
                         f"{DEFAULT_IDLE_TIMEOUT_S:g})")

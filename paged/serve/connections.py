@@ -5,7 +5,7 @@ but not one that never sends a request, nor one that sends its request head a
 byte at a time, and it caps nothing: 2 000 silent sockets stayed open for good,
 and at the process's descriptor limit every new client was refused while the
 event loop logged a traceback for each failed ``accept``. So the server runs
-uvicorn's own h11 protocol with four additions (``SheddingProtocol``), all
+uvicorn's own h11 protocol with five additions (``SheddingProtocol``), all
 in the transport, before a request reaches the app:
 
 * **idle timeout** (``--idle-timeout``): a connection that sends no byte of a
@@ -21,7 +21,14 @@ in the transport, before a request reaches the app:
   answered at once with a 503 (OpenAI's error JSON, ``Retry-After``) and
   closed. The cap is kept below the process's descriptor limit (raised to
   its hard limit when the cap needs it), so ``accept`` does not run out
-  (``connection_limits``).
+  (``connection_limits``);
+* **per-client cap** (``--max-connections-per-client``): the connections one
+  address (the peer's IP) may hold at once; beyond it, the same 503. Without
+  it one client could hold every connection (1 000 kept alive, a request on
+  each every 3 s) and every other client was refused. The default, a quarter
+  of the cap, leaves three quarters to the others.
+  Connections on a Unix socket have no address and are not counted; behind
+  a proxy every client has the proxy's address, so raise it (or 0: none).
 
 What is shed is logged as one line per burst (``BurstLog``: counts per
 reason, at most one line every ``BURST_S`` seconds), and so are the event
@@ -41,6 +48,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 logger = logging.getLogger("paged.serve")
 
 DEFAULT_MAX_CONNECTIONS = 1000
+PER_CLIENT_SHARE = 4  # by default one address may hold a quarter of --max-connections
 DEFAULT_IDLE_TIMEOUT_S = 10.0
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 60.0  # 4 MiB (the default body limit) in 34 s at 1 Mbit/s
@@ -109,6 +117,8 @@ class Shedding:
 
     Args:
         max_connections: connections served at once; beyond it a 503 (see ``connection_limits``).
+        per_client: connections one address may hold at once; beyond it a 503 (default: a
+            ``PER_CLIENT_SHARE``-th of ``max_connections``; 0: no per-client cap).
         idle_timeout: seconds a new connection may wait before the first byte of a request.
         header_timeout: seconds a request head may take from its first byte to its end.
         body_timeout: seconds a request body may take from the head's end to its own.
@@ -117,8 +127,10 @@ class Shedding:
 
     def __init__(self, max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
                  header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
-                 burst_log: BurstLog | None = None) -> None:
+                 burst_log: BurstLog | None = None, per_client: int | None = None) -> None:
         self.max_connections = max_connections
+        self.per_client = max(1, max_connections // PER_CLIENT_SHARE) if per_client is None else per_client
+        self.held: Counter = Counter()  # address -> connections it holds (those served, not those refused)
         self.idle_timeout = idle_timeout
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
@@ -126,12 +138,22 @@ class Shedding:
         self.over_cap = raw_response(503, "Service Unavailable", f"the server has {max_connections} connections "
                                      "open (--max-connections); try again shortly", "too_many_connections",
                                      {"Retry-After": RETRY_OVER_CAP_S})
+        self.over_client_cap = raw_response(503, "Service Unavailable", f"this address has {self.per_client} "
+                                            "connections open, the most one client may hold "
+                                            "(--max-connections-per-client); close one, or try again shortly",
+                                            "too_many_connections", {"Retry-After": RETRY_OVER_CAP_S})
         self.too_slow = raw_response(408, "Request Timeout", f"the request head (request line and headers) did "
                                      f"not arrive within {header_timeout:g} s of its first byte (--header-timeout)",
                                      "request_timeout")
         self.body_too_slow = raw_response(408, "Request Timeout", f"the request body did not arrive within "
                                           f"{body_timeout:g} s of the request head (--body-timeout)",
                                           "request_timeout")
+
+    def client_of(self, transport) -> str | None:
+        """The address a connection is counted under: the peer's IP; ``None`` (not counted) on a Unix socket
+        or with no per-client cap."""
+        peer = transport.get_extra_info("peername")
+        return peer[0] if self.per_client and isinstance(peer, tuple) and peer else None
 
     def protocol(self, *args, **kwargs) -> SheddingProtocol:
         """uvicorn's ``http=`` factory: one ``SheddingProtocol`` per connection."""
@@ -147,22 +169,28 @@ class Shedding:
 
 
 class SheddingProtocol(H11Protocol):
-    """uvicorn's h11 protocol, with the idle, header and body timeouts and the connection cap of ``Shedding``."""
+    """uvicorn's h11 protocol, with the idle, header and body timeouts and the connection caps of ``Shedding``."""
 
     def __init__(self, *args, shedding: Shedding, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.shedding = shedding
         self.refused = False
+        self.counted_as: str | None = None  # the address it counts under in ``shedding.held`` (uvicorn has ``client``)
         self._timer = None  # the idle, head or body deadline, while one runs
         self._reading_head = self._reading_body = False
 
     def connection_made(self, transport) -> None:
-        if len(self.connections) >= self.shedding.max_connections:
-            self.refused = True
-            transport.write(self.shedding.over_cap)
-            transport.close()
-            self.shedding.burst_log.note(self.loop, "over --max-connections")
+        shedding = self.shedding
+        client = shedding.client_of(transport)
+        if len(self.connections) >= shedding.max_connections:
+            self._refuse(transport, shedding.over_cap, "over --max-connections")
             return
+        if client is not None and shedding.held[client] >= shedding.per_client:
+            self._refuse(transport, shedding.over_client_cap, "over --max-connections-per-client")
+            return
+        if client is not None:
+            self.counted_as = client
+            shedding.held[client] += 1
         super().connection_made(transport)
         self._timer = self.loop.call_later(self.shedding.idle_timeout, self._shed, b"",
                                            "idle before a first request")
@@ -190,8 +218,20 @@ class SheddingProtocol(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._cancel_timer()
+        if self.counted_as is not None:
+            held = self.shedding.held
+            held[self.counted_as] -= 1
+            if not held[self.counted_as]:
+                del held[self.counted_as]  # the table holds only the addresses connected now
+            self.counted_as = None
         if not self.refused:
             super().connection_lost(exc)
+
+    def _refuse(self, transport, answer: bytes, reason: str) -> None:
+        self.refused = True
+        transport.write(answer)
+        transport.close()
+        self.shedding.burst_log.note(self.loop, reason)
 
     def eof_received(self) -> None:
         if not self.refused:

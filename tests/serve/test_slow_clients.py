@@ -10,11 +10,13 @@ answers ``ok``, with short limits:
 * so does a request body sent a byte at a time, once the body timeout has passed;
 * a connection beyond the cap gets a 503 with ``Retry-After`` at once and is closed; once one closes,
   a new one is served;
+* so does a connection beyond the per-client cap, while another address (127.0.0.2 is this machine
+  too) is served; the count of each address goes to zero as its connections close;
 * a burst of shed connections, or of failed ``accept`` s, is one log line;
 * the cap stays below the descriptor limit.
 
-Then the command line: ``python -m paged.serve`` with ``--idle-timeout``, ``--header-timeout`` and
-``--max-connections`` sheds the same way.
+Then the command line: ``python -m paged.serve`` with ``--idle-timeout``, ``--header-timeout``,
+``--max-connections`` and ``--max-connections-per-client`` sheds the same way.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Running:
             self.port = s.getsockname()[1]
         config = uvicorn.Config(ok_app, host="127.0.0.1", port=self.port, http=shedding.protocol, lifespan="off",
                                 log_level="warning", backlog=64)
+        self.shedding = shedding
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -63,9 +66,9 @@ class Running:
             assert time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.02)
 
-    def connect(self) -> socket.socket:
-        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-        return s
+    def connect(self, source: str = "127.0.0.1") -> socket.socket:
+        """A connection from ``source``: any 127.x.y.z is this machine, seen by the server as another client."""
+        return socket.create_connection(("127.0.0.1", self.port), timeout=10, source_address=(source, 0))
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -185,7 +188,7 @@ def test_a_request_body_a_byte_at_a_time_gets_408_after_the_body_timeout(running
     assert read_answer(halves).startswith(b"HTTP/1.1 200")
 
 
-@pytest.mark.parametrize("running", [shedding(max_connections=3)], indirect=True)
+@pytest.mark.parametrize("running", [shedding(max_connections=3, per_client=0)], indirect=True)
 def test_connections_beyond_the_cap_get_503_at_once_and_closed(running):
     held = [running.connect() for _ in range(3)]
     time.sleep(0.2)
@@ -202,10 +205,59 @@ def test_connections_beyond_the_cap_get_503_at_once_and_closed(running):
         s.close()
 
 
+@pytest.mark.parametrize("running", [shedding(max_connections=10, per_client=2)], indirect=True)
+def test_one_address_holds_at_most_its_share_and_others_are_served(running):
+    """Exact counts: the third connection from 127.0.0.1 gets the 503 naming ``--max-connections-per-client``
+    at once, while 127.0.0.2 is served; one of the two closed, 127.0.0.1 is served again; all closed, no
+    address is counted (the table holds only the addresses connected now)."""
+    held = [running.connect() for _ in range(2)]
+    time.sleep(0.2)
+    extra, t0 = running.connect(), time.monotonic()
+    answer = read_all(extra)
+    assert time.monotonic() - t0 < SLACK_S
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "too_many_connections" and "--max-connections-per-client" in error["message"]
+    other = running.connect("127.0.0.2")
+    other.sendall(REQUEST)
+    assert read_answer(other).startswith(b"HTTP/1.1 200")
+    assert running.shedding.held == {"127.0.0.1": 2, "127.0.0.2": 1}
+    held.pop().close()
+    time.sleep(0.2)
+    again = running.connect()
+    again.sendall(REQUEST)
+    assert read_answer(again).startswith(b"HTTP/1.1 200")
+    for s in held + [again, other]:
+        s.close()
+    deadline = time.monotonic() + 5
+    while running.shedding.held and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running.shedding.held == {}
+
+
+def test_the_per_client_share_defaults_to_a_quarter_of_the_cap_and_0_turns_it_off():
+    """Exact: the default is max_connections // 4 (at least 1); 0 counts no address."""
+    assert Shedding(max_connections=1000).per_client == 250
+    assert Shedding(max_connections=3).per_client == 1
+    assert Shedding(max_connections=10, per_client=0).client_of(FakeTransport(("127.0.0.1", 5))) is None
+    assert Shedding(max_connections=10).client_of(FakeTransport(("::1", 5, 0, 0))) == "::1"
+    assert Shedding(max_connections=10).client_of(FakeTransport("")) is None  # a Unix socket's peer
+
+
+class FakeTransport:
+    def __init__(self, peer) -> None:
+        self.peer = peer
+
+    def get_extra_info(self, name: str):
+        return self.peer if name == "peername" else None
+
+
 def test_a_burst_of_shed_connections_is_one_log_line():
     lines: list[str] = []
     burst = BurstLog(window_s=0.5, log=lambda fmt, *args: lines.append(fmt % args))
-    running = Running(Shedding(max_connections=2, idle_timeout=30.0, header_timeout=30.0, burst_log=burst))
+    running = Running(Shedding(max_connections=2, idle_timeout=30.0, header_timeout=30.0, burst_log=burst,
+                              per_client=0))
     try:
         held = [running.connect() for _ in range(2)]
         time.sleep(0.2)
@@ -250,21 +302,34 @@ def test_the_cap_and_backlog_stay_below_the_descriptor_limit():
 @pytest.fixture(scope="module")
 def limited(model_path):
     s = Server(model_path, server_args() + ["--idle-timeout", "1", "--header-timeout", "2", "--body-timeout", "2",
-                                            "--max-connections", "8"])
+                                            "--max-connections", "8", "--max-connections-per-client", "5"])
     yield s
     s.stop()
 
 
+def ask_health(port: int, source: str) -> httpx.Response:
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=source)) as client:
+        return client.get(f"http://127.0.0.1:{port}/health", timeout=10)
+
+
 def test_the_server_sheds_by_its_options(limited):
-    """``--idle-timeout 1``: a silent socket is closed; ``--max-connections 8``: the ninth gets a 503; the
+    """``--idle-timeout 1``: a silent socket is closed; ``--max-connections-per-client 5``: the sixth of one
+    address gets a 503 while another address is served; ``--max-connections 8``: the ninth gets a 503; the
     log says so in one line."""
     port = limited.port
     silent, t0 = socket.create_connection(("127.0.0.1", port), timeout=10), time.monotonic()
     assert read_all(silent) == b"" and time.monotonic() - t0 < 1 + SLACK_S
-    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(5)]
     time.sleep(0.3)
-    r = httpx.get(limited.url + "/health", timeout=10)
+    r = ask_health(port, "127.0.0.1")
+    assert r.status_code == 503 and "--max-connections-per-client" in r.json()["error"]["message"]
+    assert ask_health(port, "127.0.0.2").status_code == 200
+    held += [socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0))
+             for _ in range(3)]
+    time.sleep(0.3)
+    r = ask_health(port, "127.0.0.3")
     assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_connections"
+    assert "(--max-connections)" in r.json()["error"]["message"]
     for s in held:
         s.close()
     time.sleep(0.3)
@@ -273,7 +338,9 @@ def test_the_server_sheds_by_its_options(limited):
     while "shed " not in limited.output() and time.monotonic() < deadline:
         time.sleep(0.5)
     shed = [line for line in limited.output().splitlines() if "shed " in line]
-    assert len(shed) == 1 and "over --max-connections" in shed[0] and "idle before a first request" in shed[0]
+    assert len(shed) == 1, shed
+    assert set(shed[0].split(" s: ", 1)[1].split(", ")) == {"1 over --max-connections-per-client",
+                                                          "1 over --max-connections", "1 idle before a first request"}
 
 
 def test_the_server_times_a_body_by_its_option(limited):
