@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import paged  # noqa: E402, F401  (before torch: paged sets OpenMP's wait policy while it can still take effect)
 import torch  # noqa: E402
-
 from paged.models import load_model  # noqa: E402
 from paged.models.default import DEFAULT_MODEL_PATH  # noqa: E402
 from paged.sampling.sampling_params import SamplingParams  # noqa: E402
