@@ -6,12 +6,14 @@ from a checkout before a change and once after), measures the latency of a plain
 completion when the server is otherwise idle (median of 5), then, for each request of
 ``CASES``, sends it and at the same time a stream of plain 1-token requests back to back;
 the stall is the slowest plain request's latency minus the idle median. A request the
-server refuses stalls nobody. Then the connection cases: sockets that send nothing, sockets
-that send a request head one byte a second, and sockets that one address keeps alive with a
-request every 3 s, opened from another address while plain requests run; each says how many
-of those sockets the server had closed after ``--hold`` seconds, and the plain requests'
-stall (each on a new connection; a refused one counts as 600 s). ``--fd-limit N`` adds one more: a server whose descriptor limit is N, N + 100
-silent sockets, and what a new client gets and how many log lines the server wrote meanwhile.
+server refuses stalls nobody. Then the connection cases (``CROWDS``): sockets that send
+nothing, sockets that send a request head one byte a second, and sockets that one address keeps
+alive with a request every 3 s, opened from this machine's network address (the server counts
+it per client; for these cases it listens on 0.0.0.0) while plain requests, each on a new
+connection, run from loopback (not counted); each says how many of those sockets the server
+had closed after ``--hold`` seconds, and the plain requests' stall (a refused one counts as
+600 s). ``--fd-limit N`` adds one more: a server whose descriptor limit is N, N + 100 silent
+sockets, and what a new client gets and how many log lines the server wrote meanwhile.
 Prints one line per case and, with ``--json``, a JSON object; ``--only WORDS`` runs the cases
 whose name holds one of the comma-separated words.
 
@@ -66,8 +68,9 @@ CASES = {  # name: (route, body)
         {"role": "user", "content": "h"}] * 123_000}),
 }
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+CROWDS = {"sockets 2 000 silent": (2000, "silent"), "sockets 200 slowloris": (200, "trickle"),  # name: (count, mode)
+          "sockets 1 000 kept alive by one address": (1000, "keep")}
 HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-CROWD_ADDRESS = "127.0.0.9"  # this machine too, but another client to the server than the plain requests'
 
 
 def free_port() -> int:
@@ -135,15 +138,27 @@ def served(sock: socket.socket) -> bool:
         return False
 
 
-def crowd(client: httpx.Client, port: int, count: int, mode: str, hold: float, idle: float) -> dict:
-    """Open ``count`` sockets from another address (``CROWD_ADDRESS``) that send nothing (``mode`` "silent"), a
+def machine_address() -> str | None:
+    """This machine's IPv4 address on the interface its traffic leaves by (not loopback), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("198.51.100.1", 9))  # a documentation address: a UDP connect sends nothing
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def crowd(client: httpx.Client, target: tuple[str, int], count: int, mode: str, hold: float, idle: float) -> dict:
+    """Open ``count`` sockets to ``target`` (this machine's network address: the server counts them as
+    another machine's, while the plain requests come from loopback) that send nothing (``mode`` "silent"), a
     request head a byte a second ("trickle"), or a ``GET /health`` every 3 s, so they stay open ("keep"),
     while plain requests, each on a new connection, run back to back for ``hold`` seconds; how many the server
     closed, and the plain requests' stall (a refused one counts as 600 s)."""
     socks, worst, t0 = [], 0.0, time.monotonic()
     for _ in range(count):
         try:
-            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(CROWD_ADDRESS, 0)))
+            socks.append(socket.create_connection(target, timeout=5))
         except OSError:
             break
     opened, sent, asked = len(socks), 0, 0.0
@@ -181,7 +196,7 @@ def crowd(client: httpx.Client, port: int, count: int, mode: str, hold: float, i
     return {"opened": opened, "closed": shut, "hold_s": hold, "stall_s": round(max(0.0, worst - idle), 3)}
 
 
-def start(root: str, port: int, log, fd_limit: int | None = None) -> subprocess.Popen:
+def start(root: str, port: int, log, fd_limit: int | None = None, host: str = "127.0.0.1") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": root}
     model = str(Path(root) / "paged" / "demo" / "model")
 
@@ -191,7 +206,7 @@ def start(root: str, port: int, log, fd_limit: int | None = None) -> subprocess.
 
     proc = subprocess.Popen([sys.executable, "-m", "paged.serve", "--model", model, "--served-model-name", "m",
                              "--port", str(port), "--dtype", "float32", "--device", "cpu", "--num-blocks", "200",
-                             "--block-size", "8"], cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                             "--block-size", "8", "--host", host], cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
                             preexec_fn=limit)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -255,7 +270,10 @@ def main(argv=None) -> int:
     port = free_port()
     out = {}
     with open(os.devnull, "w") as null:
-        proc = start(args.root, port, null)
+        # the connection crowds come from this machine's network address, which the server counts per
+        # client, and the plain requests from loopback, which it does not: so it listens on both
+        address = machine_address() if any(wanted(n) for n in CROWDS) else None
+        proc = start(args.root, port, null, host="127.0.0.1" if address is None else "0.0.0.0")
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
             plain(client)
@@ -270,10 +288,12 @@ def main(argv=None) -> int:
                 out[name] = {"status": status, "answer_s": round(took, 3), "stall_s": round(extra, 3)}
                 print(f"{name:58s} status {status!s:5s} answered in {took:7.2f} s; "
                       f"a concurrent 1-token request stalled {extra:7.2f} s")
-            for name, count, mode in (("sockets 2 000 silent", 2000, "silent"), ("sockets 200 slowloris", 200, "trickle"),
-                                      ("sockets 1 000 kept alive by one address", 1000, "keep")):
+            for name, (count, mode) in CROWDS.items():
                 if wanted(name):
-                    out[name] = r = crowd(client, port, count, mode, args.hold, idle)
+                    if address is None:
+                        print(f"{name:58s} skipped: this machine has no network address besides loopback")
+                        continue
+                    out[name] = r = crowd(client, (address, port), count, mode, args.hold, idle)
                     print(f"{name:58s} {r['closed']} of {r['opened']} closed after {args.hold:.0f} s; "
                           f"a concurrent 1-token request stalled {r['stall_s']:7.2f} s")
     finally:

@@ -236,9 +236,10 @@ def _server(p: argparse.ArgumentParser) -> None:
                    help=f"connections served at once; more get a 503 (default {DEFAULT_MAX_CONNECTIONS}, lowered "
                         "to what the descriptor limit holds)")
     s.add_argument("--max-connections-per-client", type=non_negative_int, metavar="N",
-                   help=f"connections one client address may hold at once; more get a 503 (default: a quarter of "
-                        f"--max-connections, {DEFAULT_MAX_CONNECTIONS // PER_CLIENT_SHARE}; 0: no per-client cap, "
-                        "e.g. behind a proxy, where every client has the proxy's address)")
+                   help=f"connections one other machine's address may hold at once; more get a 503 (default: a "
+                        f"quarter of --max-connections, {DEFAULT_MAX_CONNECTIONS // PER_CLIENT_SHARE}; this machine's "
+                        "own connections are not counted; 0: no per-client cap, e.g. behind a proxy on another "
+                        "host, where every client has the proxy's address)")
     s.add_argument("--idle-timeout", type=positive_float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="S",
                    help=f"seconds a new connection may wait before sending a request (default "
                         f"{DEFAULT_IDLE_TIMEOUT_S:g})")

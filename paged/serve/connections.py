@@ -26,9 +26,10 @@ in the transport, before a request reaches the app:
   address (the peer's IP) may hold at once; beyond it, the same 503. Without
   it one client could hold every connection (1 000 kept alive, a request on
   each every 3 s) and every other client was refused. The default, a quarter
-  of the cap, leaves three quarters to the others.
-  Connections on a Unix socket have no address and are not counted; behind
-  a proxy every client has the proxy's address, so raise it (or 0: none).
+  of the cap, leaves three quarters to the others. Connections from this
+  machine (loopback: a local benchmark opening a thousand streams, a proxy
+  on the same host) and on a Unix socket are not counted; behind a proxy on
+  another host every client has the proxy's address, so raise it (or 0).
 
 What is shed is logged as one line per burst (``BurstLog``: counts per
 reason, at most one line every ``BURST_S`` seconds), and so are the event
@@ -37,6 +38,7 @@ loop's ``accept`` failures, should the descriptors still run out.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import resource
@@ -89,6 +91,16 @@ def connection_limits(wanted: int) -> tuple[int, int]:
     return max(1, min(wanted, soft - backlog - FD_RESERVE)), backlog
 
 
+def is_loopback(host: str) -> bool:
+    """Is ``host`` (a peer's IP) this machine: 127.0.0.0/8, ::1, or an IPv4 loopback mapped into IPv6?"""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
 class BurstLog:
     """Counts of shed connections, logged as one line per burst instead of one per socket."""
 
@@ -119,6 +131,7 @@ class Shedding:
         max_connections: connections served at once; beyond it a 503 (see ``connection_limits``).
         per_client: connections one address may hold at once; beyond it a 503 (default: a
             ``PER_CLIENT_SHARE``-th of ``max_connections``; 0: no per-client cap).
+        count_loopback: count this machine's addresses too (the tests do; a server does not).
         idle_timeout: seconds a new connection may wait before the first byte of a request.
         header_timeout: seconds a request head may take from its first byte to its end.
         body_timeout: seconds a request body may take from the head's end to its own.
@@ -127,9 +140,11 @@ class Shedding:
 
     def __init__(self, max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
                  header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
-                 burst_log: BurstLog | None = None, per_client: int | None = None) -> None:
+                 burst_log: BurstLog | None = None, per_client: int | None = None,
+                 count_loopback: bool = False) -> None:
         self.max_connections = max_connections
         self.per_client = max(1, max_connections // PER_CLIENT_SHARE) if per_client is None else per_client
+        self.count_loopback = count_loopback
         self.held: Counter = Counter()  # address -> connections it holds (those served, not those refused)
         self.idle_timeout = idle_timeout
         self.header_timeout = header_timeout
@@ -150,10 +165,12 @@ class Shedding:
                                           "request_timeout")
 
     def client_of(self, transport) -> str | None:
-        """The address a connection is counted under: the peer's IP; ``None`` (not counted) on a Unix socket
-        or with no per-client cap."""
+        """The address a connection is counted under: the peer's IP; ``None`` (not counted) with no
+        per-client cap, on a Unix socket, or from this machine (unless ``count_loopback``)."""
         peer = transport.get_extra_info("peername")
-        return peer[0] if self.per_client and isinstance(peer, tuple) and peer else None
+        if not self.per_client or not isinstance(peer, tuple) or not peer:
+            return None
+        return peer[0] if self.count_loopback or not is_loopback(peer[0]) else None
 
     def protocol(self, *args, **kwargs) -> SheddingProtocol:
         """uvicorn's ``http=`` factory: one ``SheddingProtocol`` per connection."""

@@ -41,11 +41,11 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, model: str, extra: list[str], env: dict | None = None) -> None:
+    def __init__(self, model: str, extra: list[str], env: dict | None = None, host: str = "127.0.0.1") -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         cmd = [sys.executable, "-m", "paged.serve", "--model", model, "--served-model-name", "test-model",
-               "--port", str(self.port), "--dtype", "float32", "--device", "cpu", *extra]
+               "--host", host, "--port", str(self.port), "--dtype", "float32", "--device", "cpu", *extra]
         self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"paged_serve_{self.port}.log", "w+")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})

@@ -10,8 +10,9 @@ answers ``ok``, with short limits:
 * so does a request body sent a byte at a time, once the body timeout has passed;
 * a connection beyond the cap gets a 503 with ``Retry-After`` at once and is closed; once one closes,
   a new one is served;
-* so does a connection beyond the per-client cap, while another address (127.0.0.2 is this machine
-  too) is served; the count of each address goes to zero as its connections close;
+* so does a connection beyond the per-client cap, while another address is served; the count of each
+  address goes to zero as its connections close (here loopback addresses are counted: 127.0.0.2 is
+  this machine too; a server counts only other machines');
 * a burst of shed connections, or of failed ``accept`` s, is one log line;
 * the cap stays below the descriptor limit.
 
@@ -205,7 +206,7 @@ def test_connections_beyond_the_cap_get_503_at_once_and_closed(running):
         s.close()
 
 
-@pytest.mark.parametrize("running", [shedding(max_connections=10, per_client=2)], indirect=True)
+@pytest.mark.parametrize("running", [shedding(max_connections=10, per_client=2, count_loopback=True)], indirect=True)
 def test_one_address_holds_at_most_its_share_and_others_are_served(running):
     """Exact counts: the third connection from 127.0.0.1 gets the 503 naming ``--max-connections-per-client``
     at once, while 127.0.0.2 is served; one of the two closed, 127.0.0.1 is served again; all closed, no
@@ -236,13 +237,18 @@ def test_one_address_holds_at_most_its_share_and_others_are_served(running):
     assert running.shedding.held == {}
 
 
-def test_the_per_client_share_defaults_to_a_quarter_of_the_cap_and_0_turns_it_off():
-    """Exact: the default is max_connections // 4 (at least 1); 0 counts no address."""
+def test_the_per_client_share_defaults_to_a_quarter_of_the_cap_and_counts_other_machines_only():
+    """Exact: the default is max_connections // 4 (at least 1); 0 counts no address; this machine's
+    addresses (loopback, also mapped into IPv6) and a Unix socket's peer are not counted."""
     assert Shedding(max_connections=1000).per_client == 250
     assert Shedding(max_connections=3).per_client == 1
-    assert Shedding(max_connections=10, per_client=0).client_of(FakeTransport(("127.0.0.1", 5))) is None
-    assert Shedding(max_connections=10).client_of(FakeTransport(("::1", 5, 0, 0))) == "::1"
-    assert Shedding(max_connections=10).client_of(FakeTransport("")) is None  # a Unix socket's peer
+    server = Shedding(max_connections=10)
+    assert server.client_of(FakeTransport(("203.0.113.7", 5))) == "203.0.113.7"
+    assert server.client_of(FakeTransport(("2001:db8::7", 5, 0, 0))) == "2001:db8::7"
+    for local in (("127.0.0.1", 5), ("127.0.0.9", 5), ("::1", 5, 0, 0), ("::ffff:127.0.0.1", 5, 0, 0), ""):
+        assert server.client_of(FakeTransport(local)) is None, local
+    assert Shedding(max_connections=10, count_loopback=True).client_of(FakeTransport(("::1", 5, 0, 0))) == "::1"
+    assert Shedding(max_connections=10, per_client=0).client_of(FakeTransport(("203.0.113.7", 5))) is None
 
 
 class FakeTransport:
@@ -307,40 +313,71 @@ def limited(model_path):
     s.stop()
 
 
-def ask_health(port: int, source: str) -> httpx.Response:
-    with httpx.Client(transport=httpx.HTTPTransport(local_address=source)) as client:
-        return client.get(f"http://127.0.0.1:{port}/health", timeout=10)
+def shed_reasons(server: Server) -> set[str]:
+    """The reasons of the server's one burst log line (waited for: it comes ``BURST_S`` after the burst began)."""
+    deadline = time.monotonic() + 15
+    while "shed " not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    shed = [line for line in server.output().splitlines() if "shed " in line]
+    assert len(shed) == 1, shed
+    return set(shed[0].split(" s: ", 1)[1].split(", "))
 
 
 def test_the_server_sheds_by_its_options(limited):
-    """``--idle-timeout 1``: a silent socket is closed; ``--max-connections-per-client 5``: the sixth of one
-    address gets a 503 while another address is served; ``--max-connections 8``: the ninth gets a 503; the
-    log says so in one line."""
+    """``--idle-timeout 1``: a silent socket is closed; this machine's connections are not counted per
+    client (six from 127.0.0.1 under ``--max-connections-per-client 5``, and a seventh is served);
+    ``--max-connections 8``: the ninth gets a 503; the log says so in one line."""
     port = limited.port
     silent, t0 = socket.create_connection(("127.0.0.1", port), timeout=10), time.monotonic()
     assert read_all(silent) == b"" and time.monotonic() - t0 < 1 + SLACK_S
-    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(5)]
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(6)]
     time.sleep(0.3)
-    r = ask_health(port, "127.0.0.1")
-    assert r.status_code == 503 and "--max-connections-per-client" in r.json()["error"]["message"]
-    assert ask_health(port, "127.0.0.2").status_code == 200
-    held += [socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0))
-             for _ in range(3)]
+    assert httpx.get(limited.url + "/health", timeout=10).status_code == 200  # the seventh, from loopback
+    held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+    held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
     time.sleep(0.3)
-    r = ask_health(port, "127.0.0.3")
+    r = httpx.get(limited.url + "/health", timeout=10)
     assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_connections"
     assert "(--max-connections)" in r.json()["error"]["message"]
     for s in held:
         s.close()
     time.sleep(0.3)
     assert httpx.get(limited.url + "/health", timeout=10).status_code == 200
-    deadline = time.monotonic() + 15  # the burst log writes its line BURST_S after the burst began
-    while "shed " not in limited.output() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    shed = [line for line in limited.output().splitlines() if "shed " in line]
-    assert len(shed) == 1, shed
-    assert set(shed[0].split(" s: ", 1)[1].split(", ")) == {"1 over --max-connections-per-client",
-                                                          "1 over --max-connections", "1 idle before a first request"}
+    assert shed_reasons(limited) == {"1 over --max-connections", "1 idle before a first request"}
+
+
+def machine_address() -> str | None:
+    """This machine's IPv4 address on the interface its traffic leaves by (not loopback), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("198.51.100.1", 9))  # a documentation address: a UDP connect sends nothing
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_a_server_on_the_network_counts_each_other_machine(model_path):
+    """``--host`` this machine's network address, ``--max-connections-per-client 2``: the address
+    connecting to it is not loopback, so it is counted: the third connection gets the 503 naming the
+    option at once; one closed, it is served again; the log line says why."""
+    address = machine_address()
+    if address is None:
+        pytest.skip("this machine has no network address besides loopback, so every client is uncounted loopback")
+    server = Server(model_path, server_args() + ["--max-connections-per-client", "2"], host=address)
+    try:
+        held = [socket.create_connection((address, server.port), timeout=10) for _ in range(2)]
+        time.sleep(0.3)
+        r = httpx.get(server.url + "/health", timeout=10)
+        assert r.status_code == 503 and "--max-connections-per-client" in r.json()["error"]["message"], r.text
+        held.pop().close()
+        time.sleep(0.3)
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        for s in held:
+            s.close()
+        assert shed_reasons(server) == {"1 over --max-connections-per-client"}
+    finally:
+        server.stop()
 
 
 def test_the_server_times_a_body_by_its_option(limited):
