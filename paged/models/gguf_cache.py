@@ -2,7 +2,7 @@
 
 Loading a GGUF file is slow where a checkpoint folder is quick. The ``gguf`` reader
 parses the header one value at a time (SmolLM2-135M's 49 152 tokens and 48 900 merges:
-about 3 s on a 2-core EPYC) and numpy dequantizes every tensor (0.6 s more). What comes
+about 3 s on a 2-core EPYC) and every tensor is dequantized (0.6 s more). What comes
 out depends only on the file's bytes, the dtype and the code that converts, so the first
 load keeps it and every later load reads it back::
 

@@ -80,6 +80,23 @@ def test_quantized_weights_within_the_quantization_step(qtype, tmp_path):
             assert not torch.equal(p, w), f"{name}: {qtype.name} was not quantized at all"
 
 
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0])
+def test_the_loaders_dequantizer_is_ggufs_bitwise(qtype, tmp_path):
+    """Bitwise: every tensor the loader dequantizes (the kernel's formats by its torch formulas, the rest
+    by gguf) is gguf's own numpy dequantization, row-major; the down projection's rows hold an odd
+    count of blocks (96 = 3 x 32), so the padding block the torch formulas add is cut again."""
+    from paged.models.gguf_loader import dequantize
+    from paged.models.gguf_reader import open_gguf, row_major_shape
+
+    path, _ = _gguf_and_folder("llama", "llama", tmp_path, qtype)
+    tensors = open_gguf(path).tensors
+    assert any(t.tensor_type == qtype and row_major_shape(t)[-1] // 32 % 2 for t in tensors)
+    for t in tensors:
+        want = torch.from_numpy(np.array(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
+                                         dtype=np.float32)).reshape(row_major_shape(t))  # a copy: writable
+        assert torch.equal(dequantize(t, path), want), t.name
+
+
 @pytest.fixture(scope="module")
 def demo_gguf(tmp_path_factory):
     """The bundled demo model written as an F32 GGUF, with its tokenizer and chat template in the metadata."""
