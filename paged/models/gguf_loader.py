@@ -177,7 +177,7 @@ def dequantize(tensor, path: Path) -> torch.Tensor:
     except Exception as err:  # a data section cut short reads as a wrongly sized array
         raise ModelLoadError(f"{path}: tensor {tensor.name!r} cannot be dequantized ({err}); "
                              "the file may be truncated") from None
-    return torch.from_numpy(np.require(dense, np.float32, ["C", "W"])).reshape(row_major_shape(tensor))  # W: a memmap view is copied
+    return torch.from_numpy(np.require(dense, np.float32, ["C", "W"])).reshape(shape)  # W: a memmap view is copied
 
 
 def convert_gguf(path: Path, dtype: torch.dtype) -> Converted:

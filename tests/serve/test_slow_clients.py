@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import resource
 import socket
+import sys
 import threading
 import time
 
@@ -33,7 +34,10 @@ import pytest
 import uvicorn
 
 from paged.serve.connections import FD_RESERVE, BurstLog, Shedding, connection_limits
-from tests.serve.conftest import Server, server_args
+from tests.serve.conftest import ROOT, Server, server_args
+
+sys.path.insert(0, str(ROOT / "tools"))
+from stall_check import machine_address  # noqa: E402  (tools/ is not a package; the measurement's own lookup)
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 SLACK_S = 1.5  # how much later than its timeout a shed may come on a loaded machine
@@ -189,16 +193,24 @@ def test_a_request_body_a_byte_at_a_time_gets_408_after_the_body_timeout(running
     assert read_answer(halves).startswith(b"HTTP/1.1 200")
 
 
-@pytest.mark.parametrize("running", [shedding(max_connections=3, per_client=0)], indirect=True)
-def test_connections_beyond_the_cap_get_503_at_once_and_closed(running):
-    held = [running.connect() for _ in range(3)]
-    time.sleep(0.2)
+def refused_at_once(running: Running) -> dict:
+    """A new connection's answer, asserted to be the 503 ``too_many_connections`` with ``Retry-After: 1``,
+    sent and closed within ``SLACK_S``: its OpenAI error object."""
     extra, t0 = running.connect(), time.monotonic()
     answer = read_all(extra)
     assert time.monotonic() - t0 < SLACK_S
     head, body = answer.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
-    assert json.loads(body)["error"]["code"] == "too_many_connections"
+    error = json.loads(body)["error"]
+    assert error["code"] == "too_many_connections"
+    return error
+
+
+@pytest.mark.parametrize("running", [shedding(max_connections=3, per_client=0)], indirect=True)
+def test_connections_beyond_the_cap_get_503_at_once_and_closed(running):
+    held = [running.connect() for _ in range(3)]
+    time.sleep(0.2)
+    refused_at_once(running)
     held.pop().close()
     time.sleep(0.2)
     assert httpx.get(f"http://127.0.0.1:{running.port}/", timeout=10).status_code == 200
@@ -213,13 +225,7 @@ def test_one_address_holds_at_most_its_share_and_others_are_served(running):
     address is counted (the table holds only the addresses connected now)."""
     held = [running.connect() for _ in range(2)]
     time.sleep(0.2)
-    extra, t0 = running.connect(), time.monotonic()
-    answer = read_all(extra)
-    assert time.monotonic() - t0 < SLACK_S
-    head, body = answer.split(b"\r\n\r\n", 1)
-    assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
-    error = json.loads(body)["error"]
-    assert error["code"] == "too_many_connections" and "--max-connections-per-client" in error["message"]
+    assert "--max-connections-per-client" in refused_at_once(running)["message"]
     assert running.shedding.burst_log.counts == {"over --max-connections-per-client": 1}  # its reason, logged later
     other = running.connect("127.0.0.2")
     other.sendall(REQUEST)
@@ -325,7 +331,7 @@ def shed_reasons(server: Server) -> set[str]:
 
 
 def test_the_server_sheds_by_its_options(limited):
-    """``--idle-timeout 1``: a silent socket is closed; this machine's connections are not counted per
+    """Exact statuses and reasons. ``--idle-timeout 1``: a silent socket is closed; this machine's connections are not counted per
     client (six from 127.0.0.1 under ``--max-connections-per-client 5``, and a seventh is served);
     ``--max-connections 8``: the ninth gets a 503; the log says so in one line."""
     port = limited.port
@@ -347,19 +353,8 @@ def test_the_server_sheds_by_its_options(limited):
     assert shed_reasons(limited) == {"1 over --max-connections", "1 idle before a first request"}
 
 
-def machine_address() -> str | None:
-    """This machine's IPv4 address on the interface its traffic leaves by (not loopback), or None."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("198.51.100.1", 9))  # a documentation address: a UDP connect sends nothing
-        except OSError:
-            return None
-        address = s.getsockname()[0]
-    return None if address.startswith("127.") else address
-
-
 def test_a_server_on_the_network_counts_each_other_machine(model_path):
-    """``--host`` this machine's network address, ``--max-connections-per-client 2``: the address
+    """Exact statuses. ``--host`` this machine's network address, ``--max-connections-per-client 2``: the address
     connecting to it is not loopback, so it is counted: the third connection gets the 503 naming the
     option at once; one closed, it is served again."""
     address = machine_address()
