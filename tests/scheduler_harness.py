@@ -94,9 +94,9 @@ class Harness:
         self._ids = itertools.count()
 
     # -- the engine's API, over the scheduler (what the engine does around it, minus the model) --
-    def add_request(self, rid: str, prompt_token_ids: list[int], params: SamplingParams):
+    def add_request(self, rid: str, prompt_token_ids: list[int], params: SamplingParams, client: str = ""):
         seed = params.seed if params.seed is not None else len(self.requests) + 1
-        req = self.scheduler.add(rid, prompt_token_ids, params, seed=seed)
+        req = self.scheduler.add(rid, prompt_token_ids, params, seed=seed, client=client)
         self.requests[rid] = req
         return req
 
@@ -147,12 +147,12 @@ class Harness:
     host = property(lambda self: self.scheduler.kv.host)  # step05's host pool
 
     # -- shorthands for the rule tests ---------------------------------------------------
-    def add(self, prompt, max_tokens: int = 8, rid: str | None = None, **params):
-        """Queue a request: ``prompt`` a token list or a length (tokens from its id); returns it."""
+    def add(self, prompt, max_tokens: int = 8, rid: str | None = None, client: str = "", **params):
+        """Queue a request from ``client``: ``prompt`` a token list or a length (tokens from its id); returns it."""
         rid = rid if rid is not None else f"r{next(self._ids)}"
         tokens = list(prompt) if not isinstance(prompt, int) else [3 + (7 * len(rid) + i) % 1000 for i in range(prompt)]
         params.setdefault("temperature", 0.0)
-        return self.add_request(rid, tokens, SamplingParams(max_tokens=max_tokens, **params))
+        return self.add_request(rid, tokens, SamplingParams(max_tokens=max_tokens, **params), client)
 
     def ids(self, queue) -> list[str]:
         return [r.request_id for r in queue]

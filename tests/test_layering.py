@@ -272,24 +272,30 @@ def test_layering_the_scheduler_loop_has_no_override_point():
     """The scheduler is one class, written once in step03: no class under ``paged/`` subclasses it (0
     override points), and each step's scheduler is that class holding the step's components — the
     table of docs/architecture.md, as code. Step04 swaps the KV manager and the decoding component,
-    step05 the KV manager (again), the eviction and the chunking; the Orca baselines the admission."""
+    step05 the KV manager (again), the eviction and the chunking (and the order, when asked: ``FairShare``);
+    the Orca baselines the admission."""
     from paged.bench.reservation import OrcaReservation, ReservingEngine
-    from paged.step03_attention import EndRequest, KVManager, OneSequence, Reservation, WholePrompt
+    from paged.step03_attention import EndRequest, FirstComeFirstServed, KVManager, OneSequence, Reservation, WholePrompt
     from paged.step03_attention.scheduler import Scheduler, build_scheduler as step03
     from paged.step04_sharing import SequenceGroups, SharingKVManager
     from paged.step04_sharing.scheduler import build_scheduler as step04
-    from paged.step05_preemption import ChunkedPrefill, Preemption, SwappingKVManager
+    from paged.step05_preemption import ChunkedPrefill, FairShare, Preemption, SwappingKVManager
     from paged.step05_preemption.scheduler import build_scheduler as step05
     from paged.step03_attention.request import StopChecker
 
     assert _scheduler_subclasses() == []
     common = dict(max_num_seqs=4, max_num_batched_tokens=16, stops=StopChecker([2], 64))
-    parts = lambda s: (type(s.kv), type(s.chunking), type(s.eviction), type(s.admission), type(s.decoding))  # noqa: E731
+    parts = lambda s: (type(s.kv), type(s.chunking), type(s.eviction), type(s.admission), type(s.decoding),  # noqa: E731
+                       type(s.order))
     built = {name: build(8, 4, **common) for name, build in (("03", step03), ("04", step04), ("05", step05))}
+    built["05 fair"] = step05(8, 4, order=FairShare(), **common)
     assert all(type(s) is Scheduler for s in built.values())
-    assert parts(built["03"]) == (KVManager, WholePrompt, EndRequest, Reservation, OneSequence)
-    assert parts(built["04"]) == (SharingKVManager, WholePrompt, EndRequest, Reservation, SequenceGroups)
-    assert parts(built["05"]) == (SwappingKVManager, ChunkedPrefill, Preemption, Reservation, SequenceGroups)
+    fcfs = FirstComeFirstServed
+    assert parts(built["03"]) == (KVManager, WholePrompt, EndRequest, Reservation, OneSequence, fcfs)
+    assert parts(built["04"]) == (SharingKVManager, WholePrompt, EndRequest, Reservation, SequenceGroups, fcfs)
+    assert parts(built["05"]) == (SwappingKVManager, ChunkedPrefill, Preemption, Reservation, SequenceGroups, fcfs)
+    assert parts(built["05 fair"]) == (SwappingKVManager, ChunkedPrefill, Preemption, Reservation, SequenceGroups,
+                                       FairShare)
     # the Orca baselines change admission by swapping that component, not by a subclass of the loop
     assert issubclass(OrcaReservation, Reservation) and not hasattr(ReservingEngine, "schedule")
 

@@ -5,8 +5,8 @@ the native kernels behind one dispatch), ``StepPlan`` and ``ModelRunner``
 (the scheduler/worker split: docs/architecture.md), the ``Scheduler`` (one loop, written
 once: it owns the queues and the budgets, and holds one component per idea — the
 ``KVManager``, the one owner of blocks and tables, and the ``policies``: ``WholePrompt``
-chunking, ``EndRequest`` eviction, ``Reservation`` admission, ``OneSequence`` decoding;
-FCFS, no preemption) and the first ``Engine``
+chunking, ``EndRequest`` eviction, ``Reservation`` admission, ``OneSequence`` decoding,
+``FirstComeFirstServed`` order; no preemption) and the first ``Engine``
 (the scheduler, a runner and the outputs; ``EngineEvent`` records its decisions) and the
 vLLM-shaped ``LLM`` / ``SamplingParams`` API (sampling itself lies below the ladder, in ``paged.sampling``).
 """
@@ -25,6 +25,7 @@ _OWN = {
     "Engine": "engine",
     "EndRequest": "policies",
     "EngineEvent": "events",
+    "FirstComeFirstServed": "policies",
     "GuidedDecodingParams": "paged.sampling.structured",
     "KVManager": "kv_manager",
     "LLM": "llm",

@@ -204,14 +204,15 @@ class Engine:
                                "n > 1, best_of and beam search arrive in step04", param=field, bound=1)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams | None = None, prompt: str | None = None) -> None:
-        """Queue a request (FCFS). Invalid requests raise ``RequestError`` and queue nothing."""
+                    params: SamplingParams | None = None, prompt: str | None = None, client: str = "") -> None:
+        """Queue a request (FCFS). Invalid requests raise ``RequestError`` and queue nothing.
+        ``client``: who sent it (the server: the peer's address), for an order that ranks clients."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
         self.check_request(prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        self.requests[request_id] = self.scheduler.add(request_id, prompt_token_ids, params, seed, prompt)
+        self.requests[request_id] = self.scheduler.add(request_id, prompt_token_ids, params, seed, prompt, client)
 
     def _batch_invariant(self, requested: bool | None) -> bool:
         """Whether a token's result must not depend on its batch (the backend then fixes each

@@ -10,6 +10,7 @@ chunking       which tokens of a group run this iteration?  ``WholePrompt``: all
 eviction       a group must make room: how?                 ``EndRequest``: end it        step05 ``Preemption``
 admission      may the head of the queue start?             ``Reservation``: yes          Orca baselines (bench)
 decoding       what do a group's draws do to it?            ``OneSequence``: record       step04 ``SequenceGroups``
+order          who goes first, who is evicted first?        ``FirstComeFirstServed``      step05 ``FairShare``
 =============  ==========================================  ===========================  =====================
 
 The KV manager (``kv_manager.py``) is the fifth: it owns the blocks. A
@@ -79,6 +80,32 @@ class Reservation:
 
     def release(self, req: Request) -> None:
         pass
+
+
+# --8<-- [start:order]
+class FirstComeFirstServed:
+    """Order, step03: the paper's first-come-first-served. The earlier arrival is served first and
+    evicted last; a waiting request starts only when nobody is swapped out (who lost their room
+    first get it back first).
+
+    The scheduler keeps each queue in arrival order, tells ``moved`` every change of queue, and asks:
+    ``rank(req)`` (smaller is served first, the largest is the victim), ``first(queue)`` (whom of a
+    waiting or swapped queue to try next) and ``waits(req, swapped)`` (must ``req``, about to be
+    admitted, wait for the ``swapped`` requests to come back first?).
+    """
+
+    def rank(self, req: Request) -> int:
+        return req.arrival
+
+    def first(self, queue) -> Request:
+        return queue[0]  # the queue is in arrival order
+
+    def waits(self, req: Request, swapped) -> bool:
+        return bool(swapped)
+
+    def moved(self, req: Request, old: str | None, new: str | None) -> None:
+        """``req`` left queue ``old`` for ``new`` (None: none): FCFS needs no count of its own."""
+# --8<-- [end:order]
 
 
 # --8<-- [start:decoding]

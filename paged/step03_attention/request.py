@@ -33,6 +33,7 @@ class Request:
     params: SamplingParams
     seed: int  # seeds the first sequence's generator
     arrival: int  # FCFS order
+    client: str = ""  # who sent it (the server: the peer's address); an order component may rank by it
     seqs: list[Sequence] = field(default_factory=list)
     outputs: dict[int, CompletionOutput] = field(default_factory=dict)  # seq_id -> output
     sampling_state: object = None  # a SamplingState when its params process logits (made by the engine)

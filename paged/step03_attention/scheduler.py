@@ -19,6 +19,10 @@ One iteration (``schedule``), for every step of the ladder:
    and the admission component allow (a request that cannot start blocks the
    ones behind it).
 
+"Oldest" and "newest" are the order component's words: first-come-first-served
+(``policies.FirstComeFirstServed``, the paper's) ranks by arrival; step05's
+``FairShare`` ranks the clients first, by how many requests each has running.
+
 The loop holds, and a later step swaps, only components:
 
 * ``kv`` — the KV manager, the one owner of blocks and tables (``kv_manager.py``;
@@ -30,7 +34,9 @@ The loop holds, and a later step swaps, only components:
 * ``admission`` — reservations beyond the first blocks (``policies.Reservation``;
   the Orca baselines reserve contiguous chunks);
 * ``decoding`` — what a group's draws do to it (``policies.OneSequence``;
-  step04: ``SequenceGroups``, parallel samples and beams).
+  step04: ``SequenceGroups``, parallel samples and beams);
+* ``order`` — who goes first and who is evicted first
+  (``policies.FirstComeFirstServed``; step05: ``FairShare``, across clients).
 
 ``build_scheduler`` is step03's composition; each later step's ``scheduler.py``
 has its own.
@@ -49,7 +55,8 @@ from paged.step03_attention.events import EngineEvent
 from paged.step03_attention.kv_manager import KVManager
 from paged.step03_attention.outputs import CompletionOutput
 from paged.step03_attention.plan import StepPlan
-from paged.step03_attention.policies import Budget, EndRequest, OneSequence, Reservation, WholePrompt
+from paged.step03_attention.policies import (Budget, EndRequest, FirstComeFirstServed, OneSequence, Reservation,
+                                             WholePrompt)
 from paged.step03_attention.request import Request, StopChecker
 
 logger = logging.getLogger("paged")
@@ -71,12 +78,15 @@ class Scheduler:
             ``policies.Reservation``).
         decoding (OneSequence | None): what a group's draws do to it (default: ``policies.OneSequence``;
             step04: ``SequenceGroups``).
+        order (FirstComeFirstServed | None): who goes first and who is evicted first (default:
+            ``policies.FirstComeFirstServed``; step05: ``FairShare``).
         sampling (paged.sampling.sampling_state.SamplingStates | None): the requests' logit-processing
             state, put into each plan as ``SamplingContext``s; None: no request processes logits.
     """
 
     def __init__(self, kv: KVManager, *, max_num_seqs: int, max_num_batched_tokens: int, stops: StopChecker,
-                 chunking=None, eviction=None, admission=None, decoding=None, sampling=None) -> None:
+                 chunking=None, eviction=None, admission=None, decoding=None, order=None,
+                 sampling=None) -> None:
         self.kv = kv
         self.block_size = kv.block_size
         self.max_num_seqs = max_num_seqs
@@ -86,6 +96,7 @@ class Scheduler:
         self.eviction = eviction or EndRequest()
         self.admission = admission or Reservation()
         self.decoding = decoding or OneSequence()
+        self.order = order or FirstComeFirstServed()
         self.sampling = sampling
         self.waiting: deque[Request] = deque()  # arrival order
         self.running: list[Request] = []  # arrival order
@@ -101,14 +112,18 @@ class Scheduler:
         self._failed: dict[str, BaseException] = {}  # request id -> its sampling state's failure
 
     # -- requests in and out ---------------------------------------------------
-    def add(self, request_id: str, prompt_token_ids: list[int], params, seed: int, prompt: str | None = None) -> Request:
-        """Queue a new request behind every waiting one (FCFS) and return it; its first sequence
-        holds the prompt. The caller has validated it (``Engine.check_request``)."""
+    def add(self, request_id: str, prompt_token_ids: list[int], params, seed: int, prompt: str | None = None,
+            client: str = "") -> Request:
+        """Queue a new request behind every waiting one (its arrival is the newest) and return it; its
+        first sequence holds the prompt. ``client``: who sent it (the order component may rank by it).
+        The caller has validated it (``Engine.check_request``)."""
         req = self.decoding.new_request(request_id, prompt, list(prompt_token_ids), params, seed,
                                         next(self._arrivals))
+        req.client = client
         self.new_seq(req, req.prompt_token_ids, index=0)
+        self.order.moved(req, None, "waiting")
         req.queue = "waiting"
-        self.waiting.append(req)
+        self.waiting.append(req)  # the newest arrival: the end of the queue
         return req
 
     def new_seq(self, req: Request, token_ids: list[int], index: int, table=None) -> Sequence:
@@ -143,8 +158,7 @@ class Scheduler:
         evicted = self._schedule_running(plan, budget)
         if not evicted:  # no newcomer may take the room an older request just lost
             self._resume_swapped(plan, budget)
-            if not self.swapped:
-                self._admit_waiting(plan, budget)
+            self._admit_waiting(plan, budget)
         if self.sampling is not None:  # penalties, grammars: each sequence's context for the sampler
             self._failed = self.sampling.attach(plan, self.running)
         return plan
@@ -155,7 +169,7 @@ class Scheduler:
         """Give each running group its tokens: decodes first, then prompt chunks, oldest first within
         each. A group the free blocks do not cover gets them by evicting the newest group not yet
         served (or itself, if none is left). Returns whether anyone was evicted."""
-        queue = deque(sorted(self.running, key=lambda r: (self._prefilling(r), r.arrival)))
+        queue = deque(sorted(self.running, key=lambda r: (self._prefilling(r), self.order.rank(r))))
         evicted = False
         while queue:
             req = queue.popleft()
@@ -163,7 +177,7 @@ class Scheduler:
             if work is None:
                 continue
             while self.kv.blocks_needed(work) > self.kv.num_free:
-                victim = max(queue, key=lambda r: r.arrival) if queue else req
+                victim = max(queue, key=self.order.rank) if queue else req
                 if victim is not req:
                     queue.remove(victim)
                 self._evict(victim, plan)
@@ -218,7 +232,7 @@ class Scheduler:
         per sequence for its next token (a group alone on the device needs only its blocks: if its
         next tokens then do not fit, it is evicted here, where waiting for room would never end)."""
         while self.swapped:
-            req = self.swapped[0]
+            req = self.order.first(self.swapped)
             live = req.live_seqs
             work = self.chunking.fit(req, budget, plan)  # the budgets as for any running group
             reserve = len(live) if self.running else 0
@@ -236,10 +250,13 @@ class Scheduler:
 
     # --8<-- [start:admit]
     def _admit_waiting(self, plan: StepPlan, budget: Budget) -> None:
-        """FCFS: start waiting requests while the budgets, the free blocks and the admission component
+        """Start waiting requests, first the one the order component names (FCFS: the oldest, and none
+        while anybody is swapped out), while the budgets, the free blocks and the admission component
         allow. A request that cannot start blocks the ones behind it (no overtaking)."""
         while self.waiting:
-            req = self.waiting[0]
+            req = self.order.first(self.waiting)
+            if self.order.waits(req, self.swapped):
+                return
             work = self.chunking.fit(req, budget, plan)
             if work is None:
                 return
@@ -357,6 +374,7 @@ class Scheduler:
         (None: none), in arrival order — FCFS also across preemptions."""
         if req.queue is not None:
             self._queues[req.queue].remove(req)
+        self.order.moved(req, req.queue, queue)
         req.queue = queue
         if queue is not None:
             q = self._queues[queue]

@@ -3,7 +3,7 @@
 Adds three components for step03's scheduler loop: ``Preemption`` (eviction by swap
 or recompute, the swap-or-recompute ``policy``), ``SwappingKVManager`` (the host block
 pool and the block moves) and ``ChunkedPrefill`` (a long prompt over several
-iterations); ``PreemptingModelRunner`` (the host memory; swaps before copies before
+iterations), ``FairShare`` (an order across clients: the least-served first); ``PreemptingModelRunner`` (the host memory; swaps before copies before
 the forward pass) and ``PreemptingEngine`` (FCFS over waiting / running / swapped,
 all-or-nothing preemption of the newest group, chunked prefill), with the step's
 ``LLM``. (The paper's Orca baselines run in this same engine, with an
@@ -15,6 +15,7 @@ from paged._lazy import lazy_package
 # each name -> the module that defines it ("module:attribute" where the name differs)
 _OWN = {
     "ChunkedPrefill": "chunked",
+    "FairShare": "fair",
     "PREEMPTION_MODES": "policy:MODES",
     "PreemptingEngine": "engine",
     "PreemptingModelRunner": "runner",

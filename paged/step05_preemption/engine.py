@@ -2,7 +2,8 @@
 
 The scheduling is step03's loop with step05's components (``scheduler.py``:
 ``Preemption`` eviction, ``SwappingKVManager`` with its host pool,
-``ChunkedPrefill`` chunking). This engine sizes the host pool from
+``ChunkedPrefill`` chunking; ``scheduling_policy="fair"``: ``FairShare`` order
+across clients). This engine sizes the host pool from
 ``swap_space`` bytes: the scheduler's KV manager gets that many host block
 ids, the runner that many blocks of host memory, which it moves the data in
 and out of (swap-out before swap-in, both before the forward pass).
@@ -21,7 +22,9 @@ import time
 
 from paged.step02_block_table import KVCache
 from paged.step04_sharing import SharingEngine
+from paged.step03_attention.policies import FirstComeFirstServed
 from paged.step05_preemption.chunked import ChunkedPrefill
+from paged.step05_preemption.fair import FairShare
 from paged.step05_preemption.iteration_cost import IterationCost
 from paged.step05_preemption.policy import Cost
 from paged.step05_preemption.runner import PreemptingModelRunner
@@ -40,6 +43,8 @@ DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 256
 # depend on the machine's speed; python -m paged.serve turns it on (a neighbour then waits about two
 # iterations).
 DEFAULT_LONG_PREFILL_SECONDS = 0.0
+# scheduling_policy -> the order component (who goes first, who is evicted first)
+SCHEDULING_POLICIES = {"fcfs": FirstComeFirstServed, "fair": FairShare}
 
 
 class PreemptingEngine(SharingEngine):
@@ -54,6 +59,9 @@ class PreemptingEngine(SharingEngine):
         long_prefill_seconds: the seconds the prompt chunks of an iteration should take at most; a chunk
             is cut to the tokens that fit, by what the iterations run so far cost (``IterationCost``);
             default 0: no time cap.
+        scheduling_policy: who goes first: ``"fcfs"`` (the paper's first-come-first-served) or ``"fair"``
+            (``FairShare``: the client with the fewest requests running first, FCFS within a client;
+            with one client the same plans as ``"fcfs"``).
         **kwargs (object): as ``SharingEngine``; ``max_num_batched_tokens`` defaults to 2048
             and may be smaller than a prompt (chunked prefill).
     """
@@ -62,21 +70,24 @@ class PreemptingEngine(SharingEngine):
 
     def __init__(self, model, *, preemption_mode: str = "auto", swap_space: int = DEFAULT_SWAP_SPACE,
                  long_prefill_token_threshold: int = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
-                 long_prefill_seconds: float = DEFAULT_LONG_PREFILL_SECONDS, **kwargs) -> None:
+                 long_prefill_seconds: float = DEFAULT_LONG_PREFILL_SECONDS, scheduling_policy: str = "fcfs",
+                 **kwargs) -> None:
         if not isinstance(swap_space, (int, float)) or swap_space < 0:
             raise ValueError(f"swap_space must be a number of bytes >= 0, got {swap_space!r}")
         if isinstance(long_prefill_seconds, bool) or not isinstance(long_prefill_seconds, (int, float)) \
                 or not long_prefill_seconds >= 0:
             raise ValueError(f"long_prefill_seconds must be a number of seconds >= 0 (0: no time cap), "
                              f"got {long_prefill_seconds!r}")
-        self.long_prefill_seconds = long_prefill_seconds
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {tuple(SCHEDULING_POLICIES)}, got {scheduling_policy!r}")
+        self.long_prefill_seconds, self.scheduling_policy = long_prefill_seconds, scheduling_policy
         self._iteration_started = None
         kwargs.setdefault("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
         self.preemption_mode, self.swap_space = preemption_mode, swap_space
         self.long_prefill_token_threshold = long_prefill_token_threshold
         super().__init__(model, **kwargs)
-        logger.info("swap space: %d host blocks; preemption mode: %s; a long prompt's chunk: %s",
-                    self.scheduler.kv.host.num_blocks, preemption_mode, self._chunk_rule())
+        logger.info("swap space: %d host blocks; preemption mode: %s; a long prompt's chunk: %s; order: %s",
+                    self.scheduler.kv.host.num_blocks, preemption_mode, self._chunk_rule(), scheduling_policy)
         if long_prefill_seconds:
             self.add_observer(self._time_iteration)
 
@@ -109,7 +120,7 @@ class PreemptingEngine(SharingEngine):
                                enable_prefix_caching=self.enable_prefix_caching,
                                chunking=ChunkedPrefill(self.long_prefill_token_threshold, cost=IterationCost(
                                    self.long_prefill_seconds) if self.long_prefill_seconds else None),
-                               **self._scheduler_args())
+                               order=SCHEDULING_POLICIES[self.scheduling_policy](), **self._scheduler_args())
 
     def _make_runner(self) -> PreemptingModelRunner:
         return self.runner_class(self.model.model, self.kv_cache, self.backend, self.batch_invariant,

@@ -1,0 +1,158 @@
+"""``FairShare``, the order across clients: rules pinned on small scenarios, and two state machines.
+
+Model-free (the scheduler stepped with the stand-in runner, ``tests/scheduler_harness.py``). Every
+check is exact: iteration counts, request ids, queue contents, and — for one client — the whole plan,
+every event and every output compared with first-come-first-served's by ``==``.
+"""
+
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import initialize
+
+from paged.step05_preemption.fair import FairShare
+from tests.scheduler_harness import Harness, step05
+from tests.step05_preemption.test_scheduler_model_free import MAX_LEN, ModelFreeSchedulerMachine
+
+HOGS, HOG_TOKENS, POOL = 20, 60, 80  # one client's 20 requests of 60 tokens need 20 x 16 blocks of 4: 4x the pool
+
+
+def hogged(order, mode: str) -> tuple[Harness, int, list]:
+    """One client ("hog") fills the pool until its first preemption; then "new" asks for one token.
+    Returns the harness, the iterations "new" took to finish, and those iterations."""
+    h = Harness(step05, POOL, 4, preemption_mode=mode, swap_blocks=1000 if mode == "swap" else 0,
+                **({"order": order} if order else {}))
+    for i in range(HOGS):
+        h.add(4, max_tokens=HOG_TOKENS, rid=f"hog{i}", client="hog", ignore_eos=True)
+    while not any(e.kind == "preempted" for e in h.events):
+        h.step()
+    h.add(2, max_tokens=1, rid="new", client="new")
+    start = len(h.history)
+    while "new" in h.requests:
+        h.step()
+    return h, len(h.history) - start, h.history[start:]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_a_newcomer_does_not_wait_behind_another_clients_queue(mode):
+    """Exact (iteration counts). First-come-first-served: the newcomer's one token waits until the
+    hog's preempted requests, older than it, are back (78 iterations by recompute, 82 by swap).
+    Fair share: it starts in the first iteration with a free block (the 5th), and is never the victim;
+    by swap, the hog's swapped requests do not hold it back (its client has nothing running)."""
+    _, fcfs, _ = hogged(None, mode)
+    h, fair, iterations = hogged(FairShare(), mode)
+    assert fcfs >= 70
+    assert fair <= 5
+    assert not any(e.kind == "preempted" and e.request_id == "new" for it in iterations for e in it.events)
+    admitted = next(it for it in iterations if "new" in it.kinds("admitted"))
+    if mode == "swap":
+        assert admitted.swapped_before, "the rule under test: admitted while the hog had requests swapped out"
+    h.run()
+    assert h.allocator.num_used == 0 and h.host.num_used == 0
+
+
+def test_the_victim_is_the_newest_request_of_the_client_with_the_most_running():
+    """Exact (request ids). Client a runs three requests, b one, the newest of all. When the pool runs
+    out, first-come-first-served preempts b's (the newest); fair share preempts a's newest."""
+    victims = {}
+    for name, order in (("fcfs", None), ("fair", FairShare())):
+        h = Harness(step05, 12, 4, preemption_mode="recompute", **({"order": order} if order else {}))
+        for i in range(3):
+            h.add(4, max_tokens=20, rid=f"a{i}", client="a", ignore_eos=True)
+        h.add(4, max_tokens=20, rid="b0", client="b", ignore_eos=True)
+        while not any(e.kind == "preempted" for e in h.events):
+            h.step()
+        victims[name] = h.last.kinds("preempted")
+    assert victims == {"fcfs": ["b0"], "fair": ["a2"]}
+
+
+def test_within_one_client_the_order_is_first_come_first_served():
+    """Exact: the waiting head of each client is its oldest request; the least-served client's goes first."""
+    order = FairShare()
+    h = Harness(step05, 64, 4, order=order)
+    for rid, client in (("a0", "a"), ("a1", "a"), ("b0", "b"), ("b1", "b")):
+        h.add(4, max_tokens=4, rid=rid, client=client)
+    assert order.first(h.waiting).request_id == "a0"
+    order.counts["running"]["a"] += 1  # as if a had one running: b's oldest goes first
+    assert order.first(h.waiting).request_id == "b0"
+
+
+class Lockstep(Harness):
+    """A fair-share harness that steps a first-come-first-served twin beside it and checks, after every
+    iteration, that both planned, recorded and answered the same (exact ``==``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, order=FairShare(), **kwargs)
+        self.twin = Harness(*args, **kwargs)
+
+    def add_request(self, rid, prompt_token_ids, params, client=""):
+        self.twin.add_request(rid, prompt_token_ids, params, client)
+        return super().add_request(rid, prompt_token_ids, params, client)
+
+    def abort(self, rid):
+        assert self.twin.abort(rid) == (done := super().abort(rid))
+        return done
+
+    def step(self):
+        outs, twin = super().step(), self.twin.step()
+        assert self.last.plan == self.twin.last.plan
+        assert self.events == self.twin.events
+        assert outs == twin
+        return outs
+
+
+class OneClientMachine(ModelFreeSchedulerMachine):
+    """With one client, fair share is first-come-first-served: the model-free machine's rules and
+    invariants (FCFS included), over a ``Lockstep`` harness."""
+
+    @initialize(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
+                mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
+                budget=st.sampled_from([None, 4, 9]))
+    def start(self, block_size, num_blocks, mode, host_blocks, budget):
+        super().start(block_size, num_blocks, mode, host_blocks, budget)
+        self.engine = Lockstep(step05, num_blocks, block_size, preemption_mode=mode, swap_blocks=host_blocks,
+                               max_num_batched_tokens=budget or 2048, max_model_len=MAX_LEN)
+
+
+class ClientsMachine(ModelFreeSchedulerMachine):
+    """Three clients: the model-free machine's rules, and its invariants but FCFS across clients (no
+    leak, exact coverage, every request finished, ...); instead, within each client the admissions and
+    swap-ins keep arrival order, nobody is admitted in an iteration that preempted, and ``FairShare``'s
+    counts are the queues' own."""
+
+    @initialize(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
+                mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
+                budget=st.sampled_from([None, 4, 9]))
+    def start(self, block_size, num_blocks, mode, host_blocks, budget):
+        super().start(block_size, num_blocks, mode, host_blocks, budget)
+        self.order = FairShare()
+        self.engine = Harness(step05, num_blocks, block_size, preemption_mode=mode, swap_blocks=host_blocks,
+                              max_num_batched_tokens=budget or 2048, max_model_len=MAX_LEN, order=self.order)
+        self.clients = {}
+
+    def client(self, data) -> str:
+        return data.draw(st.sampled_from("abc"), label="client")
+
+    def _check_fcfs_decisions(self):
+        e = self.engine
+        if e.last.kinds("admitted"):
+            assert not e.last.kinds("preempted"), "admitted in an iteration that preempted"
+        live = {r.request_id: r for r in e.requests.values()}
+        for kind, queue in (("admitted", e.scheduler.waiting), ("swapped_in", e.scheduler.swapped)):
+            for rid in e.last.kinds(kind):
+                if rid in live:
+                    mine = live[rid]
+                    assert all(mine.arrival < r.arrival for r in queue if r.client == mine.client), \
+                        f"{rid} ({kind}) overtook an older request of its own client"
+        for name in ("waiting", "running", "swapped"):
+            held = Counter(r.client for r in getattr(e.scheduler, name))
+            assert self.order.counts[name] == held, f"FairShare's {name} counts {self.order.counts[name]} != {held}"
+
+
+SETTINGS = settings(max_examples=5 * settings().max_examples, stateful_step_count=25, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+OneClientMachine.TestCase.settings = SETTINGS
+ClientsMachine.TestCase.settings = SETTINGS
+test_one_client_is_scheduled_exactly_as_fcfs = OneClientMachine.TestCase
+test_fair_share_across_clients_keeps_every_invariant = ClientsMachine.TestCase
