@@ -3,7 +3,8 @@
     python tools/trace_iteration.py [--model PATH] [--json]
 
 Builds the engine ``python -m paged.serve`` builds at its defaults (``paged.LLM``: the
-final engine, prefix caching on, preemption on), queues one prompt, and traces with
+final engine, prefix caching on, preemption on; with the server's own two settings: chunks
+cut to a time, fair share), queues one prompt, and traces with
 ``sys.setprofile`` two iterations: the one that computes the prompt (a prefill) and the
 next one (a decode). Only the scheduling decision is counted: the calls made under the
 engine's ``step`` outside the runner's ``execute`` (the forward pass and the sampler are
@@ -31,7 +32,7 @@ ROLES = (  # (role, file name patterns), the first that matches
     ("engine", ("engine.py",)),
     ("scheduler", ("scheduler.py",)),
     ("KV manager", ("kv_manager.py", "block_manager.py", "swap.py")),
-    ("component", ("policies.py", "chunked.py", "decoding.py", "policy.py", "beam.py")),
+    ("component", ("policies.py", "chunked.py", "decoding.py", "policy.py", "beam.py", "fair.py", "iteration_cost.py")),
     ("block state", ("allocator.py", "block_table.py", "cow_table.py", "prefix_cache.py")),
 )
 
@@ -76,8 +77,10 @@ def main(argv=None) -> int:
 
     from paged import LLM, SamplingParams
     from paged.models.default import default_model
+    from paged.serve.cli_options import SERVE_LONG_PREFILL_SECONDS, SERVE_SCHEDULING_POLICY
 
-    llm = LLM(model=args.model or default_model()[0], dtype="bfloat16")
+    llm = LLM(model=args.model or default_model()[0], dtype="bfloat16", long_prefill_seconds=SERVE_LONG_PREFILL_SECONDS,
+              scheduling_policy=SERVE_SCHEDULING_POLICY)
     engine = llm.engine
     prompt = list(range(10, 10 + 40))
     engine.add_request("traced", prompt, SamplingParams(temperature=0, max_tokens=4))

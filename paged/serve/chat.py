@@ -23,7 +23,7 @@ from fastapi import Request
 from paged.serve.body import parse_body
 from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.errors import APIError
-from paged.serve.generation import Generator
+from paged.serve.generation import Generator, client_address
 from paged.serve.models import ServedModel
 from paged.serve.openapi import generation_route
 from paged.serve.schemas import ChatCompletionChunk, ChatCompletionResponse
@@ -76,5 +76,5 @@ async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, 
     args = (req, "chat", [ids], [text], max_tokens, req.num_logprobs, rename)
     keywords = dict(echo=echo, stop_token_ids=served.chat.end_of_turn_ids, parse=parse)
     if start_only:
-        return await generator.start(*args, **keywords, tag=tag)
+        return await generator.start(*args, **keywords, tag=tag, client=client_address(raw))
     return await generator.run(req, raw, *args[1:], **keywords)

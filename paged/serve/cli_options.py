@@ -5,9 +5,11 @@ first argument or ``--model``; sizes take vLLM's units (``--swap-space 4`` is
 4 GiB, ``--max-model-len 4k`` is 4 000 tokens and ``4K`` 4 096); ``--dtype
 half`` and ``float`` are float16 and float32; ``-tp`` and ``-q`` are the short
 forms. Engine options are passed to ``paged.LLM`` only when given, so the server
-runs over whichever engine ``paged.LLM`` is; the one the server sets itself is
+runs over whichever engine ``paged.LLM`` is; the two the server sets itself are
 ``--long-prefill-seconds`` (``SERVE_LONG_PREFILL_SECONDS``: a long prompt's chunks
-cut to a time, which the engine alone leaves off). vLLM's options that have nothing
+cut to a time, which the engine alone leaves off) and ``--scheduling-policy``
+(``SERVE_SCHEDULING_POLICY``: fair shares across the addresses requests come
+from; the engine alone, with one client, is first-come-first-served). vLLM's options that have nothing
 to do here are in ``vllm_flags.py`` (accepted with a warning, or only at the
 value this engine has).
 
@@ -41,11 +43,15 @@ ENGINE_OPTIONS = {
     "seed": "--seed", "batch_invariant": "--batch-invariant", "nnodes": "--nnodes", "master_addr": "--master-addr",
     "master_port": "--master-port", "distributed_timeout": "--distributed-timeout", "join_timeout": "--join-timeout",
     "quantization": "--quantization", "long_prefill_token_threshold": "--long-prefill-token-threshold",
-    "long_prefill_seconds": "--long-prefill-seconds",
+    "long_prefill_seconds": "--long-prefill-seconds", "scheduling_policy": "--scheduling-policy",
 }
 # The server cuts a long prompt's chunks to a time as well (the engine alone does not: its schedule stays the
 # same on any machine): a request arriving beside a long prompt waits about two iterations.
 SERVE_LONG_PREFILL_SECONDS = 0.4
+# The server shares the device fairly between the addresses its requests come from (FairShare): one client's
+# hundreds of requests cannot keep another's waiting. With one client it schedules exactly as FCFS.
+SERVE_SCHEDULING_POLICY = "fair"
+SCHEDULING_POLICIES = ("fair", "fcfs")
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
           "float32": "float32", "float64": "float64"}
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -61,6 +67,14 @@ def byte_size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
     return value
+
+
+def scheduling_policy(text: str) -> str:
+    """``fair`` or ``fcfs``; vLLM's ``priority`` is refused, saying why."""
+    if text not in SCHEDULING_POLICIES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not supported here: the policies are {', '.join(SCHEDULING_POLICIES)} "
+                                         "(no per-request priority)")
+    return text
 
 
 def gib_size(text: str) -> int:
@@ -168,6 +182,11 @@ def parser() -> argparse.ArgumentParser:
                    metavar="S", help="cut a long prompt's chunk further, so that an iteration's prompt chunks "
                    "compute in S seconds by what this machine's iterations have cost (default "
                    f"{SERVE_LONG_PREFILL_SECONDS}; 0: tokens only, the engine's default; step05)")
+    g.add_argument("--scheduling-policy", type=scheduling_policy, default=SERVE_SCHEDULING_POLICY,
+                   metavar="{fair,fcfs}", help="who goes first: fair (default): the address with the fewest "
+                   "requests running, first-come-first-served within one address, and its newest request is "
+                   "the first preempted; fcfs: the paper's first-come-first-served over every request (the "
+                   "engine's default; step05)")
     g.add_argument("--max-model-len", type=token_count, metavar="N", help="context length: 4096, 4k, 4K or auto "
                    "(default: the model's)")
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N", help="tensor parallelism "

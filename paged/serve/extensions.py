@@ -140,7 +140,8 @@ REFUSED = {
 REFUSED_VALUES = {  # accepted at the default, refused otherwise
     "skip_special_tokens": (True, "the text always leaves special tokens out (their ids are in the logprobs)"),
     "spaces_between_special_tokens": (True, "special tokens are always skipped, so there are none to space"),
-    "priority": (0, "the scheduler is first-come first-served (the paper's policy); only priority 0 exists"),
+    "priority": (0, "there is no per-request priority (the order is --scheduling-policy's: fair or fcfs); only "
+                 "priority 0 exists"),
 }
 
 

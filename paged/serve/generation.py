@@ -111,6 +111,12 @@ class Run:
             self.metrics.finished("abort", len(gone))
 
 
+def client_address(raw: Request) -> str:
+    """Who asks, for the fair order's shares: the peer's IP address (behind a proxy on this machine that
+    sends ``X-Forwarded-For``, uvicorn puts the forwarded one there); ``""`` where there is none."""
+    return raw.client.host if raw.client else ""
+
+
 async def _wait_for_disconnect(raw: Request) -> None:
     while (await raw.receive())["type"] != "http.disconnect":
         pass
@@ -199,7 +205,7 @@ class Generator:
             parse: chat: a factory of per-choice ``ChatParser`` s (reasoning, tool calls), or None.
         """
         run = await self.start(req, kind, ids, prompts, max_tokens, logprobs, rename, prompt_logprobs, echo,
-                               stop_token_ids, parse)
+                               stop_token_ids, parse, client=client_address(raw))
         if req.stream:
             return streaming.response(streaming.sse(event) if not isinstance(event, str) else event
                                       async for event in streaming.events(run))
@@ -211,9 +217,10 @@ class Generator:
 
     async def start(self, req, kind: str, ids: list[list[int]], prompts: list[str | None], max_tokens: int | None,
                     logprobs: int | None, rename: dict[str, str], prompt_logprobs: int | None = None, echo=None,
-                    stop_token_ids=(), parse=None, tag: str | None = None) -> Run:
+                    stop_token_ids=(), parse=None, tag: str | None = None, client: str = "") -> Run:
         """Check and submit ``ids`` (as ``run``); the ``Run`` whose outputs then arrive. ``tag``: the engine
-        ids' stem, when the server already named the answer (a Responses request: its ``resp_...`` id)."""
+        ids' stem, when the server already named the answer (a Responses request: its ``resp_...`` id);
+        ``client``: who asks (``client_address``), whom a fair order shares the device between."""
         self.check_context(ids, max_tokens, rename)
         entries = self.check_answer_size(req, ids, max_tokens, logprobs, rename, echo is not None)
         # a grammar is compiled while the params are built: off the loop
@@ -226,7 +233,8 @@ class Generator:
                         self.served.tokenizer, logprobs, req.return_tokens_as_token_ids)
         rids = [f"{tag}-{i}" for i in range(len(ids))]
         try:
-            outputs = await self.engine.add(list(zip(rids, ids, [params] * len(ids), prompts)))
+            outputs = await self.engine.add([(rid, one, params, prompt, client)
+                                             for rid, one, prompt in zip(rids, ids, prompts)])
         except RequestError as e:
             raise from_request_error(e, rename) from None
         except EngineDeadError as e:

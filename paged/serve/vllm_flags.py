@@ -85,8 +85,6 @@ COMPAT = [
     Compat(("--kv-cache-dtype",), "the KV cache has the model's dtype", _value(), allowed=("auto",)),
     Compat(("--cpu-offload-gb",), "weights stay on the device (the host pool is for swapped KV blocks)",
            _value(type=float), allowed=(0, 0.0)),
-    Compat(("--scheduling-policy",), "the scheduler is first-come first-served, the paper's policy", _value(),
-           allowed=("fcfs",)),
     Compat(("--distributed-executor-backend",), "tensor-parallel workers are processes this server starts",
            _value(), allowed=("mp",)),
     Compat(("--response-role",), "a reply's role is assistant", _value(), allowed=("assistant",)),
