@@ -184,9 +184,9 @@ def parser() -> argparse.ArgumentParser:
                    f"{SERVE_LONG_PREFILL_SECONDS}; 0: tokens only, the engine's default; step05)")
     g.add_argument("--scheduling-policy", type=scheduling_policy, default=SERVE_SCHEDULING_POLICY,
                    metavar="{fair,fcfs}", help="who goes first: fair (default): the address with the fewest "
-                   "requests running, first-come-first-served within one address, and its newest request is "
-                   "the first preempted; fcfs: the paper's first-come-first-served over every request (the "
-                   "engine's default; step05)")
+                   "requests running (an IPv6 address: its /64), first-come-first-served within one address, and "
+                   "its newest request is the first preempted; fcfs: the paper's first-come-first-served over "
+                   "every request (the engine's default; step05)")
     g.add_argument("--max-model-len", type=token_count, metavar="N", help="context length: 4096, 4k, 4K or auto "
                    "(default: the model's)")
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N", help="tensor parallelism "
@@ -255,7 +255,8 @@ def _server(p: argparse.ArgumentParser) -> None:
                    help=f"connections served at once; more get a 503 (default {DEFAULT_MAX_CONNECTIONS}, lowered "
                         "to what the descriptor limit holds)")
     s.add_argument("--max-connections-per-client", type=non_negative_int, metavar="N",
-                   help=f"connections one other machine's address may hold at once; more get a 503 (default: a "
+                   help=f"connections one other machine's address (an IPv6 one: its /64) may hold at once; more get "
+                        f"a 503 (default: a "
                         f"quarter of --max-connections, {DEFAULT_MAX_CONNECTIONS // PER_CLIENT_SHARE}; this machine's "
                         "own connections are not counted; 0: no per-client cap, e.g. behind a proxy on another "
                         "host, where every client has the proxy's address)")

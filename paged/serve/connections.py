@@ -57,6 +57,7 @@ DEFAULT_BODY_TIMEOUT_S = 60.0  # 4 MiB (the default body limit) in 34 s at 1 Mbi
 MAX_BACKLOG = 511  # connections the kernel queues (nginx's default), fewer when descriptors are short
 FD_RESERVE = 64  # descriptors the process holds besides its connections (model files, pipes, the loop's own)
 BURST_S = 10.0  # a burst's counts are logged once, this long after its first event
+IPV6_CLIENT_PREFIX = 64  # an IPv6 client is its /64: the usual share of one host or site (a LAN, a VM)
 RETRY_OVER_CAP_S = 1  # a refused client may try again this soon: connections come and go quickly
 
 
@@ -89,6 +90,25 @@ def connection_limits(wanted: int) -> tuple[int, int]:
         return wanted, MAX_BACKLOG
     backlog = min(MAX_BACKLOG, soft // 8)
     return max(1, min(wanted, soft - backlog - FD_RESERVE)), backlog
+
+
+def client_key(host: str) -> str:
+    """Whom a peer's address counts as, for ``--max-connections-per-client`` and the fair share of the
+    device: an IPv4 address itself (also mapped into IPv6); an IPv6 address as its /64
+    (``IPV6_CLIENT_PREFIX``), which one host or one site usually holds whole, so that a client cannot
+    become thousands of clients by changing the address's last bits — except loopback and link-local
+    addresses, whose /64 every host on the link shares, which count alone; anything else as given."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if ip.version == 4:
+        return str(ip)
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    if ip.is_loopback or ip.is_link_local:
+        return str(ip)
+    return str(ipaddress.ip_network(f"{ip}/{IPV6_CLIENT_PREFIX}", strict=False))
 
 
 def is_loopback(host: str) -> bool:
@@ -165,12 +185,12 @@ class Shedding:
                                           "request_timeout")
 
     def client_of(self, transport) -> str | None:
-        """The address a connection is counted under: the peer's IP; ``None`` (not counted) with no
+        """The client a connection is counted under: the peer's IP (``client_key``); ``None`` (not counted) with no
         per-client cap, on a Unix socket, or from this machine (unless ``count_loopback``)."""
         peer = transport.get_extra_info("peername")
         if not self.per_client or not isinstance(peer, tuple) or not peer:
             return None
-        return peer[0] if self.count_loopback or not is_loopback(peer[0]) else None
+        return client_key(peer[0]) if self.count_loopback or not is_loopback(peer[0]) else None
 
     def protocol(self, *args, **kwargs) -> SheddingProtocol:
         """uvicorn's ``http=`` factory: one ``SheddingProtocol`` per connection."""

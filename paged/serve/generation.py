@@ -45,6 +45,7 @@ from fastapi.responses import Response
 from paged import RequestError
 from paged.serve import streaming
 from paged.serve.async_engine import EngineDeadError, StoppingError
+from paged.serve.connections import client_key
 from paged.serve.errors import APIError, engine_failure, from_request_error, request_failure, stopping_error
 from paged.serve.formatter import Formatter
 from paged.serve.metrics import RequestTimer
@@ -112,9 +113,10 @@ class Run:
 
 
 def client_address(raw: Request) -> str:
-    """Who asks, for the fair order's shares: the peer's IP address (behind a proxy on this machine that
-    sends ``X-Forwarded-For``, uvicorn puts the forwarded one there); ``""`` where there is none."""
-    return raw.client.host if raw.client else ""
+    """Who asks, for the fair order's shares: the peer's IP address, an IPv6 one as its /64
+    (``connections.client_key``; behind a proxy on this machine that sends ``X-Forwarded-For``, uvicorn
+    puts the forwarded address there); ``""`` where there is none."""
+    return client_key(raw.client.host) if raw.client else ""
 
 
 async def _wait_for_disconnect(raw: Request) -> None:

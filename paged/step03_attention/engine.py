@@ -205,8 +205,9 @@ class Engine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, prompt: str | None = None, client: str = "") -> None:
-        """Queue a request (FCFS). Invalid requests raise ``RequestError`` and queue nothing.
-        ``client``: who sent it (the server: the peer's address), for an order that ranks clients."""
+        """Queue a request behind the waiting ones (the order component decides who starts first: FCFS
+        by default). Invalid requests raise ``RequestError`` and queue nothing. ``client``: who sent it (the
+        server: the peer's address), for an order that ranks clients."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")

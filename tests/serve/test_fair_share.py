@@ -20,6 +20,7 @@ from tests.serve.test_cli import parse
 ASKS = [("/v1/completions", {"prompt": "def f(x):", "max_tokens": 2}),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
         ("/v1/responses", {"input": "hi", "max_output_tokens": 2})]
+CLIENTS = [("10.0.0.7", "10.0.0.7"), ("10.0.0.8", "10.0.0.8"), ("2001:db8::7", "2001:db8::/64")]  # (peer, client)
 
 
 def test_the_server_orders_by_fair_share_unless_told_fcfs():
@@ -30,8 +31,8 @@ def test_the_server_orders_by_fair_share_unless_told_fcfs():
 
 
 def test_every_generating_endpoint_gives_its_request_the_peers_address():
-    """Each endpoint asked once from 10.0.0.7 and once from 10.0.0.8 (the ASGI client's address): the
-    engine's requests, seen while running, carry exactly those addresses."""
+    """Each endpoint asked from 10.0.0.7, 10.0.0.8 and 2001:db8::7 (the ASGI client's address): the
+    engine's requests, seen while running, carry exactly those clients (the IPv6 one as its /64)."""
     llm = LLM(model=str(DEFAULT_MODEL_PATH), dtype="float32", device="cpu", block_size=8, num_blocks=64, seed=0,
               scheduling_policy="fair")
     seen: dict[str, str] = {}
@@ -49,12 +50,12 @@ def test_every_generating_endpoint_gives_its_request_the_peers_address():
         app.fastapi.state.engine.start()
         try:
             for route, body in ASKS:
-                for address in ("10.0.0.7", "10.0.0.8"):
+                for address, client in CLIENTS:
                     before = set(seen)
                     await ask(address, route, body)
-                    assert {seen[rid] for rid in set(seen) - before} == {address}, route
+                    assert {seen[rid] for rid in set(seen) - before} == {client}, route
         finally:
             app.fastapi.state.engine.shutdown()
 
     asyncio.run(go())
-    assert len(seen) == 2 * len(ASKS)
+    assert len(seen) == len(CLIENTS) * len(ASKS)

@@ -33,7 +33,7 @@ import httpx
 import pytest
 import uvicorn
 
-from paged.serve.connections import FD_RESERVE, BurstLog, Shedding, connection_limits
+from paged.serve.connections import FD_RESERVE, BurstLog, Shedding, client_key, connection_limits
 from tests.serve.conftest import ROOT, Server, server_args
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -251,11 +251,24 @@ def test_the_per_client_share_defaults_to_a_quarter_of_the_cap_and_counts_other_
     assert Shedding(max_connections=3).per_client == 1
     server = Shedding(max_connections=10)
     assert server.client_of(FakeTransport(("203.0.113.7", 5))) == "203.0.113.7"
-    assert server.client_of(FakeTransport(("2001:db8::7", 5, 0, 0))) == "2001:db8::7"
+    assert server.client_of(FakeTransport(("2001:db8::7", 5, 0, 0))) == "2001:db8::/64"
     for local in (("127.0.0.1", 5), ("127.0.0.9", 5), ("::1", 5, 0, 0), ("::ffff:127.0.0.1", 5, 0, 0), ""):
         assert server.client_of(FakeTransport(local)) is None, local
     assert Shedding(max_connections=10, count_loopback=True).client_of(FakeTransport(("::1", 5, 0, 0))) == "::1"
     assert Shedding(max_connections=10, per_client=0).client_of(FakeTransport(("203.0.113.7", 5))) is None
+
+
+def test_a_client_is_an_ipv4_address_or_an_ipv6_64():
+    """Exact: one IPv4 address is one client (also mapped into IPv6); the addresses of one IPv6 /64 are one
+    client, another /64 another; loopback and link-local IPv6 addresses (whose /64 a whole link shares)
+    count alone; a name that is no address (a Unix socket's) stays as it is."""
+    assert client_key("203.0.113.7") == client_key("::ffff:203.0.113.7") == "203.0.113.7"
+    assert client_key("203.0.113.8") == "203.0.113.8"
+    assert client_key("2001:db8:1:2::7") == client_key("2001:db8:1:2:ffff:1:2:3") == "2001:db8:1:2::/64"
+    assert client_key("2001:db8:1:3::7") == "2001:db8:1:3::/64"
+    assert client_key("::1") == "::1"
+    assert client_key("fe80::1%eth0") == "fe80::1" != client_key("fe80::2")
+    assert client_key("/run/paged.sock") == "/run/paged.sock"
 
 
 class FakeTransport:
