@@ -256,8 +256,8 @@ def _server(p: argparse.ArgumentParser) -> None:
                         "to what the descriptor limit holds)")
     s.add_argument("--max-connections-per-client", type=non_negative_int, metavar="N",
                    help=f"connections one other machine's address (an IPv6 one: its /64) may hold at once; more get "
-                        f"a 503 (default: a "
-                        f"quarter of --max-connections, {DEFAULT_MAX_CONNECTIONS // PER_CLIENT_SHARE}; this machine's "
+                        f"a 503 (default: a quarter of --max-connections, {DEFAULT_MAX_CONNECTIONS // PER_CLIENT_SHARE}; "
+                        "this machine's "
                         "own connections are not counted; 0: no per-client cap, e.g. behind a proxy on another "
                         "host, where every client has the proxy's address)")
     s.add_argument("--idle-timeout", type=positive_float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="S",

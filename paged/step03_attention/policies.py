@@ -13,7 +13,7 @@ decoding       what do a group's draws do to it?            ``OneSequence``: rec
 order          who goes first, who is evicted first?        ``FirstComeFirstServed``      step05 ``FairShare``
 =============  ==========================================  ===========================  =====================
 
-The KV manager (``kv_manager.py``) is the fifth: it owns the blocks. A
+The KV manager (``kv_manager.py``) is the sixth: it owns the blocks. A
 component decides; the loop does (queues, plans, records), so every queue
 change reads in one file.
 """

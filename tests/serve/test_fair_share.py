@@ -11,10 +11,11 @@ import httpx
 
 from paged import LLM
 from paged.models.default import DEFAULT_MODEL_PATH
-from paged.serve import cli
+from paged.serve import cli, cli_options
 from paged.serve.app import build_app
 from paged.step03_attention.policies import FirstComeFirstServed
 from paged.step05_preemption import FairShare
+from paged.step05_preemption.engine import SCHEDULING_POLICIES
 from tests.serve.test_cli import parse
 
 ASKS = [("/v1/completions", {"prompt": "def f(x):", "max_tokens": 2}),
@@ -24,6 +25,9 @@ CLIENTS = [("10.0.0.7", "10.0.0.7"), ("10.0.0.8", "10.0.0.8"), ("2001:db8::7", "
 
 
 def test_the_server_orders_by_fair_share_unless_told_fcfs():
+    """Exact (classes): the server's default builds ``FairShare``, ``--scheduling-policy fcfs`` the paper's
+    order; the parser's policies are the engine's (named twice so that ``--help`` imports no engine)."""
+    assert set(cli_options.SCHEDULING_POLICIES) == set(SCHEDULING_POLICIES)
     default = cli.load_llm(parse(["paged/demo/model", "--num-blocks", "16"]))
     assert type(default.engine.scheduler.order) is FairShare
     fcfs = cli.load_llm(parse(["paged/demo/model", "--num-blocks", "16", "--scheduling-policy", "fcfs"]))
