@@ -90,8 +90,9 @@ class FirstComeFirstServed:
 
     The scheduler keeps each queue in arrival order, tells ``moved`` every change of queue, and asks:
     ``rank(req)`` (smaller is served first, the largest is the victim), ``first(queue)`` (whom of a
-    waiting or swapped queue to try next) and ``waits(req, swapped)`` (must ``req``, about to be
-    admitted, wait for the ``swapped`` requests to come back first?).
+    waiting or swapped queue to try next), ``waits(req, swapped)`` (must ``req``, about to be
+    admitted, wait for the ``swapped`` requests to come back first?) and ``held_seqs(waiting)`` (how
+    many of the iteration's sequence slots the running groups must leave for a waiting request).
     """
 
     def rank(self, req: Request) -> int:
@@ -102,6 +103,9 @@ class FirstComeFirstServed:
 
     def waits(self, req: Request, swapped) -> bool:
         return bool(swapped)
+
+    def held_seqs(self, waiting) -> int:
+        return 0  # the running groups may take every sequence slot
 
     def moved(self, req: Request, old: str | None, new: str | None) -> None:
         """``req`` left queue ``old`` for ``new`` (None: none): FCFS needs no count of its own."""

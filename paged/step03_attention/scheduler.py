@@ -154,8 +154,10 @@ class Scheduler:
         """Decide one iteration's plan (requests ended while deciding it come back from ``update``)."""
         plan = StepPlan(finished_seq_ids=self._released)
         self._released = []
-        budget = Budget(tokens=self.max_num_batched_tokens, seqs=self.max_num_seqs)
+        held = min(self.max_num_seqs, self.order.held_seqs(self.waiting))  # slots kept for a waiting request
+        budget = Budget(tokens=self.max_num_batched_tokens, seqs=self.max_num_seqs - held)
         evicted = self._schedule_running(plan, budget)
+        budget.seqs += held
         if not evicted:  # no newcomer may take the room an older request just lost
             self._resume_swapped(plan, budget)
             self._admit_waiting(plan, budget)

@@ -17,7 +17,11 @@ evicted. Within one client the order stays first-come-first-served. So:
   the most running;
 * swapped requests keep a waiting one out only if their client has no more
   running than the waiting one's (FCFS: anybody swapped out keeps everyone
-  waiting).
+  waiting);
+* the running groups leave the first waiting request its sequence slots when its
+  client has fewer running than the busiest one (FCFS: the running groups may
+  take every slot, and a client running ``max_num_seqs`` sequences keeps every
+  newcomer waiting until one of them ends).
 
 With a single client every rank compares as FCFS does, so every plan is the
 same as under ``FirstComeFirstServed`` (``tests/step05_preemption``). The
@@ -62,6 +66,15 @@ class FairShare:
         """Swapped requests come back first when their client has no more running than ``req``'s."""
         mine = self.share(req.client)
         return any(self.share(client) <= mine for client in self.counts["swapped"])
+
+    def held_seqs(self, waiting) -> int:
+        """Slots for the first waiting request when its client has fewer running than the busiest client:
+        else a client running ``max_num_seqs`` sequences would keep every other waiting until one ended."""
+        if not waiting:
+            return 0
+        req = self.first(waiting)
+        busiest = max(self.counts["running"].values(), default=0)
+        return len(req.live_seqs) if self.share(req.client) < busiest else 0
 
     def moved(self, req: Request, old: str | None, new: str | None) -> None:
         for queue, step in ((old, -1), (new, 1)):

@@ -69,6 +69,28 @@ def test_the_victim_is_the_newest_request_of_the_client_with_the_most_running():
     assert victims == {"fcfs": ["b0"], "fair": ["a2"]}
 
 
+def test_a_client_holding_every_sequence_slot_leaves_one_for_a_newcomer():
+    """Exact (iteration counts). 12 requests of one client, 8 sequence slots (``max_num_seqs``), memory to
+    spare: 8 run, 4 wait. A second client's one-token request: FCFS starts it when the first of the 8 ends
+    (96 iterations later); fair share keeps its slot out of the running groups' budget, so it is answered
+    in the next iteration."""
+    waited = {}
+    for name, order in (("fcfs", None), ("fair", FairShare())):
+        h = Harness(step05, 1000, 4, max_num_seqs=8, **({"order": order} if order else {}))
+        for i in range(12):
+            h.add(4, max_tokens=100, rid=f"hog{i}", client="hog", ignore_eos=True)
+        for _ in range(5):
+            h.step()
+        h.add(2, max_tokens=1, rid="new", client="new")
+        start = len(h.history)
+        while "new" in h.requests:
+            h.step()
+        waited[name] = len(h.history) - start
+        assert all(len(it.plan.seq_ids) <= 8 for it in h.history)
+        h.run()
+    assert waited == {"fcfs": 96, "fair": 1}
+
+
 def test_within_one_client_the_order_is_first_come_first_served():
     """Exact: the waiting head of each client is its oldest request; the least-served client's goes first."""
     order = FairShare()
@@ -104,17 +126,20 @@ class Lockstep(Harness):
         return outs
 
 
+ENGINES = dict(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
+               mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
+               budget=st.sampled_from([None, 4, 9]), max_seqs=st.sampled_from([3, 4, 256]))  # groups: up to 3
+
+
 class OneClientMachine(ModelFreeSchedulerMachine):
     """With one client, fair share is first-come-first-served: the model-free machine's rules and
-    invariants (FCFS included), over a ``Lockstep`` harness."""
+    invariants (FCFS included), over a ``Lockstep`` harness; here also with few sequence slots."""
 
-    @initialize(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
-                mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
-                budget=st.sampled_from([None, 4, 9]))
-    def start(self, block_size, num_blocks, mode, host_blocks, budget):
+    @initialize(**ENGINES)
+    def start(self, block_size, num_blocks, mode, host_blocks, budget, max_seqs):
         super().start(block_size, num_blocks, mode, host_blocks, budget)
         self.engine = Lockstep(step05, num_blocks, block_size, preemption_mode=mode, swap_blocks=host_blocks,
-                               max_num_batched_tokens=budget or 2048, max_model_len=MAX_LEN)
+                               max_num_batched_tokens=budget or 2048, max_num_seqs=max_seqs, max_model_len=MAX_LEN)
 
 
 class ClientsMachine(ModelFreeSchedulerMachine):
@@ -123,14 +148,13 @@ class ClientsMachine(ModelFreeSchedulerMachine):
     swap-ins keep arrival order, nobody is admitted in an iteration that preempted, and ``FairShare``'s
     counts are the queues' own."""
 
-    @initialize(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
-                mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
-                budget=st.sampled_from([None, 4, 9]))
-    def start(self, block_size, num_blocks, mode, host_blocks, budget):
+    @initialize(**ENGINES)
+    def start(self, block_size, num_blocks, mode, host_blocks, budget, max_seqs):
         super().start(block_size, num_blocks, mode, host_blocks, budget)
         self.order = FairShare()
         self.engine = Harness(step05, num_blocks, block_size, preemption_mode=mode, swap_blocks=host_blocks,
-                              max_num_batched_tokens=budget or 2048, max_model_len=MAX_LEN, order=self.order)
+                              max_num_batched_tokens=budget or 2048, max_num_seqs=max_seqs, max_model_len=MAX_LEN,
+                              order=self.order)
         self.clients = {}
 
     def client(self, data) -> str:
