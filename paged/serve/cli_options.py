@@ -257,9 +257,8 @@ def _server(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-connections-per-client", type=non_negative_int, metavar="N",
                    help=f"connections one other machine's address (an IPv6 one: its /64) may hold at once; more get "
                         f"a 503 (default: a quarter of --max-connections, {DEFAULT_MAX_CONNECTIONS // PER_CLIENT_SHARE}; "
-                        "this machine's "
-                        "own connections are not counted; 0: no per-client cap, e.g. behind a proxy on another "
-                        "host, where every client has the proxy's address)")
+                        "this machine's own connections are not counted; 0: no per-client cap, e.g. behind a proxy "
+                        "on another host, where every client has the proxy's address)")
     s.add_argument("--idle-timeout", type=positive_float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="S",
                    help=f"seconds a new connection may wait before sending a request (default "
                         f"{DEFAULT_IDLE_TIMEOUT_S:g})")

@@ -92,15 +92,23 @@ def connection_limits(wanted: int) -> tuple[int, int]:
     return max(1, min(wanted, soft - backlog - FD_RESERVE)), backlog
 
 
+def _ip(host: str):
+    """``host`` (a peer's address, an IPv6 one perhaps with ``%zone``) as an ``ipaddress`` object; None if
+    it is no IP address (a Unix socket's path)."""
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+
+
 def client_key(host: str) -> str:
     """Whom a peer's address counts as, for ``--max-connections-per-client`` and the fair share of the
     device: an IPv4 address itself (also mapped into IPv6); an IPv6 address as its /64
     (``IPV6_CLIENT_PREFIX``), which one host or one site usually holds whole, so that a client cannot
     become thousands of clients by changing the address's last bits — except loopback and link-local
     addresses, whose /64 every host on the link shares, which count alone; anything else as given."""
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
+    ip = _ip(host)
+    if ip is None:
         return host
     if ip.version == 4:
         return str(ip)
@@ -113,12 +121,8 @@ def client_key(host: str) -> str:
 
 def is_loopback(host: str) -> bool:
     """Is ``host`` (a peer's IP) this machine: 127.0.0.0/8, ::1, or an IPv4 loopback mapped into IPv6?"""
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return (mapped or ip).is_loopback
+    ip = _ip(host)
+    return ip is not None and (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
 
 
 class BurstLog:

@@ -121,9 +121,7 @@ class Scheduler:
                                         next(self._arrivals))
         req.client = client
         self.new_seq(req, req.prompt_token_ids, index=0)
-        self.order.moved(req, None, "waiting")
-        req.queue = "waiting"
-        self.waiting.append(req)  # the newest arrival: the end of the queue
+        self._move(req, "waiting")
         return req
 
     def new_seq(self, req: Request, token_ids: list[int], index: int, table=None) -> Sequence:
@@ -380,7 +378,10 @@ class Scheduler:
         req.queue = queue
         if queue is not None:
             q = self._queues[queue]
-            q.insert(bisect.bisect([r.arrival for r in q], req.arrival), req)
+            if not q or q[-1].arrival < req.arrival:  # the newest (every new request): the end, at once
+                q.append(req)
+            else:
+                q.insert(bisect.bisect([r.arrival for r in q], req.arrival), req)
 
     # -- records ---------------------------------------------------------------------
     def _record(self, kind: str, req: Request, seq: Sequence | None = None, **detail) -> None:

@@ -1,11 +1,12 @@
 """Step 05 — scheduling under memory pressure: gang preemption, swap and recompute (paper §4.5).
 
-Adds three components for step03's scheduler loop: ``Preemption`` (eviction by swap
+Adds four components for step03's scheduler loop: ``Preemption`` (eviction by swap
 or recompute, the swap-or-recompute ``policy``), ``SwappingKVManager`` (the host block
-pool and the block moves) and ``ChunkedPrefill`` (a long prompt over several
-iterations), ``FairShare`` (an order across clients: the least-served first); ``PreemptingModelRunner`` (the host memory; swaps before copies before
+pool and the block moves), ``ChunkedPrefill`` (a long prompt over several
+iterations) and ``FairShare`` (an order across clients, the least-served first: the
+server's); ``PreemptingModelRunner`` (the host memory; swaps before copies before
 the forward pass) and ``PreemptingEngine`` (FCFS over waiting / running / swapped,
-all-or-nothing preemption of the newest group, chunked prefill), with the step's
+or fair share; all-or-nothing preemption of the newest group, chunked prefill), with the step's
 ``LLM``. (The paper's Orca baselines run in this same engine, with an
 admission rule of their own: ``paged.bench.reservation``.)
 """

@@ -12,7 +12,12 @@ empty. Step05 swaps three components:
 * the KV manager — ``SwappingKVManager`` (``kv_manager.py``): a host pool the
   victim's tables move to, and back;
 * chunking — ``ChunkedPrefill`` (``chunked.py``): a prompt longer than the
-  token budget is prefilled over several iterations.
+  token budget is prefilled over several iterations;
+
+and, when asked (``order=FairShare()``; the server's default), a fourth:
+
+* order — ``FairShare`` (``fair.py``): the client with the fewest requests
+  running first, first-come-first-served within a client.
 
 Budgets: ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens per
 iteration.
