@@ -20,7 +20,7 @@ from paged.step03_attention.scheduler import build_scheduler as step03
 from paged.step04_sharing.scheduler import build_scheduler as step04
 from paged.step05_preemption.scheduler import build_scheduler as step05
 
-__all__ = ["EOS", "ByteTokenizer", "Harness", "Iteration", "NumberTokenizer", "step03", "step04", "step05"]
+__all__ = ["EOS", "ByteTokenizer", "Harness", "Iteration", "Lockstep", "NumberTokenizer", "step03", "step04", "step05"]
 
 EOS = 2
 
@@ -94,9 +94,10 @@ class Harness:
         self._ids = itertools.count()
 
     # -- the engine's API, over the scheduler (what the engine does around it, minus the model) --
-    def add_request(self, rid: str, prompt_token_ids: list[int], params: SamplingParams, client: str = ""):
+    def add_request(self, rid: str, prompt_token_ids: list[int], params: SamplingParams, client: str = "",
+                    priority: int = 0):
         seed = params.seed if params.seed is not None else len(self.requests) + 1
-        req = self.scheduler.add(rid, prompt_token_ids, params, seed=seed, client=client)
+        req = self.scheduler.add(rid, prompt_token_ids, params, seed=seed, client=client, priority=priority)
         self.requests[rid] = req
         return req
 
@@ -147,12 +148,14 @@ class Harness:
     host = property(lambda self: self.scheduler.kv.host)  # step05's host pool
 
     # -- shorthands for the rule tests ---------------------------------------------------
-    def add(self, prompt, max_tokens: int = 8, rid: str | None = None, client: str = "", **params):
-        """Queue a request from ``client``: ``prompt`` a token list or a length (tokens from its id); returns it."""
+    def add(self, prompt, max_tokens: int = 8, rid: str | None = None, client: str = "", priority: int = 0,
+            **params):
+        """Queue a request from ``client`` with ``priority``: ``prompt`` a token list or a length (tokens from its
+        id); returns it."""
         rid = rid if rid is not None else f"r{next(self._ids)}"
         tokens = list(prompt) if not isinstance(prompt, int) else [3 + (7 * len(rid) + i) % 1000 for i in range(prompt)]
         params.setdefault("temperature", 0.0)
-        return self.add_request(rid, tokens, SamplingParams(max_tokens=max_tokens, **params), client)
+        return self.add_request(rid, tokens, SamplingParams(max_tokens=max_tokens, **params), client, priority)
 
     def ids(self, queue) -> list[str]:
         return [r.request_id for r in queue]
@@ -218,3 +221,27 @@ class Harness:
                 if req.request_id == rid:
                     return req
         raise KeyError(rid)
+
+
+class Lockstep(Harness):
+    """A harness with the order component ``order`` that steps a first-come-first-served twin beside it and
+    checks, after every iteration, that both planned, recorded and answered the same (exact ``==``)."""
+
+    def __init__(self, order, *args, **kwargs) -> None:
+        super().__init__(*args, order=order, **kwargs)
+        self.twin = Harness(*args, **kwargs)
+
+    def add_request(self, rid, prompt_token_ids, params, client="", priority=0):
+        self.twin.add_request(rid, prompt_token_ids, params, client, priority)
+        return super().add_request(rid, prompt_token_ids, params, client, priority)
+
+    def abort(self, rid):
+        assert self.twin.abort(rid) == (done := super().abort(rid))
+        return done
+
+    def step(self):
+        outs, twin = super().step(), self.twin.step()
+        assert self.last.plan == self.twin.last.plan
+        assert self.events == self.twin.events
+        assert outs == twin
+        return outs

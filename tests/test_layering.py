@@ -272,14 +272,14 @@ def test_layering_the_scheduler_loop_has_no_override_point():
     """The scheduler is one class, written once in step03: no class under ``paged/`` subclasses it (0
     override points), and each step's scheduler is that class holding the step's components — the
     table of docs/architecture.md, as code. Step04 swaps the KV manager and the decoding component,
-    step05 the KV manager (again), the eviction and the chunking (and the order, when asked: ``FairShare``);
+    step05 the KV manager (again), the eviction and the chunking (and the order, when asked: ``FairShare`` or ``PriorityFirst``);
     the Orca baselines the admission."""
     from paged.bench.reservation import OrcaReservation, ReservingEngine
     from paged.step03_attention import EndRequest, FirstComeFirstServed, KVManager, OneSequence, Reservation, WholePrompt
     from paged.step03_attention.scheduler import Scheduler, build_scheduler as step03
     from paged.step04_sharing import SequenceGroups, SharingKVManager
     from paged.step04_sharing.scheduler import build_scheduler as step04
-    from paged.step05_preemption import ChunkedPrefill, FairShare, Preemption, SwappingKVManager
+    from paged.step05_preemption import ChunkedPrefill, FairShare, Preemption, PriorityFirst, SwappingKVManager
     from paged.step05_preemption.scheduler import build_scheduler as step05
     from paged.step03_attention.request import StopChecker
 
@@ -289,13 +289,14 @@ def test_layering_the_scheduler_loop_has_no_override_point():
                        type(s.order))
     built = {name: build(8, 4, **common) for name, build in (("03", step03), ("04", step04), ("05", step05))}
     built["05 fair"] = step05(8, 4, order=FairShare(), **common)
+    built["05 priority"] = step05(8, 4, order=PriorityFirst(), **common)
     assert all(type(s) is Scheduler for s in built.values())
     fcfs = FirstComeFirstServed
     assert parts(built["03"]) == (KVManager, WholePrompt, EndRequest, Reservation, OneSequence, fcfs)
     assert parts(built["04"]) == (SharingKVManager, WholePrompt, EndRequest, Reservation, SequenceGroups, fcfs)
     assert parts(built["05"]) == (SwappingKVManager, ChunkedPrefill, Preemption, Reservation, SequenceGroups, fcfs)
-    assert parts(built["05 fair"]) == (SwappingKVManager, ChunkedPrefill, Preemption, Reservation, SequenceGroups,
-                                       FairShare)
+    for name, order in (("05 fair", FairShare), ("05 priority", PriorityFirst)):
+        assert parts(built[name]) == (SwappingKVManager, ChunkedPrefill, Preemption, Reservation, SequenceGroups, order)
     # the Orca baselines change admission by swapping that component, not by a subclass of the loop
     assert issubclass(OrcaReservation, Reservation) and not hasattr(ReservingEngine, "schedule")
 

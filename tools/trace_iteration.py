@@ -32,7 +32,8 @@ ROLES = (  # (role, file name patterns), the first that matches
     ("engine", ("engine.py",)),
     ("scheduler", ("scheduler.py",)),
     ("KV manager", ("kv_manager.py", "block_manager.py", "swap.py")),
-    ("component", ("policies.py", "chunked.py", "decoding.py", "policy.py", "beam.py", "fair.py", "iteration_cost.py")),
+    ("component", ("policies.py", "chunked.py", "decoding.py", "policy.py", "beam.py", "fair.py", "priority.py",
+                   "iteration_cost.py")),
     ("block state", ("allocator.py", "block_table.py", "cow_table.py", "prefix_cache.py")),
 )
 

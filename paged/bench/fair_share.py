@@ -11,10 +11,11 @@ two clients.
 Reported per policy: the newcomer's waits (count, median, worst, in seconds,
 timed on the client from sending to the whole answer), and the hog's time and
 output tokens/s. ``fcfs`` is the paper's order; ``fair`` (the server's default)
-ranks the clients by how many requests each has running.
+ranks the clients by how many requests each has running; under ``priority`` the
+newcomer's asks carry ``priority`` -1, the hog's requests the default 0.
 
 Example:
-    python -m paged.bench fair_share --policies fcfs fair
+    python -m paged.bench fair_share --policies fcfs fair priority
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ STARTUP_S = 300
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policies", nargs="+", choices=["fcfs", "fair"], default=["fcfs", "fair"])
+    p.add_argument("--policies", nargs="+", choices=["fcfs", "fair", "priority"], default=["fcfs", "fair"])
     p.add_argument("--model", help="the served model (default: the demo model)")
     p.add_argument("--hog-requests", type=int, default=200, help="the hog's requests, sent at once (default 200)")
     p.add_argument("--hog-tokens", type=int, default=1000, help="tokens each of them generates (default 1000)")
@@ -75,8 +76,8 @@ def start_server(policy: str, model: str | None, extra: list[str], log) -> tuple
     raise RuntimeError(f"the server was not healthy after {STARTUP_S} s (its log: {log.name})")
 
 
-async def hogged(url: str, hog_requests: int, hog_tokens: int, interval: float) -> dict:
-    """The hog's requests at once, the newcomer's asks beside them: the figures of one policy."""
+async def hogged(url: str, hog_requests: int, hog_tokens: int, interval: float, priority: int = 0) -> dict:
+    """The hog's requests at once, the newcomer's asks (of ``priority``) beside them: the figures of one policy."""
     hog_body = {"model": "m", "prompt": "def f(x):", "max_tokens": hog_tokens, "ignore_eos": True, "temperature": 0}
     limits = httpx.Limits(max_connections=hog_requests + 5)
     hog_transport = httpx.AsyncHTTPTransport(local_address=HOG_ADDRESS, limits=limits)
@@ -89,7 +90,8 @@ async def hogged(url: str, hog_requests: int, hog_tokens: int, interval: float) 
         while not all(t.done() for t in tasks):
             await asyncio.sleep(interval)
             sent = time.perf_counter()
-            r = await newcomer.post(url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1})
+            r = await newcomer.post(url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1,
+                                                                   "priority": priority})
             r.raise_for_status()
             waits.append(time.perf_counter() - sent)
         answers = await asyncio.gather(*tasks)
@@ -106,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.NamedTemporaryFile("w+", prefix=f"paged_fair_{policy}_", suffix=".log", delete=False) as log:
             proc, url = start_server(policy, args.model, args.server_arg, log)
             try:
-                results[policy] = asyncio.run(hogged(url, args.hog_requests, args.hog_tokens, args.interval))
+                priority = -1 if policy == "priority" else 0
+                results[policy] = asyncio.run(hogged(url, args.hog_requests, args.hog_tokens, args.interval, priority))
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         r = results[policy]
         waits = (f"median {r['newcomer_median_s']:.2f} s, worst {r['newcomer_worst_s']:.2f} s"
                  if r["newcomer_asks"] else "none (the hog was done first)")
-        print(f"{policy:5s}  newcomer: {r['newcomer_asks']} asks, {waits}  |  hog: {r['hog_ok']}/{args.hog_requests} "
+        print(f"{policy:8s}  newcomer: {r['newcomer_asks']} asks, {waits}  |  hog: {r['hog_ok']}/{args.hog_requests} "
               f"answered in {r['hog_s']:.1f} s, {r['hog_tokens_per_s']:.0f} output tokens/s", flush=True)
     if args.json:
         print(json.dumps(results))

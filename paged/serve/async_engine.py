@@ -110,8 +110,9 @@ class AsyncEngine:
         self.abort(list(self._streams))
 
     # -- called on the event loop ---------------------------------------------------
-    async def add(self, requests: list[tuple[str, list[int], object, str | None, str]]) -> asyncio.Queue:
-        """Queue ``(request_id, prompt_token_ids, params, prompt, client)`` s; their outputs arrive on the queue.
+    async def add(self, requests: list[tuple[str, list[int], object, str | None, str, int]]) -> asyncio.Queue:
+        """Queue ``(request_id, prompt_token_ids, params, prompt, client, priority)`` s; their outputs arrive on
+        the queue.
 
         Raises:
             RequestError: the engine refused one of them (none is queued then).
@@ -207,13 +208,13 @@ class AsyncEngine:
     def _add(self, requests, done) -> None:
         engine, err = self.engine, None
         try:
-            for i, (rid, ids, params, *_) in enumerate(requests):
+            for i, (rid, ids, params, prompt, client, priority) in enumerate(requests):
                 try:
-                    engine.check_request(ids, params)
+                    engine.check_request(ids, params, priority)
                 except RequestError as e:
                     raise (e.for_prompt(i) if len(requests) > 1 else e) from None
-            for rid, ids, params, prompt, client in requests:
-                engine.add_request(rid, ids, params, prompt=prompt, client=client)
+            for rid, ids, params, prompt, client, priority in requests:
+                engine.add_request(rid, ids, params, prompt=prompt, client=client, priority=priority)
         except ValueError as e:
             err = e
             for rid, *_ in requests:  # all or nothing

@@ -51,7 +51,7 @@ SERVE_LONG_PREFILL_SECONDS = 0.4
 # The server shares the device fairly between the addresses its requests come from (FairShare): one client's
 # hundreds of requests cannot keep another's waiting. With one client it schedules exactly as FCFS.
 SERVE_SCHEDULING_POLICY = "fair"
-SCHEDULING_POLICIES = ("fair", "fcfs")
+SCHEDULING_POLICIES = ("fair", "fcfs", "priority")
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
           "float32": "float32", "float64": "float64"}
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -70,10 +70,10 @@ def byte_size(text: str) -> int:
 
 
 def scheduling_policy(text: str) -> str:
-    """``fair`` or ``fcfs``; vLLM's ``priority`` is refused, saying why."""
+    """``fair``, ``fcfs`` or ``priority``; another name is refused, naming these."""
     if text not in SCHEDULING_POLICIES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not supported here: the policies are {', '.join(SCHEDULING_POLICIES)} "
-                                         "(no per-request priority)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a scheduling policy: the policies are "
+                                         f"{', '.join(SCHEDULING_POLICIES)}")
     return text
 
 
@@ -183,10 +183,11 @@ def parser() -> argparse.ArgumentParser:
                    "compute in S seconds by what this machine's iterations have cost (default "
                    f"{SERVE_LONG_PREFILL_SECONDS}; 0: tokens only, the engine's default; step05)")
     g.add_argument("--scheduling-policy", type=scheduling_policy, default=SERVE_SCHEDULING_POLICY,
-                   metavar="{fair,fcfs}", help="who goes first: fair (default): the address with the fewest "
-                   "requests running (an IPv6 address: its /64), first-come-first-served within one address, and "
-                   "its newest request is the first preempted; fcfs: the paper's first-come-first-served over "
-                   "every request (the engine's default; step05)")
+                   metavar="{fair,fcfs,priority}", help="who goes first: fair (default): the address with the "
+                   "fewest requests running (an IPv6 address: its /64), first-come-first-served within one address, "
+                   "and its newest request is the first preempted; fcfs: the paper's first-come-first-served over "
+                   "every request (the engine's default); priority: vLLM's, the smallest request field priority "
+                   "first, first-come-first-served within a priority (step05)")
     g.add_argument("--max-model-len", type=token_count, metavar="N", help="context length: 4096, 4k, 4K or auto "
                    "(default: the model's)")
     g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N", help="tensor parallelism "

@@ -140,8 +140,6 @@ REFUSED = {
 REFUSED_VALUES = {  # accepted at the default, refused otherwise
     "skip_special_tokens": (True, "the text always leaves special tokens out (their ids are in the logprobs)"),
     "spaces_between_special_tokens": (True, "special tokens are always skipped, so there are none to space"),
-    "priority": (0, "there is no per-request priority (the order is --scheduling-policy's: fair or fcfs); only "
-                 "priority 0 exists"),
 }
 
 
@@ -153,7 +151,7 @@ class _Extensions(RequestModel):
     spaces_between_special_tokens: StrictBool = True
     truncate_prompt_tokens: StrictInt | None = Field(None, **_bounds(minimum=1))
     return_tokens_as_token_ids: StrictBool | None = None
-    priority: StrictInt = 0
+    priority: StrictInt = 0  # the smaller goes first, with --scheduling-policy priority (the engine checks it)
     request_id: StrictStr | None = Field(None, **_bounds(minLength=1, maxLength=128))
 
     guided_decoding_backend: Any = None

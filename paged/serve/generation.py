@@ -222,7 +222,8 @@ class Generator:
                     stop_token_ids=(), parse=None, tag: str | None = None, client: str = "") -> Run:
         """Check and submit ``ids`` (as ``run``); the ``Run`` whose outputs then arrive. ``tag``: the engine
         ids' stem, when the server already named the answer (a Responses request: its ``resp_...`` id);
-        ``client``: who asks (``client_address``), whom a fair order shares the device between."""
+        ``client``: who asks (``client_address``), whom a fair order shares the device between; each engine
+        request also carries ``req.priority`` (the engine refuses one other than 0 unless its order ranks by it)."""
         self.check_context(ids, max_tokens, rename)
         entries = self.check_answer_size(req, ids, max_tokens, logprobs, rename, echo is not None)
         # a grammar is compiled while the params are built: off the loop
@@ -235,7 +236,7 @@ class Generator:
                         self.served.tokenizer, logprobs, req.return_tokens_as_token_ids)
         rids = [f"{tag}-{i}" for i in range(len(ids))]
         try:
-            outputs = await self.engine.add([(rid, one, params, prompt, client)
+            outputs = await self.engine.add([(rid, one, params, prompt, client, req.priority)
                                              for rid, one, prompt in zip(rids, ids, prompts)])
         except RequestError as e:
             raise from_request_error(e, rename) from None

@@ -168,6 +168,7 @@ class ResponsesRequest(RequestModel):
     stream: StrictBool = False
     store: StrictBool = True
     seed: StrictInt | None = Field(None, description="vLLM's: this request's own generator")
+    priority: StrictInt = Field(0, description="vLLM's: the smaller goes first (--scheduling-policy priority)")
     reasoning: Any = None
     include: Any = None
     metadata: Any = None
@@ -207,7 +208,8 @@ class ResponsesRequest(RequestModel):
         if choice is not None and (tools or choice == "none"):
             body["tool_choice"] = choice
         for ours, theirs in (("max_output_tokens", "max_completion_tokens"), ("temperature", "temperature"),
-                             ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"), ("seed", "seed")):
+                             ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"), ("seed", "seed"),
+                             ("priority", "priority")):
             if getattr(self, ours) is not None:
                 body[theirs] = getattr(self, ours)
         fmt = self.text.format if self.text is not None else None

@@ -45,6 +45,8 @@ from paged.sampling.sampling_params import SamplingParams
 from paged.sampling.sampling_state import SamplingStates
 from paged.step03_attention.scheduler import Scheduler, build_scheduler
 
+PRIORITY_BOUND = 1 << 63  # a request's priority is a signed 64-bit integer (vLLM's is any int)
+
 logger = logging.getLogger("paged")
 
 DEFAULT_KV_CACHE_MEMORY = 512 * 2**20  # bytes, when neither a budget nor a block count is given
@@ -164,8 +166,9 @@ class Engine:
         return cfg.num_kv_heads
 
     # -- requests -------------------------------------------------------------
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0) -> None:
         """Raise ``RequestError`` if the request can never run here; changes nothing."""
+        self._check_priority(priority)
         if not prompt_token_ids:
             raise RequestError("the prompt is empty: give at least one token", param="prompt", bound=1)
         vocab = self.model.config.vocab_size
@@ -196,6 +199,20 @@ class Engine:
             )
         self._check_group(params)
 
+    def _check_priority(self, priority: int) -> None:
+        """``priority`` (vLLM's: the smaller goes first) is an integer of 64 bits, and 0 unless the order
+        component ranks by it (``ranks_priority``: step05's ``PriorityFirst``)."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise RequestError(f"priority must be an integer, got {type(priority).__name__}", param="priority")
+        if not -PRIORITY_BOUND <= priority < PRIORITY_BOUND:
+            raise RequestError(f"priority must be in [-2**63, 2**63), got {priority}", param="priority",
+                               bound=(-PRIORITY_BOUND, PRIORITY_BOUND))
+        if priority and not getattr(self.scheduler.order, "ranks_priority", False):
+            raise RequestError(f"priority must be 0 here, got {priority}: this engine's order "
+                               f"({type(self.scheduler.order).__name__}) does not rank requests by priority "
+                               "(step05's scheduling_policy='priority' does: the server's --scheduling-policy priority)",
+                               param="priority", bound=0)
+
     def _check_group(self, params: SamplingParams) -> None:
         """How many sequences a request may run: one here (step04 adds groups)."""
         if params.n != 1 or params.best_of != 1 or params.use_beam_search:
@@ -203,17 +220,19 @@ class Engine:
             raise RequestError("this engine (step03) generates one sequence per request; "
                                "n > 1, best_of and beam search arrive in step04", param=field, bound=1)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams | None = None, prompt: str | None = None, client: str = "") -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None,
+                    prompt: str | None = None, client: str = "", priority: int = 0) -> None:
         """Queue a request behind the waiting ones (the order component decides who starts first: FCFS
         by default). Invalid requests raise ``RequestError`` and queue nothing. ``client``: who sent it (the
-        server: the peer's address), for an order that ranks clients."""
+        server: the peer's address), for an order that ranks clients; ``priority``: vLLM's (the smaller
+        goes first), for an order that ranks by it, else 0."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
-        self.check_request(prompt_token_ids, params)
+        self.check_request(prompt_token_ids, params, priority)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        self.requests[request_id] = self.scheduler.add(request_id, prompt_token_ids, params, seed, prompt, client)
+        self.requests[request_id] = self.scheduler.add(request_id, prompt_token_ids, params, seed, prompt, client,
+                                                       priority)
 
     def _batch_invariant(self, requested: bool | None) -> bool:
         """Whether a token's result must not depend on its batch (the backend then fixes each

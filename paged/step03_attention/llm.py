@@ -97,31 +97,36 @@ class LLM:
         return ChatRenderer(self.tokenizer, template, self.model.special_tokens)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order.
 
         A prompt is a string, a list of token ids, or a dict (``{"prompt": ...}`` or
         ``{"prompt_token_ids": [...]}``); one prompt may be given alone. Every prompt is
         validated before any is queued, so a bad one raises ``RequestError`` and nothing runs.
+        ``priority``: one per prompt (vLLM's: the smaller goes first), with
+        ``scheduling_policy="priority"`` (step05); None: 0 for every prompt.
         """
         prompts = as_prompt_list(prompts)
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(priority)} priorities")
         split = [split_prompt(p, self.encode) for p in prompts]
         texts = [text for text, _ in split]
         token_ids = [ids[-sp.truncate_prompt_tokens:] if sp.truncate_prompt_tokens else ids
                      for (_, ids), sp in zip(split, params)]
-        for i, (ids, sp) in enumerate(zip(token_ids, params)):
+        for i, (ids, sp, rank) in enumerate(zip(token_ids, params, priority)):
             try:
-                self.engine.check_request(ids, sp)
+                self.engine.check_request(ids, sp, rank)
             except RequestError as e:
                 raise e.for_prompt(i) from None
         ids_of = []
-        for text, ids, sp in zip(texts, token_ids, params):
+        for text, ids, sp, rank in zip(texts, token_ids, params, priority):
             rid = f"gen-{next(self._ids)}"
-            self.engine.add_request(rid, ids, sp, prompt=text)
+            self.engine.add_request(rid, ids, sp, prompt=text, priority=rank)
             ids_of.append(rid)
         done = self._run(ids_of, use_tqdm)
         return [self._finish(done[r], sp) for r, sp in zip(ids_of, params)]

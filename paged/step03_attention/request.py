@@ -34,6 +34,7 @@ class Request:
     seed: int  # seeds the first sequence's generator
     arrival: int  # FCFS order
     client: str = ""  # who sent it (the server: the peer's address); an order component may rank by it
+    priority: int = 0  # vLLM's: the smaller goes first, for an order that ranks by it (step05's PriorityFirst)
     seqs: list[Sequence] = field(default_factory=list)
     outputs: dict[int, CompletionOutput] = field(default_factory=dict)  # seq_id -> output
     sampling_state: object = None  # a SamplingState when its params process logits (made by the engine)

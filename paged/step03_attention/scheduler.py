@@ -113,13 +113,13 @@ class Scheduler:
 
     # -- requests in and out ---------------------------------------------------
     def add(self, request_id: str, prompt_token_ids: list[int], params, seed: int, prompt: str | None = None,
-            client: str = "") -> Request:
+            client: str = "", priority: int = 0) -> Request:
         """Queue a new request behind every waiting one (its arrival is the newest) and return it; its
-        first sequence holds the prompt. ``client``: who sent it (the order component may rank by it).
-        The caller has validated it (``Engine.check_request``)."""
+        first sequence holds the prompt. ``client``: who sent it, ``priority``: its own rank (the order
+        component may rank by either). The caller has validated it (``Engine.check_request``)."""
         req = self.decoding.new_request(request_id, prompt, list(prompt_token_ids), params, seed,
                                         next(self._arrivals))
-        req.client = client
+        req.client, req.priority = client, priority
         self.new_seq(req, req.prompt_token_ids, index=0)
         self._move(req, "waiting")
         return req

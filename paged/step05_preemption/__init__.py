@@ -1,12 +1,13 @@
 """Step 05 — scheduling under memory pressure: gang preemption, swap and recompute (paper §4.5).
 
-Adds four components for step03's scheduler loop: ``Preemption`` (eviction by swap
+Adds components for step03's scheduler loop: ``Preemption`` (eviction by swap
 or recompute, the swap-or-recompute ``policy``), ``SwappingKVManager`` (the host block
 pool and the block moves), ``ChunkedPrefill`` (a long prompt over several
-iterations) and ``FairShare`` (an order across clients, the least-served first: the
-server's); ``PreemptingModelRunner`` (the host memory; swaps before copies before
+iterations) and two orders: ``FairShare`` (across clients, the least-served first: the
+server's) and ``PriorityFirst`` (each request's own ``priority``, vLLM's);
+``PreemptingModelRunner`` (the host memory; swaps before copies before
 the forward pass) and ``PreemptingEngine`` (FCFS over waiting / running / swapped,
-or fair share; all-or-nothing preemption of the newest group, chunked prefill), with the step's
+fair share or priorities; all-or-nothing preemption of the newest group, chunked prefill), with the step's
 ``LLM``. (The paper's Orca baselines run in this same engine, with an
 admission rule of their own: ``paged.bench.reservation``.)
 """
@@ -20,6 +21,7 @@ _OWN = {
     "PREEMPTION_MODES": "policy:MODES",
     "PreemptingEngine": "engine",
     "PreemptingModelRunner": "runner",
+    "PriorityFirst": "priority",
     "Preemption": "policy",
     "SwappingKVManager": "kv_manager",
     "copy_between": "runner",

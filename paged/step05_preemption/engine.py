@@ -3,7 +3,7 @@
 The scheduling is step03's loop with step05's components (``scheduler.py``:
 ``Preemption`` eviction, ``SwappingKVManager`` with its host pool,
 ``ChunkedPrefill`` chunking; ``scheduling_policy="fair"``: ``FairShare`` order
-across clients). This engine sizes the host pool from
+across clients; ``"priority"``: ``PriorityFirst``, each request's own rank). This engine sizes the host pool from
 ``swap_space`` bytes: the scheduler's KV manager gets that many host block
 ids, the runner that many blocks of host memory, which it moves the data in
 and out of (swap-out before swap-in, both before the forward pass).
@@ -27,6 +27,7 @@ from paged.step05_preemption.chunked import ChunkedPrefill
 from paged.step05_preemption.fair import FairShare
 from paged.step05_preemption.iteration_cost import IterationCost
 from paged.step05_preemption.policy import Cost
+from paged.step05_preemption.priority import PriorityFirst
 from paged.step05_preemption.runner import PreemptingModelRunner
 from paged.step05_preemption.scheduler import build_scheduler
 
@@ -44,7 +45,7 @@ DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 256
 # iterations).
 DEFAULT_LONG_PREFILL_SECONDS = 0.0
 # scheduling_policy -> the order component (who goes first, who is evicted first)
-SCHEDULING_POLICIES = {"fcfs": FirstComeFirstServed, "fair": FairShare}
+SCHEDULING_POLICIES = {"fcfs": FirstComeFirstServed, "fair": FairShare, "priority": PriorityFirst}
 
 
 class PreemptingEngine(SharingEngine):
@@ -59,9 +60,11 @@ class PreemptingEngine(SharingEngine):
         long_prefill_seconds: the seconds the prompt chunks of an iteration should take at most; a chunk
             is cut to the tokens that fit, by what the iterations run so far cost (``IterationCost``);
             default 0: no time cap.
-        scheduling_policy: who goes first: ``"fcfs"`` (the paper's first-come-first-served) or ``"fair"``
+        scheduling_policy: who goes first: ``"fcfs"`` (the paper's first-come-first-served), ``"fair"``
             (``FairShare``: the client with the fewest requests running first, FCFS within a client;
-            with one client the same plans as ``"fcfs"``).
+            with one client the same plans as ``"fcfs"``) or ``"priority"`` (``PriorityFirst``, vLLM's:
+            the smallest ``add_request(priority=...)`` first, FCFS within a priority; with every priority
+            equal the same plans as ``"fcfs"``).
         **kwargs (object): as ``SharingEngine``; ``max_num_batched_tokens`` defaults to 2048
             and may be smaller than a prompt (chunked prefill).
     """

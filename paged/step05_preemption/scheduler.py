@@ -14,10 +14,12 @@ empty. Step05 swaps three components:
 * chunking — ``ChunkedPrefill`` (``chunked.py``): a prompt longer than the
   token budget is prefilled over several iterations;
 
-and, when asked (``order=FairShare()``; the server's default), a fourth:
+and, when asked, a fourth:
 
-* order — ``FairShare`` (``fair.py``): the client with the fewest requests
-  running first, first-come-first-served within a client.
+* order — ``FairShare`` (``fair.py``; the server's default): the client with
+  the fewest requests running first, first-come-first-served within a client;
+  or ``PriorityFirst`` (``priority.py``): the smallest request ``priority``
+  first, first-come-first-served within a priority.
 
 Budgets: ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens per
 iteration.

@@ -63,12 +63,12 @@ class TensorParallelEngine(PreemptingEngine):
     def _num_kv_heads(self, cfg) -> int:
         return cfg.num_kv_heads // self.tensor_parallel_size
 
-    def check_request(self, prompt_token_ids, params) -> None:
+    def check_request(self, prompt_token_ids, params, priority: int = 0) -> None:
         """As step05; logits processors (Python callables) cannot travel to worker processes."""
         if self.workers is not None and params.logits_processors:
             raise RequestError("logits_processors run in-process only: not with tensor_parallel_size > 1",
                                param="logits_processors")
-        super().check_request(prompt_token_ids, params)
+        super().check_request(prompt_token_ids, params, priority)
 
     def close(self) -> None:
         """Stop the worker processes (nothing to do when W = 1). The engine cannot step afterwards."""

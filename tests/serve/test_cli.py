@@ -35,12 +35,13 @@ ACCEPTED = [["paged/demo/model"], ["-tp", "1"], ["--dtype", "half"], ["--dtype",
             ["--allowed-origins", '["http://localhost"]'], ["--max-logprobs", "5"], ["--served-model-name", "a", "b"],
             ["--num-gpu-blocks-override", "64"], ["--kv-cache-memory-bytes", "1073741824"],
             ["--pipeline-parallel-size", "1"], ["--kv-cache-dtype", "auto"], ["--scheduling-policy", "fcfs"],
+            ["--scheduling-policy", "priority"],
             ["--response-role", "assistant"], ["--disable-fastapi-docs"], ["--long-prefill-token-threshold", "96"]]
 WARNED = [["--gpu-memory-utilization", "0.9"], ["--enforce-eager"], ["--trust-remote-code"], ["--revision", "x"],
           ["--download-dir", "/tmp"], ["--enable-chunked-prefill"], ["--disable-log-requests"], ["-O", "3"],
           ["--limit-mm-per-prompt", "{}"], ["--enable-prompt-tokens-details"]]
 REFUSED = [["--pipeline-parallel-size", "2"], ["--kv-cache-dtype", "fp8"], ["--enable-lora"],
-           ["--speculative-config", "{}"], ["--scheduling-policy", "priority"], ["--cpu-offload-gb", "4"]]
+           ["--speculative-config", "{}"], ["--cpu-offload-gb", "4"]]
 
 
 def parse(argv: list[str], caplog=None):
@@ -71,6 +72,13 @@ def test_options_asking_what_this_engine_cannot_do_are_refused_at_start(argv, ca
     with pytest.raises(SystemExit) as exc:
         parse(argv)
     assert exc.value.code == 2 and "is not supported here" in capsys.readouterr().err
+
+
+def test_an_unknown_scheduling_policy_is_refused_naming_the_three(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(["--scheduling-policy", "lottery"])
+    assert exc.value.code == 2
+    assert "'lottery' is not a scheduling policy: the policies are fair, fcfs, priority" in capsys.readouterr().err
 
 
 def test_vllms_units():

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import initialize
 
 from paged.step05_preemption.fair import FairShare
-from tests.scheduler_harness import Harness, step05
+from tests.scheduler_harness import Harness, Lockstep, step05
 from tests.step05_preemption.test_scheduler_model_free import MAX_LEN, ModelFreeSchedulerMachine
 
 HOGS, HOG_TOKENS, POOL = 20, 60, 80  # one client's 20 requests of 60 tokens need 20 x 16 blocks of 4: 4x the pool
@@ -102,30 +102,6 @@ def test_within_one_client_the_order_is_first_come_first_served():
     assert order.first(h.waiting).request_id == "b0"
 
 
-class Lockstep(Harness):
-    """A fair-share harness that steps a first-come-first-served twin beside it and checks, after every
-    iteration, that both planned, recorded and answered the same (exact ``==``)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, order=FairShare(), **kwargs)
-        self.twin = Harness(*args, **kwargs)
-
-    def add_request(self, rid, prompt_token_ids, params, client=""):
-        self.twin.add_request(rid, prompt_token_ids, params, client)
-        return super().add_request(rid, prompt_token_ids, params, client)
-
-    def abort(self, rid):
-        assert self.twin.abort(rid) == (done := super().abort(rid))
-        return done
-
-    def step(self):
-        outs, twin = super().step(), self.twin.step()
-        assert self.last.plan == self.twin.last.plan
-        assert self.events == self.twin.events
-        assert outs == twin
-        return outs
-
-
 ENGINES = dict(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
                mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
                budget=st.sampled_from([None, 4, 9]), max_seqs=st.sampled_from([3, 4, 256]))  # groups: up to 3
@@ -138,8 +114,9 @@ class OneClientMachine(ModelFreeSchedulerMachine):
     @initialize(**ENGINES)
     def start(self, block_size, num_blocks, mode, host_blocks, budget, max_seqs):
         super().start(block_size, num_blocks, mode, host_blocks, budget)
-        self.engine = Lockstep(step05, num_blocks, block_size, preemption_mode=mode, swap_blocks=host_blocks,
-                               max_num_batched_tokens=budget or 2048, max_num_seqs=max_seqs, max_model_len=MAX_LEN)
+        self.engine = Lockstep(FairShare(), step05, num_blocks, block_size, preemption_mode=mode,
+                               swap_blocks=host_blocks, max_num_batched_tokens=budget or 2048, max_num_seqs=max_seqs,
+                               max_model_len=MAX_LEN)
 
 
 class ClientsMachine(ModelFreeSchedulerMachine):

@@ -85,12 +85,16 @@ class ModelFreeSchedulerMachine(RuleBasedStateMachine):
             params = SamplingParams(n=data.draw(st.integers(1, width)), best_of=width, use_beam_search=True,
                                     temperature=0, **common)
         rid = f"r{len(self.params)}-{kind}"
-        self.engine.add_request(rid, prompt, params, client=self.client(data))
+        self.engine.add_request(rid, prompt, params, client=self.client(data), priority=self.priority(data))
         self.params[rid] = params
 
     def client(self, data) -> str:
         """Who sends the next request: one client here (``test_fair_share.py`` draws among several)."""
         return ""
+
+    def priority(self, data) -> int:
+        """The next request's priority: 0 here (``test_priority.py`` draws others)."""
+        return 0
 
     @precondition(lambda self: any(r not in self.finished and r not in self.aborted for r in self.params))
     @rule(data=st.data())
