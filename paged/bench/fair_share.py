@@ -49,8 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _free_port() -> int:
+    """A port free on every address, as the server will listen (one free on 127.0.0.1 alone may still be held
+    on 127.0.0.9 by a connection of the flood before)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("0.0.0.0", 0))
         return s.getsockname()[1]
 
 
