@@ -131,8 +131,8 @@ class ReservingEngine(PreemptingEngine):
         """Blocks held in the arena for ``request_id`` (0 if none)."""
         return self.scheduler.admission.ledger.reserved(request_id) if self.reserving else 0
 
-    def check_request(self, prompt_token_ids, params) -> None:
-        super().check_request(prompt_token_ids, params)
+    def check_request(self, prompt_token_ids, params, priority: int = 0) -> None:
+        super().check_request(prompt_token_ids, params, priority)
         chunks, size = self.reservation(len(prompt_token_ids), params)
         ledger = self.scheduler.admission.ledger if chunks else None
         if chunks and not ledger.could_ever_hold(chunks, size):
