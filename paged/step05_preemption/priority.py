@@ -19,11 +19,15 @@ blocks hold its first chunk, as under FCFS (a request of larger priority that
 runs out of room is evicted before it, by the rule above). With every priority
 equal every rank compares as FCFS does, so every plan is the same as under
 ``FirstComeFirstServed`` (``tests/step05_preemption``).
+
+The order keeps each queue's requests again, by priority, each priority's list in
+arrival order (``moved``): the first of a queue is the head of its smallest
+priority's list, found without a scan of the queue however long it is.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import bisect
 
 from paged.step03_attention.request import Request
 
@@ -35,35 +39,40 @@ class PriorityFirst:
     ranks_priority = True  # the engine accepts priorities other than 0 (Engine.check_request)
 
     def __init__(self) -> None:
-        # queue name -> priority -> how many requests of that priority the queue holds
-        self.counts: dict[str, Counter] = {"waiting": Counter(), "running": Counter(), "swapped": Counter()}
+        # queue name -> priority -> the queue's requests of that priority, in arrival order
+        self.lists: dict[str, dict[int, list[Request]]] = {"waiting": {}, "running": {}, "swapped": {}}
 
     def rank(self, req: Request) -> tuple[int, int]:
         return req.priority, req.arrival
 
     def first(self, queue) -> Request:
-        """The oldest request of the smallest priority in ``queue`` (kept in arrival order)."""
-        best = min(self.counts[queue[0].queue])
-        return next(req for req in queue if req.priority == best)
+        """The oldest request of the smallest priority in ``queue``: the head of that priority's list."""
+        lists = self.lists[queue[0].queue]
+        return lists[min(lists)][0]
 
     def waits(self, req: Request, swapped) -> bool:
         """Swapped requests come back first when one has a priority as small as ``req``'s or smaller."""
-        return any(priority <= req.priority for priority in self.counts["swapped"])
+        return any(priority <= req.priority for priority in self.lists["swapped"])
 
     def held_seqs(self, waiting) -> int:
         """Slots for the first waiting request when its priority is smaller than a running one's: else
         requests of larger priority holding every ``max_num_seqs`` slot would keep it waiting."""
-        running = self.counts["running"]
+        running = self.lists["running"]
         if not waiting or not running:
             return 0
         req = self.first(waiting)
         return len(req.live_seqs) if req.priority < max(running) else 0
 
     def moved(self, req: Request, old: str | None, new: str | None) -> None:
-        for queue, step in ((old, -1), (new, 1)):
-            if queue is not None:
-                counts = self.counts[queue]
-                counts[req.priority] += step
-                if counts[req.priority] == 0:
-                    del counts[req.priority]  # only the priorities a queue holds now
+        if old is not None:
+            same = self.lists[old][req.priority]
+            same.pop(bisect.bisect_left(same, req.arrival, key=arrival))
+            if not same:
+                del self.lists[old][req.priority]  # only the priorities a queue holds now
+        if new is not None:
+            bisect.insort(self.lists[new].setdefault(req.priority, []), req, key=arrival)
+
+
+def arrival(req: Request) -> int:
+    return req.arrival
 # --8<-- [end:priority]

@@ -7,8 +7,6 @@ with every priority equal — the whole plan, every event and every output compa
 first-come-first-served's by ``==``.
 """
 
-from collections import Counter
-
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
@@ -88,6 +86,14 @@ def test_requests_holding_every_sequence_slot_leave_one_for_a_smaller_priority()
     assert waited == {"fcfs": 96, "priority": 1}
 
 
+def by_priority(queue) -> dict[int, list[str]]:
+    """``queue``'s request ids grouped by priority, each group in the queue's (arrival) order."""
+    groups: dict[int, list[str]] = {}
+    for req in queue:
+        groups.setdefault(req.priority, []).append(req.request_id)
+    return groups
+
+
 def test_first_and_waits_follow_the_priorities():
     """Exact: the first of a queue is the oldest of its smallest priority; swapped requests hold a waiting
     one back only when one of them has its priority or a smaller one."""
@@ -96,8 +102,9 @@ def test_first_and_waits_follow_the_priorities():
     for rid, priority in (("a", 2), ("b", 0), ("c", 0), ("d", -5), ("e", -5)):
         h.add(4, max_tokens=4, rid=rid, priority=priority)
     assert order.first(h.waiting).request_id == "d"
-    assert order.counts["waiting"] == Counter({2: 1, 0: 2, -5: 2})
-    order.counts["swapped"][0] += 1  # as if a request of priority 0 were swapped out
+    assert {p: [r.request_id for r in reqs] for p, reqs in order.lists["waiting"].items()} == \
+        {2: ["a"], 0: ["b", "c"], -5: ["d", "e"]}
+    order.lists["swapped"][0] = [object()]  # as if a request of priority 0 were swapped out
     by_id = {r.request_id: r for r in h.waiting}
     assert [order.waits(by_id[rid], ()) for rid in "abcd"] == [True, True, True, False]
 
@@ -165,7 +172,7 @@ class PrioritiesMachine(ModelFreeSchedulerMachine):
     leak, exact coverage, every request finished, ...); instead: whoever an iteration admits (or swaps in)
     ranks before everyone who waited (was swapped out) before it and still does, nobody is admitted in an
     iteration that preempted or while a request of its priority or a smaller one is swapped out, and
-    ``PriorityFirst``'s counts are the queues' own."""
+    ``PriorityFirst``'s lists are the queues' own requests by priority, in the queues' order."""
 
     @initialize(**ENGINES)
     def start(self, block_size, num_blocks, mode, host_blocks, budget, max_seqs):
@@ -194,8 +201,9 @@ class PrioritiesMachine(ModelFreeSchedulerMachine):
                         assert all(r.priority > mine.priority for r in e.scheduler.swapped), \
                             f"{rid} admitted while a request of its priority or a smaller one was swapped out"
         for name in ("waiting", "running", "swapped"):
-            held = Counter(r.priority for r in getattr(e.scheduler, name))
-            assert self.order.counts[name] == held, f"PriorityFirst's {name} counts {self.order.counts[name]} != {held}"
+            mine = {p: [r.request_id for r in reqs] for p, reqs in self.order.lists[name].items()}
+            held = by_priority(getattr(e.scheduler, name))
+            assert mine == held, f"PriorityFirst's {name} lists {mine} != the queue's {held}"
 
 
 EqualPriorityMachine.TestCase.settings = SETTINGS
