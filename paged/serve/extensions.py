@@ -37,6 +37,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    ValidationInfo,
     model_validator,
 )
 
@@ -94,11 +95,18 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+BUILT_HERE = {"built_here": True}  # the validation context of a body the server wrote itself
+
+
 class RequestModel(OpenAIModel):
-    """A whole request body: after validation, each field it did not know is logged once."""
+    """A whole request body: after validation, each field it did not know is logged once (not in a body the
+    server wrote itself from a checked request, validated with ``context=BUILT_HERE``: it has none, and the
+    walk over 40 000 messages costs 0.6 s)."""
 
     @model_validator(mode="after")
-    def _note_unknown(self):
+    def _note_unknown(self, info: ValidationInfo):
+        if info.context == BUILT_HERE:
+            return self
         for field in unknown_fields(self):
             note_ignored(field, "unknown to this server")
         return self

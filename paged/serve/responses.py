@@ -35,6 +35,7 @@ from paged.serve import chat, streaming
 from paged.serve.body import parse_body
 from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.errors import APIError, from_validation_error, lead_with
+from paged.serve.extensions import BUILT_HERE
 from paged.serve.openapi import error_responses, request_body
 from paged.serve.responses_protocol import (EXPECTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
                                             ResponsesRequest)
@@ -288,7 +289,7 @@ def as_chat(req: ResponsesRequest, conversation: list[dict]) -> tuple[dict, Chat
     """The chat request ``req`` asks for, after ``conversation`` (a kept response's), with its body (on the
     pool when the items are many: checking 100 000 messages takes a core for a second)."""
     body = req.chat_body(conversation)
-    return body, ChatCompletionRequest.model_validate(body)
+    return body, ChatCompletionRequest.model_validate(body, context=BUILT_HERE)
 
 
 def sse(event) -> str:
