@@ -152,7 +152,7 @@ class Scheduler:
         """Decide one iteration's plan (requests ended while deciding it come back from ``update``)."""
         plan = StepPlan(finished_seq_ids=self._released)
         self._released = []
-        held = min(self.max_num_seqs, self.order.held_seqs(self.waiting))  # slots kept for a waiting request
+        held = self._held_seqs()
         budget = Budget(tokens=self.max_num_batched_tokens, seqs=self.max_num_seqs - held)
         evicted = self._schedule_running(plan, budget)
         budget.seqs += held
@@ -163,6 +163,17 @@ class Scheduler:
             self._failed = self.sampling.attach(plan, self.running)
         return plan
     # --8<-- [end:schedule]
+
+    def _held_seqs(self) -> int:
+        """The sequence slots kept out of the running groups' budget for a waiting request (the order
+        component's ``held_seqs``), never so many that a running group has no room for its sequences:
+        a group as wide as the rest would not run while the waiting request waited for its blocks, which
+        that group holds — both would wait for ever."""
+        held = self.order.held_seqs(self.waiting)
+        if held:
+            widest = max((len(r.live_seqs) for r in self.running), default=0)
+            held = max(0, min(held, self.max_num_seqs - widest))
+        return held
 
     # --8<-- [start:running]
     def _schedule_running(self, plan: StepPlan, budget: Budget) -> bool:

@@ -8,31 +8,14 @@ every event and every output compared with first-come-first-served's by ``==``.
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from paged.step05_preemption.fair import FairShare
-from tests.scheduler_harness import Harness, Lockstep, step05
-from tests.step05_preemption.test_scheduler_model_free import MAX_LEN, ModelFreeSchedulerMachine
-
-HOGS, HOG_TOKENS, POOL = 20, 60, 80  # one client's 20 requests of 60 tokens need 20 x 16 blocks of 4: 4x the pool
-
-
-def hogged(order, mode: str) -> tuple[Harness, int, list]:
-    """One client ("hog") fills the pool until its first preemption; then "new" asks for one token.
-    Returns the harness, the iterations "new" took to finish, and those iterations."""
-    h = Harness(step05, POOL, 4, preemption_mode=mode, swap_blocks=1000 if mode == "swap" else 0,
-                **({"order": order} if order else {}))
-    for i in range(HOGS):
-        h.add(4, max_tokens=HOG_TOKENS, rid=f"hog{i}", client="hog", ignore_eos=True)
-    while not any(e.kind == "preempted" for e in h.events):
-        h.step()
-    h.add(2, max_tokens=1, rid="new", client="new")
-    start = len(h.history)
-    while "new" in h.requests:
-        h.step()
-    return h, len(h.history) - start, h.history[start:]
-
+from tests.scheduler_harness import Harness, step05
+from tests.step05_preemption.order_scenarios import (ENGINES, SETTINGS, flood_then_newcomer, full_slots_then_newcomer,
+                                                     machine_harness, wide_group_then_newcomer)
+from tests.step05_preemption.test_scheduler_model_free import ModelFreeSchedulerMachine
 
 @pytest.mark.parametrize("mode, fcfs_wait, total", [("recompute", 78, 143), ("swap", 82, 161)])
 def test_a_newcomer_does_not_wait_behind_another_clients_queue(mode, fcfs_wait, total):
@@ -41,8 +24,8 @@ def test_a_newcomer_does_not_wait_behind_another_clients_queue(mode, fcfs_wait, 
     82 by swap). Fair share: it starts in the first iteration with a free block (the 5th), and is never
     the victim; by swap, the hog's swapped requests do not hold it back (its client has nothing running).
     The whole run takes as many iterations under either order."""
-    h_fcfs, fcfs, _ = hogged(None, mode)
-    h, fair, iterations = hogged(FairShare(), mode)
+    h_fcfs, fcfs, _ = flood_then_newcomer(None, mode, client="new")
+    h, fair, iterations = flood_then_newcomer(FairShare(), mode, client="new")
     assert (fcfs, fair) == (fcfs_wait, 5)
     assert not any(e.kind == "preempted" and e.request_id == "new" for it in iterations for e in it.events)
     admitted = next(it for it in iterations if "new" in it.kinds("admitted"))
@@ -74,21 +57,18 @@ def test_a_client_holding_every_sequence_slot_leaves_one_for_a_newcomer():
     spare: 8 run, 4 wait. A second client's one-token request: FCFS starts it when the first of the 8 ends
     (96 iterations later); fair share keeps its slot out of the running groups' budget, so it is answered
     in the next iteration."""
-    waited = {}
-    for name, order in (("fcfs", None), ("fair", FairShare())):
-        h = Harness(step05, 1000, 4, max_num_seqs=8, **({"order": order} if order else {}))
-        for i in range(12):
-            h.add(4, max_tokens=100, rid=f"hog{i}", client="hog", ignore_eos=True)
-        for _ in range(5):
-            h.step()
-        h.add(2, max_tokens=1, rid="new", client="new")
-        start = len(h.history)
-        while "new" in h.requests:
-            h.step()
-        waited[name] = len(h.history) - start
-        assert all(len(it.plan.seq_ids) <= 8 for it in h.history)
-        h.run()
+    orders = (("fcfs", None), ("fair", FairShare()))
+    waited = {name: full_slots_then_newcomer(order, client="new") for name, order in orders}
     assert waited == {"fcfs": 96, "fair": 1}
+
+
+def test_a_kept_slot_never_keeps_a_group_as_wide_as_the_budget_from_running():
+    """Exact (iteration counts). A 3-sequence group holds every slot and the blocks a newcomer of another
+    client needs: fair share would keep a slot for the newcomer, and the group, finding 2 slots, would never
+    run again (the newcomer never got its blocks: a hang, found by the three-client machine). The kept slots
+    leave room for the widest running group; the run ends in 5 iterations, as under FCFS."""
+    assert wide_group_then_newcomer(None, client="new") == 5
+    assert wide_group_then_newcomer(FairShare(), client="new") == 5
 
 
 def test_within_one_client_the_order_is_first_come_first_served():
@@ -102,11 +82,6 @@ def test_within_one_client_the_order_is_first_come_first_served():
     assert order.first(h.waiting).request_id == "b0"
 
 
-ENGINES = dict(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(6, 14),
-               mode=st.sampled_from(["swap", "recompute", "auto"]), host_blocks=st.integers(0, 12),
-               budget=st.sampled_from([None, 4, 9]), max_seqs=st.sampled_from([3, 4, 256]))  # groups: up to 3
-
-
 class OneClientMachine(ModelFreeSchedulerMachine):
     """With one client, fair share is first-come-first-served: the model-free machine's rules and
     invariants (FCFS included), over a ``Lockstep`` harness; here also with few sequence slots."""
@@ -114,9 +89,8 @@ class OneClientMachine(ModelFreeSchedulerMachine):
     @initialize(**ENGINES)
     def start(self, block_size, num_blocks, mode, host_blocks, budget, max_seqs):
         super().start(block_size, num_blocks, mode, host_blocks, budget)
-        self.engine = Lockstep(FairShare(), step05, num_blocks, block_size, preemption_mode=mode,
-                               swap_blocks=host_blocks, max_num_batched_tokens=budget or 2048, max_num_seqs=max_seqs,
-                               max_model_len=MAX_LEN)
+        self.engine = machine_harness(FairShare(), block_size, num_blocks, mode, host_blocks, budget, max_seqs,
+                                      lockstep=True)
 
 
 class ClientsMachine(ModelFreeSchedulerMachine):
@@ -129,9 +103,7 @@ class ClientsMachine(ModelFreeSchedulerMachine):
     def start(self, block_size, num_blocks, mode, host_blocks, budget, max_seqs):
         super().start(block_size, num_blocks, mode, host_blocks, budget)
         self.order = FairShare()
-        self.engine = Harness(step05, num_blocks, block_size, preemption_mode=mode, swap_blocks=host_blocks,
-                              max_num_batched_tokens=budget or 2048, max_num_seqs=max_seqs, max_model_len=MAX_LEN,
-                              order=self.order)
+        self.engine = machine_harness(self.order, block_size, num_blocks, mode, host_blocks, budget, max_seqs)
         self.clients = {}
 
     def client(self, data) -> str:
@@ -153,8 +125,6 @@ class ClientsMachine(ModelFreeSchedulerMachine):
             assert self.order.counts[name] == held, f"FairShare's {name} counts {self.order.counts[name]} != {held}"
 
 
-SETTINGS = settings(max_examples=5 * settings().max_examples, stateful_step_count=25, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 OneClientMachine.TestCase.settings = SETTINGS
 ClientsMachine.TestCase.settings = SETTINGS
 test_one_client_is_scheduled_exactly_as_fcfs = OneClientMachine.TestCase

@@ -15,25 +15,16 @@ from paged import LLM, SamplingParams
 from paged.errors import RequestError
 from paged.models.default import DEFAULT_MODEL_PATH
 from paged.step05_preemption.priority import PriorityFirst
-from tests.scheduler_harness import Harness, Lockstep, step05
-from tests.step05_preemption.test_fair_share import ENGINES, HOG_TOKENS, HOGS, POOL, SETTINGS
-from tests.step05_preemption.test_scheduler_model_free import MAX_LEN, ModelFreeSchedulerMachine
+from tests.scheduler_harness import Harness, step05
+from tests.step05_preemption.order_scenarios import (ENGINES, SETTINGS, flood_then_newcomer, full_slots_then_newcomer,
+                                                     machine_harness, wide_group_then_newcomer)
+from tests.step05_preemption.test_scheduler_model_free import ModelFreeSchedulerMachine
 
 
 def flooded(order, mode: str, priority: int) -> tuple[int, int]:
-    """20 requests of priority 0 fill the pool until the first preemption; then "new", of ``priority``, asks
-    for one token. Returns the iterations "new" took to finish, and those of the whole run."""
-    h = Harness(step05, POOL, 4, preemption_mode=mode, swap_blocks=1000 if mode == "swap" else 0,
-                **({"order": order} if order else {}))
-    for i in range(HOGS):
-        h.add(4, max_tokens=HOG_TOKENS, rid=f"flood{i}", ignore_eos=True)
-    while not any(e.kind == "preempted" for e in h.events):
-        h.step()
-    h.add(2, max_tokens=1, rid="new", priority=priority)
-    start = len(h.history)
-    while "new" in h.requests:
-        h.step()
-    waited = len(h.history) - start
+    """The flood scenario with a newcomer of ``priority``: the iterations it took, and those of the whole run
+    (every block free at its end)."""
+    h, waited, _ = flood_then_newcomer(order, mode, priority=priority)
     h.run()
     assert h.allocator.num_used == 0 and h.host.num_used == 0
     return waited, len(h.history)
@@ -69,21 +60,18 @@ def test_requests_holding_every_sequence_slot_leave_one_for_a_smaller_priority()
     """Exact (iteration counts). 12 requests of priority 0, 8 sequence slots, memory to spare: 8 run, 4 wait.
     A request of priority -1 asks for one token: FCFS starts it when the first of the 8 ends (96 iterations
     later); by priority its slot is kept out of the running groups' budget: answered in the next iteration."""
-    waited = {}
-    for name, order in (("fcfs", None), ("priority", PriorityFirst())):
-        h = Harness(step05, 1000, 4, max_num_seqs=8, **({"order": order} if order else {}))
-        for i in range(12):
-            h.add(4, max_tokens=100, rid=f"r{i}", ignore_eos=True)
-        for _ in range(5):
-            h.step()
-        h.add(2, max_tokens=1, rid="new", priority=-1)
-        start = len(h.history)
-        while "new" in h.requests:
-            h.step()
-        waited[name] = len(h.history) - start
-        assert all(len(it.plan.seq_ids) <= 8 for it in h.history)
-        h.run()
+    orders = (("fcfs", None), ("priority", PriorityFirst()))
+    waited = {name: full_slots_then_newcomer(order, priority=-1) for name, order in orders}
     assert waited == {"fcfs": 96, "priority": 1}
+
+
+def test_a_kept_slot_never_keeps_a_group_as_wide_as_the_budget_from_running():
+    """Exact (iteration counts). A 3-sequence group of priority 0 holds every slot and the blocks a request of
+    priority -1 needs: the slot kept for that request would keep the group from running for ever (each
+    waiting for the other); kept slots leave room for the widest running group, so the run ends in 5
+    iterations, as under FCFS."""
+    assert wide_group_then_newcomer(None, priority=-1) == 5
+    assert wide_group_then_newcomer(PriorityFirst(), priority=-1) == 5
 
 
 def by_priority(queue) -> dict[int, list[str]]:
@@ -159,9 +147,8 @@ class EqualPriorityMachine(ModelFreeSchedulerMachine):
     def start(self, block_size, num_blocks, mode, host_blocks, budget, max_seqs, level):
         super().start(block_size, num_blocks, mode, host_blocks, budget)
         self.level = level
-        self.engine = Lockstep(PriorityFirst(), step05, num_blocks, block_size, preemption_mode=mode,
-                               swap_blocks=host_blocks, max_num_batched_tokens=budget or 2048, max_num_seqs=max_seqs,
-                               max_model_len=MAX_LEN)
+        self.engine = machine_harness(PriorityFirst(), block_size, num_blocks, mode, host_blocks, budget, max_seqs,
+                                      lockstep=True)
 
     def priority(self, data) -> int:
         return self.level
@@ -178,9 +165,7 @@ class PrioritiesMachine(ModelFreeSchedulerMachine):
     def start(self, block_size, num_blocks, mode, host_blocks, budget, max_seqs):
         super().start(block_size, num_blocks, mode, host_blocks, budget)
         self.order = PriorityFirst()
-        self.engine = Harness(step05, num_blocks, block_size, preemption_mode=mode, swap_blocks=host_blocks,
-                              max_num_batched_tokens=budget or 2048, max_num_seqs=max_seqs, max_model_len=MAX_LEN,
-                              order=self.order)
+        self.engine = machine_harness(self.order, block_size, num_blocks, mode, host_blocks, budget, max_seqs)
 
     def priority(self, data) -> int:
         return data.draw(st.sampled_from([-1, 0, 2]), label="priority")
