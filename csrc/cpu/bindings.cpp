@@ -397,4 +397,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("fixed_order_avx2_compiled", &paged::fixed_order_avx2_compiled,
         "Whether the AVX2 + FMA fixed-order linear was compiled in");
+  m.def("pair_order_pack", &paged::pair_order_pack,
+        "bfloat16 w [N, K] laid out for pair_order_linear: [ceil(N/16), ceil(K/2), 16, 2], zeros past N and K",
+        py::arg("w"));
+  m.def("pair_order_linear", &paged::pair_order_linear,
+        "bfloat16 x [M, K] times w transposed (+ bias) -> [M, N], w as pair_order_pack laid it out, every output "
+        "one sum over K a pair at a time (AVX512_BF16)",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none(),
+        py::arg("second_thread_bytes") = int64_t(2) << 20, py::call_guard<py::gil_scoped_release>());
+  m.def("pair_order_compiled", &paged::pair_order_compiled, "Whether the AVX512_BF16 pair-order linear was compiled in");
 }

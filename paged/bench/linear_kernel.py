@@ -8,20 +8,26 @@ side in one process:
   multiplied as two (batch-invariant mode without the fixed-order kernel);
 * ``fixed``: ``layers.gemm`` with ``fixed_order``: ``paged.kernels.cpu``'s
   ``fixed_order_linear`` (``csrc/cpu/fixed_order_linear.cpp``), every output
-  summed in one order whatever ``M``; a lone row goes in as it is.
+  summed in one order whatever ``M``; a lone row goes in as it is;
+* ``pairs`` (bfloat16, on a CPU with AVX512_BF16): ``layers.gemm`` with a
+  ``pair_weight``: ``pair_order_linear`` (``csrc/cpu/pair_order_linear.cpp``),
+  the fixed order such a CPU's layers run.
 
-Each time is the median of ``--repeats`` runs after ``--warmup``, the two
-taking turns every round. Reported per case: milliseconds, GFLOP/s
-(``2 M N K`` per call), ``stock / fixed``, and whether the fixed kernel gives
-every row the bits it gives that row alone (``rows_alone_bitwise``); the
-``model`` rows add the layers up (4 linears x ``--layers`` + the LM head):
-the linears' time of one forward pass of ``M`` tokens.
+``stock`` multiplies by a oneDNN-packed weight where the engine would
+(``layers.prepack_linears``: bfloat16 on a CPU whose oneDNN packs). Each time is
+the median of ``--repeats`` runs after ``--warmup``, the systems taking turns every
+round. Reported per case: milliseconds, GFLOP/s (``2 M N K`` per call),
+``stock / fixed`` (and ``stock / pairs``), and whether each fixed-order kernel gives
+every row the bits it gives that row alone (``rows_alone_bitwise``,
+``pairs_rows_alone_bitwise``); the ``model`` rows add the layers up (4 linears x
+``--layers`` + the LM head): the linears' time of one forward pass of ``M`` tokens.
 
     python -m paged.bench linear_kernel [--rows 1 16 64 256] [--dtype bfloat16 float32] [--json]
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -30,7 +36,8 @@ import time
 import torch
 
 from paged.bench.prefill_kernel import DTYPES, headline, machine
-from paged.models.layers import Linear, gemm
+from paged.kernels.cpu import load as load_cpu_kernels
+from paged.models.layers import PREPACK_BATCH_HINT, Linear, _can_prepack, gemm
 
 # SmolLM2-135M's linears: (name, in K, out N)
 SMOLLM2 = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
@@ -55,13 +62,18 @@ def add_layer_timing_arguments(parser) -> None:
 
 
 def linear(w: torch.Tensor, path: str) -> Linear:
-    """A bias-free ``Linear`` with weight ``w`` on batch-invariant mode's ``path`` (``"stock"``: padded,
-    ``"fixed"``: the fixed-order kernel), as ``CausalLM.prepare_for_serving`` would set it; any other
-    ``path``: the plain GEMM, neither."""
+    """A bias-free ``Linear`` with weight ``w`` on batch-invariant mode's ``path``, as
+    ``CausalLM.prepare_for_serving`` would set it: ``"stock"``, padded (and oneDNN-packed where the engine
+    packs); ``"fixed"``, the fixed-order kernel; ``"pairs"``, the pair order; any other ``path``: the plain
+    GEMM, none of these."""
     layer = Linear(w.shape[1], w.shape[0], bias=False).to(w.dtype)
     with torch.no_grad():
         layer.weight.copy_(w)
-    layer.pad_one_row, layer.fixed_order = path == "stock", path == "fixed"
+    layer.pad_one_row, layer.fixed_order = path == "stock", path in ("fixed", "pairs")
+    if path == "stock" and w.dtype == torch.bfloat16 and _can_prepack():
+        layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), PREPACK_BATCH_HINT)
+    if path == "pairs":
+        layer.pair_weight = load_cpu_kernels().pair_order_pack(layer.weight.detach())
     return layer
 
 
@@ -80,15 +92,27 @@ def run_case(name: str, k: int, n: int, m: int, dtype_name: str, args, gen) -> d
     dtype = DTYPES[dtype_name]
     x = (3 * torch.randn(m, k, generator=gen)).to(dtype)
     w = (0.05 * torch.randn(n, k, generator=gen)).to(dtype)
-    stock, fixed = linear(w, "stock"), linear(w, "fixed")
+    paths = ["stock", "fixed"] + (["pairs"] if dtype == torch.bfloat16 and load_cpu_kernels().pair_order_compiled()
+                                  else [])
+    layers = {path: linear(w, path) for path in paths}
     with torch.inference_mode():
-        ms = median_ms({"stock": lambda: gemm(stock, x), "fixed": lambda: gemm(fixed, x)}, args.repeats, args.warmup)
-        out = gemm(fixed, x)
-        alone = all(torch.equal(gemm(fixed, x[i:i + 1]), out[i:i + 1]) for i in range(min(m, 8)))
+        ms = median_ms({path: functools.partial(gemm, layer, x) for path, layer in layers.items()}, args.repeats,
+                       args.warmup)
+        alone = {path: rows_alone_bitwise(layers[path], x) for path in paths[1:]}
     flops = 2 * m * n * k
-    return {"layer": name, "k": k, "n": n, "rows": m, "dtype": dtype_name, "stock_ms": ms["stock"],
-            "fixed_ms": ms["fixed"], "stock_gflops": flops / ms["stock"] / 1e6, "fixed_gflops": flops / ms["fixed"] / 1e6,
-            "stock_over_fixed": ms["stock"] / ms["fixed"], "rows_alone_bitwise": alone}
+    row = {"layer": name, "k": k, "n": n, "rows": m, "dtype": dtype_name, "stock_ms": ms["stock"],
+           "fixed_ms": ms["fixed"], "stock_gflops": flops / ms["stock"] / 1e6, "fixed_gflops": flops / ms["fixed"] / 1e6,
+           "stock_over_fixed": ms["stock"] / ms["fixed"], "rows_alone_bitwise": alone["fixed"]}
+    if "pairs" in ms:
+        row.update(pairs_ms=ms["pairs"], pairs_gflops=flops / ms["pairs"] / 1e6,
+                   stock_over_pairs=ms["stock"] / ms["pairs"], pairs_rows_alone_bitwise=alone["pairs"])
+    return row
+
+
+def rows_alone_bitwise(layer: Linear, x: torch.Tensor) -> bool:
+    """Whether each of the first 8 rows gets from ``layer`` alone the bits it gets among all of ``x``."""
+    out = gemm(layer, x)
+    return all(torch.equal(gemm(layer, x[i:i + 1]), out[i:i + 1]) for i in range(min(x.shape[0], 8)))
 
 
 def run(args) -> int:
@@ -100,27 +124,37 @@ def run(args) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     shapes = [(name, max(8, k // args.scale), max(8, n // args.scale)) for name, k, n in SMOLLM2]
     result = {**machine(), "load_before": os.getloadavg(), "avx2_compiled": ext.fixed_order_avx2_compiled(),
+              "pairs_compiled": ext.pair_order_compiled(),
               "layers": args.layers, "repeats": args.repeats, "cases": [], "model": []}
-    print(f"{headline(result)}, AVX2 loop compiled: {result['avx2_compiled']}")
+    print(f"{headline(result)}, AVX2 loop compiled: {result['avx2_compiled']}, "
+          f"AVX512_BF16 pair loop compiled: {result['pairs_compiled']}")
     print(f"{'dtype':9s} {'layer':8s} {'K':>5s} {'N':>6s} {'rows':>5s} {'stock ms':>9s} {'fixed ms':>9s} "
-          f"{'stock GF/s':>10s} {'fixed GF/s':>10s} {'stock/fixed':>11s} {'alone=among':>11s}")
+          f"{'stock GF/s':>10s} {'fixed GF/s':>10s} {'stock/fixed':>11s} {'alone=among':>11s}"
+          f"{'  pairs ms  pairs GF/s stock/pairs alone=among' if result['pairs_compiled'] else ''}")
     for dt in args.dtype:
         for m in args.rows:
-            total = {"stock_ms": 0.0, "fixed_ms": 0.0}
+            total = {}
             for name, k, n in shapes:
                 row = run_case(name, k, n, m, dt, args, gen)
                 result["cases"].append(row)
                 times = 1 if name == "lm_head" else args.layers
-                for key in total:
-                    total[key] += times * row[key]
+                for key in ("stock_ms", "fixed_ms", "pairs_ms"):
+                    if key in row:
+                        total[key] = total.get(key, 0.0) + times * row[key]
+                pairs = (f" {row['pairs_ms']:9.3f} {row['pairs_gflops']:10.1f} {row['stock_over_pairs']:11.2f} "
+                         f"{str(row['pairs_rows_alone_bitwise']):>11s}" if "pairs_ms" in row else "")
                 print(f"{dt:9s} {name:8s} {k:5d} {n:6d} {m:5d} {row['stock_ms']:9.3f} {row['fixed_ms']:9.3f} "
                       f"{row['stock_gflops']:10.1f} {row['fixed_gflops']:10.1f} {row['stock_over_fixed']:11.2f} "
-                      f"{str(row['rows_alone_bitwise']):>11s}", flush=True)
+                      f"{str(row['rows_alone_bitwise']):>11s}{pairs}", flush=True)
             model = {"dtype": dt, "rows": m, **total, "stock_over_fixed": total["stock_ms"] / total["fixed_ms"]}
+            if "pairs_ms" in total:
+                model["stock_over_pairs"] = total["stock_ms"] / total["pairs_ms"]
             result["model"].append(model)
+            pairs = (f" {total['pairs_ms']:9.1f} {'':10s} {model['stock_over_pairs']:11.2f}" if "pairs_ms" in total
+                     else "")
             print(f"{dt:9s} {'model':8s} {'':5s} {'':6s} {m:5d} {total['stock_ms']:9.1f} {total['fixed_ms']:9.1f} "
-                  f"{'':10s} {'':10s} {model['stock_over_fixed']:11.2f}   (all {args.layers} layers' linears + LM head)",
-                  flush=True)
+                  f"{'':10s} {'':10s} {model['stock_over_fixed']:11.2f} {'':11s}{pairs}"
+                  f"   (all {args.layers} layers' linears + LM head)", flush=True)
     result["load_after"] = os.getloadavg()
     print(f"load average after: {result['load_after'][0]:.2f}")
     if args.json:

@@ -47,7 +47,8 @@ import torch
 from paged.kernels.build_cache import build_dir, build_lock, place_key, source_key
 
 _SOURCES = ("bindings.cpp", "paged_attention_avx512.cpp", "paged_prefill_avx512.cpp", "paged_attention_scalar.cpp",
-            "paged_attention_avx2.cpp", "fused_ops.cpp", "quant_linear.cpp", "fixed_order_linear.cpp")
+            "paged_attention_avx2.cpp", "fused_ops.cpp", "quant_linear.cpp", "fixed_order_linear.cpp",
+            "pair_order_linear.cpp")
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)
 _lock = threading.Lock()
 _module = None

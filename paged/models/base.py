@@ -25,6 +25,7 @@ from paged.models.layers import (
     MergedLinear,
     RotaryEmbedding,
     fixed_order_rows,
+    pack_pair_order_linears,
     prepack_linears,
     use_fixed_order_linears,
 )
@@ -40,13 +41,15 @@ class ServingTraits:
             ``layers.gemm``); quantized layers need not, their kernel sums a row the same way at any
             row count.
         packed_linears: how many linears multiply by a oneDNN-packed weight (``prepack_linears``).
-        fixed_order_linears: how many dense linears multiply by the fixed-order kernel instead of
+        fixed_order_linears: how many dense linears multiply by a fixed-order kernel instead of
             the stock GEMM (where ``layers.use_fixed_order_linears`` says so).
+        pair_order_linears: how many of those multiply in the pair order (``layers.pack_pair_order_linears``).
     """
 
     padded_linears: int
     packed_linears: int
     fixed_order_linears: int = 0
+    pair_order_linears: int = 0
 
 
 class CausalLM(nn.Module):
@@ -106,7 +109,8 @@ class CausalLM(nn.Module):
             module.pad_one_row = batch_invariant and not module.fixed_order
             padded += module.pad_one_row
             fixed += module.fixed_order
-        return ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self), fixed_order_linears=fixed)
+        return ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self), fixed_order_linears=fixed,
+                             pair_order_linears=pack_pair_order_linears(self))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
         """Logits of the rows to sample from (call it on those rows only: the LM head is the widest GEMM)."""

@@ -20,7 +20,10 @@ then multiplies by that copy. On a CPU without bfloat16 GEMM instructions
 (``use_fixed_order_linears``) layers multiply by ``csrc/cpu/fixed_order_linear.cpp``
 instead, whose sums have one order for any row count: batch-invariant mode's linear
 there, and in bfloat16 the faster one in either mode (in float32 with the mode off,
-up to ``FLOAT32_FIXED_ORDER_ROWS`` rows, where it is the faster one).
+up to ``FLOAT32_FIXED_ORDER_ROWS`` rows, where it is the faster one). On a CPU with
+bfloat16 dot products (AVX512_BF16, ``use_pair_order``) bfloat16 layers multiply by
+``csrc/cpu/pair_order_linear.cpp``, another order written down, in either mode: there
+it is as fast as oneDNN's GEMM at many rows and faster at few.
 """
 
 from __future__ import annotations
@@ -78,10 +81,15 @@ def gemm(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     With ``layer.fixed_order`` (where ``use_fixed_order_linears`` says so) it
     multiplies by ``fixed_order_linear`` instead: one summation order written down for any row count,
     no padding needed; with ``layer.fixed_order_rows`` set (a float32 layer, the mode off), only calls of
-    up to that many rows do, larger ones take the stock GEMM, the faster there.
+    up to that many rows do, larger ones take the stock GEMM, the faster there. With ``layer.pair_weight``
+    too (a bfloat16 layer on a CPU with AVX512_BF16, ``pack_pair_order_linears``) the fixed order is
+    ``pair_order_linear``'s, by that copy of the weight.
     """
     most = getattr(layer, "fixed_order_rows", None)
     if getattr(layer, "fixed_order", False) and (most is None or x.shape[0] <= most):
+        pairs = getattr(layer, "pair_weight", None)
+        if pairs is not None:  # the pair order, by the weight laid out for it (pack_pair_order_linears)
+            return load_cpu_kernels().pair_order_linear(x, pairs, layer.weight.shape[0], bias, SECOND_THREAD_BYTES)
         return load_cpu_kernels().fixed_order_linear(x, layer.weight, bias, SECOND_THREAD_BYTES)
     if x.shape[0] == 1 and getattr(layer, "pad_one_row", False):
         return product(layer, x.repeat(2, 1), bias)[:1]
@@ -106,6 +114,7 @@ class Linear(nn.Linear):
         self.pad_one_row = False
         self.fixed_order = False
         self.fixed_order_rows: int | None = None  # with fixed_order: the most rows it takes (None: any count)
+        self.pair_weight: torch.Tensor | None = None  # with fixed_order: the weight laid out for the pair order
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         return gemm(self, x, self.bias)
@@ -334,8 +343,9 @@ def use_fixed_order_linears(weight: torch.Tensor, batch_invariant: bool = True) 
     (``python -m paged.bench linear_kernel``; docs/benchmarks.md, "Batch invariance: the cost"): in
     batch-invariant mode the kernel takes every call (one order for any row count is the mode's
     point), with the mode off only calls of up to ``FLOAT32_FIXED_ORDER_ROWS`` rows
-    (``fixed_order_rows``, set by ``CausalLM.prepare_for_serving``). Not on a CPU with AVX-512, whose
-    GEMMs were not measured against the kernel's AVX2 loop. ``PAGED_FIXED_ORDER_LINEAR=1`` forces
+    (``fixed_order_rows``, set by ``CausalLM.prepare_for_serving``). On a CPU with AVX512_BF16, for
+    bfloat16 weights in either mode, in the pair order (``use_pair_order``); float32 there keeps MKL's
+    GEMM (a lone row padded in the mode), not measured against the kernel. ``PAGED_FIXED_ORDER_LINEAR=1`` forces
     it on in batch-invariant mode for float32 and bfloat16 CPU weights (where the kernels are
     built); ``0`` forces it off in both modes."""
     if weight.device.type != "cpu" or weight.dtype not in FIXED_ORDER_DTYPES:
@@ -346,9 +356,42 @@ def use_fixed_order_linears(weight: torch.Tensor, batch_invariant: bool = True) 
     kernels = load_cpu_kernels()
     if setting == "1" and batch_invariant:
         return kernels is not None
+    if use_pair_order(weight):
+        return True
     if cpu_has_bf16_gemm():
         return False
     return kernels is not None and kernels.fixed_order_avx2_compiled()
+
+
+def use_pair_order(weight: torch.Tensor) -> bool:
+    """Whether a fixed-order linear with this weight can multiply in the pair order
+    (``csrc/cpu/pair_order_linear.cpp``): a bfloat16 CPU weight, where the kernel's AVX512_BF16 loop is
+    built. There it is as fast as oneDNN's bfloat16 GEMM from 64 rows up and 2-3x faster at 1-4 rows
+    (``python -m paged.bench linear_kernel``; docs/benchmarks.md), so it runs in either mode."""
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+        return False
+    kernels = load_cpu_kernels()
+    return kernels is not None and kernels.pair_order_compiled()
+
+
+def pack_pair_order_linears(model: nn.Module) -> int:
+    """Give every fixed-order linear of ``model`` that can run in the pair order (``use_pair_order``) its
+    weight laid out for ``pair_order_linear`` (``pair_weight``), once; returns how many. The plain weight
+    stays, as with ``prepack_linears``, under the same limit (``PREPACK_MAX_BYTES``,
+    ``PAGED_PREPACK_WEIGHTS=1|0``); a layer left without the copy runs ``fixed_order_linear``, the other
+    fixed order. Called by ``CausalLM.prepare_for_serving`` after it chose the fixed-order layers."""
+    modules = [m for m in model.modules() if hasattr(m, "pad_one_row")]
+    for module in modules:
+        module.pair_weight = None
+    linears = [m for m in modules if m.fixed_order and use_pair_order(m.weight)]
+    setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
+    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    if setting == "0" or (setting != "1" and size > PREPACK_MAX_BYTES) or not linears:
+        return 0
+    kernels = load_cpu_kernels()
+    for module in linears:
+        module.pair_weight = kernels.pair_order_pack(module.weight.detach())
+    return len(linears)
 
 
 def fixed_order_rows(weight: torch.Tensor, batch_invariant: bool) -> int | None:

@@ -73,7 +73,8 @@ class RowParallelLinear(nn.Module):
     """
 
     pad_one_row = False  # batch-invariant mode: a lone row multiplied as two (``layers.gemm``)
-    fixed_order = False  # or, on a CPU without a bfloat16 GEMM, the fixed-order kernel instead
+    fixed_order = False  # or a fixed-order kernel instead (``layers.use_fixed_order_linears``)
+    pair_weight = None  # with fixed_order: the weight laid out for the pair order (``layers.pack_pair_order_linears``)
 
     def __init__(self, in_features: int, out_features: int, bias: bool, group: TPGroup):
         super().__init__()
@@ -120,7 +121,8 @@ class ParallelLMHead(nn.Module):
     """LM head over the same vocabulary rows; logits of all ranks gathered to ``[T', V]``."""
 
     pad_one_row = False  # batch-invariant mode: a lone row multiplied as two (``layers.gemm``)
-    fixed_order = False  # or, on a CPU without a bfloat16 GEMM, the fixed-order kernel instead
+    fixed_order = False  # or a fixed-order kernel instead (``layers.use_fixed_order_linears``)
+    pair_weight = None  # with fixed_order: the weight laid out for the pair order (``layers.pack_pair_order_linears``)
 
     def __init__(self, vocab_size: int, dim: int, group: TPGroup):
         super().__init__()

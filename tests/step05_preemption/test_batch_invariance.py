@@ -264,6 +264,7 @@ def test_with_fixed_order_linears_a_lone_row_goes_to_the_kernel_as_it_is(demo, m
 
     class Counting:  # the kernels, counting the rows of each fixed-order call (an AVX2 build, on any CPU)
         fixed_order_avx2_compiled = staticmethod(lambda: True)
+        pair_order_compiled = staticmethod(lambda: False)
 
         def fixed_order_linear(self, x, w, bias=None, second_thread_bytes=2 << 20):
             fixed.append(x.shape[0])
@@ -280,6 +281,38 @@ def test_with_fixed_order_linears_a_lone_row_goes_to_the_kernel_as_it_is(demo, m
         assert stock and not fixed
     else:
         assert fixed and not stock
+
+
+def test_with_the_pair_order_a_lone_row_goes_to_it_as_it_is_in_either_mode(demo, monkeypatch):
+    """On a CPU with AVX512_BF16 the bfloat16 model's linears run the pair order
+    (``pair_order_linear``) in both modes: no stock GEMM runs, a lone decode row reaches the kernel
+    unpadded, and the answer is bitwise the one the mode gives it beside other requests."""
+    ext = cpu.load(strict=True)
+    if not ext.pair_order_compiled():
+        pytest.skip("this CPU has no AVX512_BF16: the pair-order loop is not built here")
+    monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR", raising=False)
+    monkeypatch.delenv("PAGED_PREPACK_WEIGHTS", raising=False)
+    stock, pairs = [], []
+    product = layers_module.product
+
+    class Counting:  # the kernels, counting the rows of each pair-order call
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+        def pair_order_linear(self, x, packed, n, bias=None, second_thread_bytes=2 << 20):
+            pairs.append(x.shape[0])
+            return ext.pair_order_linear(x, packed, n, bias, second_thread_bytes)
+
+    monkeypatch.setattr(layers_module, "product", lambda layer, x, bias=None: stock.append(x.shape[0]) or
+                        product(layer, x, bias))
+    monkeypatch.setattr(layers_module, "load_cpu_kernels", Counting)
+    target = prompt_of(random.Random(1), demo.config.vocab_size, 5)
+    alone = run(demo, target)[0]
+    assert not stock and min(pairs) == 1 and max(pairs) == 5
+    assert run(demo, target, companions(random.Random(9), demo.config.vocab_size, 3), position=1)[0] == alone
+    pairs.clear()
+    run(demo, target, batch_invariant=False)
+    assert not stock and min(pairs) == 1
 
 
 @pytest.mark.slow
