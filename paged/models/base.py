@@ -82,14 +82,15 @@ class CausalLM(nn.Module):
         first step; only inference runs afterwards).
 
         In batch-invariant mode every linear gives a row the same bits whatever the row count: quantized
-        linears run only their kernel, dense ones multiply a lone row as two (``layers.gemm``), or, on a
-        CPU without a bfloat16 GEMM, run the fixed-order kernel (``layers.use_fixed_order_linears``; it
-        is also the faster one there, so it runs with the mode off too: in float32 for calls of up to
+        linears run only their kernel, dense ones multiply a lone row as two (``layers.gemm``), or run a
+        fixed-order kernel (``layers.use_fixed_order_linears``: float32 ones, and bfloat16 ones on a CPU
+        without a bfloat16 GEMM or, in the pair order, with AVX512_BF16; it is also the faster one
+        there, so it runs with the mode off too: in float32 for calls of up to
         ``layers.FLOAT32_FIXED_ORDER_ROWS`` rows); otherwise
         quantized linears hand batches of many rows to their dense layer, which multiplies as the dense
-        linears do (on such a CPU in float32, by the fixed-order kernel up to that many rows; never
-        padded). bfloat16 CPU linears get
-        oneDNN-packed weights (the same bits).
+        linears do (in float32 by the fixed-order kernel up to that many rows; never padded). Other
+        bfloat16 CPU linears get oneDNN-packed weights (the same bits), pair-order ones their weight
+        laid out for that kernel (``layers.pack_pair_order_linears``).
 
         Args:
             batch_invariant: a row's result must not depend on the batch it is in.

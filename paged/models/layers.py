@@ -335,17 +335,17 @@ def use_fixed_order_linears(weight: torch.Tensor, batch_invariant: bool = True) 
     (``csrc/cpu/fixed_order_linear.cpp``) rather than by the stock GEMM (in batch-invariant mode, with
     a lone row padded).
 
-    By default on a CPU whose oneDNN has no bfloat16 GEMM (an AVX2-only CPU) where the kernel's AVX2
-    loop is built, for float32 and bfloat16 weights, in either mode. In bfloat16 the stock GEMM runs
-    there at about 20 GFLOP/s at any row count (a padded lone row costs two), and the kernel is
-    3-3.5x faster at every row count. In float32 the kernel reads a decode step's weights about
-    2.5x faster than MKL's GEMM of a padded lone row, and MKL's is the faster from 256 rows
-    (``python -m paged.bench linear_kernel``; docs/benchmarks.md, "Batch invariance: the cost"): in
-    batch-invariant mode the kernel takes every call (one order for any row count is the mode's
-    point), with the mode off only calls of up to ``FLOAT32_FIXED_ORDER_ROWS`` rows
-    (``fixed_order_rows``, set by ``CausalLM.prepare_for_serving``). On a CPU with AVX512_BF16, for
-    bfloat16 weights in either mode, in the pair order (``use_pair_order``); float32 there keeps MKL's
-    GEMM (a lone row padded in the mode), not measured against the kernel. ``PAGED_FIXED_ORDER_LINEAR=1`` forces
+    By default where the kernel's AVX2 loop is built, in either mode: for float32 weights, and for
+    bfloat16 ones on a CPU whose oneDNN has no bfloat16 GEMM (an AVX2-only CPU). There the stock
+    bfloat16 GEMM runs at about 20 GFLOP/s at any row count (a padded lone row costs two), and the
+    kernel is 3-3.5x faster at every row count. In float32 the kernel reads a decode step's weights
+    2.5-4x faster than MKL's GEMM of a padded lone row, on an AVX2 CPU and on an AVX-512 one alike,
+    and MKL's is the faster from 256 rows (``python -m paged.bench linear_kernel``;
+    docs/benchmarks.md, "Batch invariance: the cost"): in batch-invariant mode the kernel takes every
+    call (one order for any row count is the mode's point), with the mode off only calls of up to
+    ``FLOAT32_FIXED_ORDER_ROWS`` rows (``fixed_order_rows``, set by ``CausalLM.prepare_for_serving``).
+    On a CPU with AVX512_BF16, bfloat16 weights take it in either mode, in the pair order
+    (``use_pair_order``). ``PAGED_FIXED_ORDER_LINEAR=1`` forces
     it on in batch-invariant mode for float32 and bfloat16 CPU weights (where the kernels are
     built); ``0`` forces it off in both modes."""
     if weight.device.type != "cpu" or weight.dtype not in FIXED_ORDER_DTYPES:
@@ -358,7 +358,7 @@ def use_fixed_order_linears(weight: torch.Tensor, batch_invariant: bool = True) 
         return kernels is not None
     if use_pair_order(weight):
         return True
-    if cpu_has_bf16_gemm():
+    if weight.dtype == torch.bfloat16 and cpu_has_bf16_gemm():
         return False
     return kernels is not None and kernels.fixed_order_avx2_compiled()
 

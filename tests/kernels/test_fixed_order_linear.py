@@ -179,8 +179,8 @@ def test_the_vector_loop_is_compiled_where_the_cpu_has_avx2_and_fma(ext):
 
 
 def test_which_linears_take_the_kernel(ext, monkeypatch):
-    """``layers.use_fixed_order_linears``: by default for float32 and bfloat16 weights where this CPU has no
-    bfloat16 GEMM and the AVX2 loop is built, in either mode; forced on (batch-invariant mode) or off (both)
+    """``layers.use_fixed_order_linears``: by default where the AVX2 loop is built, in either mode, for float32
+    weights, and for bfloat16 ones where this CPU has no bfloat16 GEMM; forced on (batch-invariant mode) or off (both)
     by ``PAGED_FIXED_ORDER_LINEAR``; float32 and bfloat16 CPU weights only; never without the kernels.
     ``layers.fixed_order_rows``: any row count but for float32 with the mode off. (A CPU with AVX512_BF16
     runs bfloat16 layers in the pair order instead: test_pair_order_linear.py; left out here.)"""
@@ -189,19 +189,19 @@ def test_which_linears_take_the_kernel(ext, monkeypatch):
     w = torch.zeros(2, 8)
     monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR", raising=False)
     monkeypatch.setattr(layers, "use_pair_order", lambda weight: False)
-    for weight in (w, w.bfloat16()):
-        assert layers.use_fixed_order_linears(weight) == (not layers.cpu_has_bf16_gemm()
-                                                          and ext.fixed_order_avx2_compiled())
+    assert layers.use_fixed_order_linears(w) == ext.fixed_order_avx2_compiled()
+    assert layers.use_fixed_order_linears(w.bfloat16()) == (not layers.cpu_has_bf16_gemm()
+                                                            and ext.fixed_order_avx2_compiled())
     for has_bf16_gemm in (False, True):
         monkeypatch.setattr(layers, "cpu_has_bf16_gemm", lambda: has_bf16_gemm)
-        for mode in (True, False):  # the default rule: the kernel where this CPU has no bfloat16 GEMM
+        for mode in (True, False):  # the default rule: bfloat16 where this CPU has no bfloat16 GEMM, float32 always
             assert layers.use_fixed_order_linears(w.bfloat16(), batch_invariant=mode) == (not has_bf16_gemm)
-            assert layers.use_fixed_order_linears(w, batch_invariant=mode) == (not has_bf16_gemm)
+            assert layers.use_fixed_order_linears(w, batch_invariant=mode)
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "1")
         assert layers.use_fixed_order_linears(w) and layers.use_fixed_order_linears(w.bfloat16())
         assert not layers.use_fixed_order_linears(w.half()) and not layers.use_fixed_order_linears(w.to("meta"))
         # forcing it on is for batch-invariant mode; with the mode off the default rule still decides
-        assert layers.use_fixed_order_linears(w, batch_invariant=False) == (not has_bf16_gemm)
+        assert layers.use_fixed_order_linears(w, batch_invariant=False)
         assert layers.use_fixed_order_linears(w.bfloat16(), batch_invariant=False) == (not has_bf16_gemm)
         monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")
         assert not layers.use_fixed_order_linears(w) and not layers.use_fixed_order_linears(w.bfloat16())
