@@ -84,7 +84,7 @@ class CausalLM(nn.Module):
         In batch-invariant mode every linear gives a row the same bits whatever the row count: quantized
         linears run only their kernel, dense ones multiply a lone row as two (``layers.gemm``), or run a
         fixed-order kernel (``layers.use_fixed_order_linears``: float32 ones, and bfloat16 ones on a CPU
-        without a bfloat16 GEMM or, in the pair order, with AVX512_BF16; it is also the faster one
+        without a bfloat16 GEMM or, in the pair order, with AVX512_BF16 and no AMX; it is also the faster one
         there, so it runs with the mode off too: in float32 for calls of up to
         ``layers.FLOAT32_FIXED_ORDER_ROWS`` rows); otherwise
         quantized linears hand batches of many rows to their dense layer, which multiplies as the dense

@@ -21,7 +21,7 @@ then multiplies by that copy. On a CPU without bfloat16 GEMM instructions
 instead, whose sums have one order for any row count: batch-invariant mode's linear
 there, and in bfloat16 the faster one in either mode (in float32 with the mode off,
 up to ``FLOAT32_FIXED_ORDER_ROWS`` rows, where it is the faster one). On a CPU with
-bfloat16 dot products (AVX512_BF16, ``use_pair_order``) bfloat16 layers multiply by
+bfloat16 dot products but no AMX (AVX512_BF16, ``use_pair_order``) bfloat16 layers multiply by
 ``csrc/cpu/pair_order_linear.cpp``, another order written down, in either mode: there
 it is as fast as oneDNN's GEMM at many rows and faster at few.
 """
@@ -344,7 +344,7 @@ def use_fixed_order_linears(weight: torch.Tensor, batch_invariant: bool = True) 
     docs/benchmarks.md, "Batch invariance: the cost"): in batch-invariant mode the kernel takes every
     call (one order for any row count is the mode's point), with the mode off only calls of up to
     ``FLOAT32_FIXED_ORDER_ROWS`` rows (``fixed_order_rows``, set by ``CausalLM.prepare_for_serving``).
-    On a CPU with AVX512_BF16, bfloat16 weights take it in either mode, in the pair order
+    On a CPU with AVX512_BF16 and no AMX, bfloat16 weights take it in either mode, in the pair order
     (``use_pair_order``). ``PAGED_FIXED_ORDER_LINEAR=1`` forces
     it on in batch-invariant mode for float32 and bfloat16 CPU weights (where the kernels are
     built); ``0`` forces it off in both modes."""
@@ -367,11 +367,23 @@ def use_pair_order(weight: torch.Tensor) -> bool:
     """Whether a fixed-order linear with this weight can multiply in the pair order
     (``csrc/cpu/pair_order_linear.cpp``): a bfloat16 CPU weight, where the kernel's AVX512_BF16 loop is
     built. There it is as fast as oneDNN's bfloat16 GEMM from 64 rows up and 2-3x faster at 1-4 rows
-    (``python -m paged.bench linear_kernel``; docs/benchmarks.md), so it runs in either mode."""
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+    (an AMD Zen 4; ``python -m paged.bench linear_kernel``, docs/benchmarks.md), so it runs in either
+    mode. Not on a CPU with AMX (``cpu_has_amx``), whose oneDNN multiplies bfloat16 on its matrix units:
+    there the kernel has not been measured against it."""
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or cpu_has_amx():
         return False
     kernels = load_cpu_kernels()
     return kernels is not None and kernels.pair_order_compiled()
+
+
+@functools.cache
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX bfloat16 tiles (Intel Xeons from Sapphire Rapids on)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_bf16" in next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
 
 
 def pack_pair_order_linears(model: nn.Module) -> int:

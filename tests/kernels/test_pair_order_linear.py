@@ -202,6 +202,12 @@ def test_bad_arguments_are_named(loop):
         loop.pair_order_pack(w.float())
 
 
+def test_amx_is_read_from_the_cpu_flags():
+    from paged.models import layers
+
+    assert layers.cpu_has_amx() == ("amx_bf16" in cpu_flags())
+
+
 def test_the_loop_is_compiled_where_the_cpu_has_avx512_bf16(ext):
     flags = cpu_flags()
     assert ext.pair_order_compiled() == all(f in flags for f in ("avx512f", "avx512bw", "avx512_bf16"))
@@ -212,13 +218,14 @@ def test_the_loop_is_compiled_where_the_cpu_has_avx512_bf16(ext):
 
 
 def test_which_layers_run_the_pair_order(ext, monkeypatch):
-    """``layers.use_pair_order``: bfloat16 CPU weights where the loop is built; such layers count as
-    fixed-order (``use_fixed_order_linears``) in either mode, and ``pack_pair_order_linears`` gives them
+    """``layers.use_pair_order``: bfloat16 CPU weights where the loop is built and the CPU has no AMX; such
+    layers count as fixed-order (``use_fixed_order_linears``) in either mode, and ``pack_pair_order_linears`` gives them
     the packed copy, not above ``PREPACK_MAX_BYTES`` nor with ``PAGED_PREPACK_WEIGHTS=0``."""
     from paged.models import layers
 
     monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR", raising=False)
     monkeypatch.delenv("PAGED_PREPACK_WEIGHTS", raising=False)
+    monkeypatch.setattr(layers, "cpu_has_amx", lambda: False)
     w = torch.zeros(4, 8)
     built = ext.pair_order_compiled()
     assert layers.use_pair_order(w.bfloat16()) == built
@@ -230,6 +237,11 @@ def test_which_layers_run_the_pair_order(ext, monkeypatch):
     monkeypatch.setenv("PAGED_FIXED_ORDER_LINEAR", "0")  # off means off, this kernel too
     assert not layers.use_fixed_order_linears(w.bfloat16())
     monkeypatch.delenv("PAGED_FIXED_ORDER_LINEAR")
+    monkeypatch.setattr(layers, "cpu_has_amx", lambda: True)  # a Xeon with AMX keeps oneDNN's GEMM
+    assert not layers.use_pair_order(w.bfloat16())
+    assert layers.use_fixed_order_linears(w.bfloat16()) == (not layers.cpu_has_bf16_gemm()
+                                                            and ext.fixed_order_avx2_compiled())
+    monkeypatch.setattr(layers, "cpu_has_amx", lambda: False)
 
     monkeypatch.setattr(layers, "use_pair_order", lambda weight: weight.dtype == torch.bfloat16)
     model = torch.nn.Sequential(layers.Linear(8, 4, bias=False), layers.Linear(8, 4, bias=False)).bfloat16()
