@@ -37,7 +37,7 @@ import torch
 
 from paged.bench.prefill_kernel import DTYPES, headline, machine
 from paged.kernels.cpu import load as load_cpu_kernels
-from paged.models.layers import PREPACK_BATCH_HINT, Linear, _can_prepack, gemm
+from paged.models.layers import Linear, gemm, prepack_linears
 
 # SmolLM2-135M's linears: (name, in K, out N)
 SMOLLM2 = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
@@ -70,8 +70,8 @@ def linear(w: torch.Tensor, path: str) -> Linear:
     with torch.no_grad():
         layer.weight.copy_(w)
     layer.pad_one_row, layer.fixed_order = path == "stock", path in ("fixed", "pairs")
-    if path == "stock" and w.dtype == torch.bfloat16 and _can_prepack():
-        layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), PREPACK_BATCH_HINT)
+    if path == "stock":
+        prepack_linears(layer)  # the engine's rule: bfloat16, where this CPU's oneDNN packs
     if path == "pairs":
         layer.pair_weight = load_cpu_kernels().pair_order_pack(layer.weight.detach())
     return layer
