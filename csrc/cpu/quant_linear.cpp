@@ -93,15 +93,16 @@ constexpr int64_t TILE_N = 4;  // output columns computed side by side
 // Waking a second thread costs microseconds to tens of them where idle threads sleep (paged's
 // default); a call of fewer than this many weights x rows of x finishes sooner on one. Measured
 // per loop: on an AVX2 CPU (Zen 3, `python -m paged.bench quant_kernel --type Q4_1 --rows 1`) 960 x
-// 576 took 0.072 ms split in two, 0.032 on one; with VNNI (Zen 5, where waking was cheaper) 576 x
-// 576 took 13.2 us split, 10.7 on one, and larger layers gained from the split. The AVX2 and
-// scalar loops count the rows of x at half (at least one): the weights are read once for all of
-// them (the same AVX2 CPU, SmolLM2 Q4_1 decoding 2 or 4 sequences: 78.5, 88.5 -> 90.2, 94.4 and
-// 107.7, 112.2 -> 117.3, 121.1 tokens/s against counting each row whole; docs/benchmarks.md).
-// The VNNI loop counts each row whole, as measured there. A caller whose threads spin (woken at once)
-// passes its own, smaller rule (quant_linear's second_thread_weights; paged/models/quantized.py).
+// 576 took 0.072 ms split in two, 0.032 on one. The VNNI loop had a quarter of this bound, measured
+// on a Zen 5 whose threads were then left spinning; with them asleep on a Zen 4 it woke the second
+// thread for three of a decode step's four layers, and one stream of SmolLM2 Q4_1 decoded at
+// 40-43 tokens/s against 52-55 with this bound (docs/benchmarks.md). The AVX2 and scalar loops
+// count the rows of x at half (at least one): the weights are read once for all of them (the same
+// AVX2 CPU, SmolLM2 Q4_1 decoding 2 or 4 sequences: 78.5, 88.5 -> 90.2, 94.4 and 107.7, 112.2 ->
+// 117.3, 121.1 tokens/s against counting each row whole; docs/benchmarks.md); the VNNI loop counts
+// each row whole. A caller whose threads spin (woken at once) passes its own, smaller rule
+// (quant_linear's second_thread_weights; paged/models/quantized.py).
 constexpr int64_t MIN_TASK_WEIGHTS = 1 << 21;
-constexpr int64_t MIN_TASK_WEIGHTS_VNNI = 1 << 19;
 // A thread prefetches the tile this many ahead of the one it computes (speed only: no value changes).
 constexpr int64_t PREFETCH_TILES = 8;
 
@@ -516,8 +517,7 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
     }
   });
   const int64_t tiles = (N + TILE_N - 1) / TILE_N;
-  const int64_t min_task =
-      second_thread_weights.value_or(std::is_same_v<Isa, Vnni> ? MIN_TASK_WEIGHTS_VNNI : MIN_TASK_WEIGHTS);
+  const int64_t min_task = second_thread_weights.value_or(MIN_TASK_WEIGHTS);
   const int64_t rows_counted = std::is_same_v<Isa, Vnni> ? M : std::max<int64_t>(1, M / 2);
   const int64_t grain = std::max<int64_t>(1, min_task / (TILE_N * K * rows_counted));
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
