@@ -120,15 +120,15 @@ inline std::vector<PrefillItem> prefill_items(const PrefillArgs& a, int64_t tile
   return items;
 }
 
-// The threads for a call of `pairs` (query row, key) pairs of head dim D: one below `min_macs`
-// multiply-adds, where waking a second thread (tens of microseconds when idle threads sleep) costs
-// more than it saves. The AVX2 kernels' bound, about a million (an AVX2 CPU, `python -m paged.bench
-// kernel`: the decode of one sequence of 128 tokens, 9 query heads of 64, took 0.03 ms on one thread,
-// 0.08-0.13 ms on two); the AVX-512 decode's is its own (paged_attention_avx512.cpp). Speed only:
-// a row's bits do not depend on the threads.
-constexpr int64_t kMinParallelMacs = int64_t(1) << 20;
-inline int threads_for_pairs(int threads, int64_t pairs, int64_t head_dim, int64_t min_macs = kMinParallelMacs) {
-  return pairs * head_dim < min_macs ? 1 : threads;
+// The threads for a call of `pairs` (query row, key) pairs of head dim D: one below about a
+// million multiply-adds, where waking a second thread (tens of microseconds when idle threads
+// sleep) costs more than it saves (an AVX2 CPU, `python -m paged.bench kernel`: the decode of
+// one sequence of 128 tokens, 9 query heads of 64, took 0.03 ms on one thread, 0.08-0.13 ms on
+// two; the AVX-512 decode on a Zen 4, one sequence of 256 keys: 13 µs on one, 63 µs on two).
+// Speed only: a row's bits do not depend on the threads.
+inline int threads_for_pairs(int threads, int64_t pairs, int64_t head_dim) {
+  constexpr int64_t kMinParallelMacs = int64_t(1) << 20;
+  return pairs * head_dim < kMinParallelMacs ? 1 : threads;
 }
 
 // Runs fn(i, scratch) for i in [0, items) over torch's threads, dynamically

@@ -164,12 +164,9 @@ void run_split_context(const DecodeArgs& a, int64_t pb) {
   });
 }
 
-// One thread below about four million multiply-adds (the AVX2 kernels' bound is a quarter of
-// that): with idle threads asleep (paged's default), waking the second cost more than it saved
-// below it (AMD Zen 4, one sequence of 256 keys, 9 query heads of 64 on 3 KV heads: 13 µs on one
-// thread, 63 µs on two; 16 such sequences 187 µs and 233 µs; 16 of 512 keys 357 µs and 234 µs).
-constexpr int64_t kDecodeMinParallelMacs = int64_t(1) << 22;
-
+// One thread below about a million multiply-adds, as the AVX2 kernels (detail::threads_for_pairs):
+// with idle threads asleep, one stream's three (sequence, KV head) items woke the second thread in
+// every layer of every step, for more than the items took.
 template <typename T, int NC>
 void run(const DecodeArgs& args) {
   DecodeArgs a = args;
@@ -178,7 +175,7 @@ void run(const DecodeArgs& args) {
     const auto [first, last] = blocks_read(a, s);
     keys += (last - first) * a.block_size;
   }
-  a.num_threads = detail::threads_for_pairs(a.num_threads, keys * a.num_heads, a.head_dim, kDecodeMinParallelMacs);
+  a.num_threads = detail::threads_for_pairs(a.num_threads, keys * a.num_heads, a.head_dim);
   const int64_t pb = partition_blocks(a);
   if (pb == 0) run_whole_sequences<T, NC>(a);
   else run_split_context<T, NC>(a, pb);

@@ -180,16 +180,16 @@ def test_cpu_kernel_strided_query_from_fused_qkv(ext, impl, dtype):
 
 
 @needs_avx512
-def test_avx512_decode_takes_a_second_thread_only_from_four_million_multiply_adds(ext):
+def test_avx512_decode_takes_a_second_thread_only_from_a_million_multiply_adds(ext):
     """Bitwise, at SmolLM2's shapes (9 / 3 heads, D = 64, B = 16; float32, whose outputs show a
     reordered sum where bfloat16's rounding mostly hides it), torch on two threads.
 
-    Below the AVX-512 decode's bound (4 M multiply-adds: keys x query heads x D) a call runs on one
-    thread, where waking a second costs more than it saves; from it, on torch's threads. Seen through
-    the automatic split (``partition_blocks=-1``), which cuts a sequence into partitions only for a
-    second thread: a sequence of 600 keys (3.5 M) is not split, so its bits are the whole-sequence
-    call's; one of 8 192 keys (4.7 M) is, so its bits differ (within the float32 tolerance). And a
-    whole-sequence call (0) gives the same bits on one thread and on two, small or large."""
+    Below the attention kernels' bound (a million multiply-adds: keys x query heads x D) a call runs
+    on one thread, where waking a second costs more than it saves; from it, on torch's threads. Seen
+    through the automatic split (``partition_blocks=-1``), which cuts a sequence into partitions only
+    for a second thread: a sequence of 600 keys (0.35 M) is not split, so its bits are the
+    whole-sequence call's; one of 8 192 keys (4.7 M) is, so its bits differ (within the float32
+    tolerance). And a whole-sequence call (0) gives the same bits on one thread and on two."""
     heads, kv_heads, d, b = 9, 3, 64, 16
     torch.manual_seed(0)
     before = torch.get_num_threads()
