@@ -15,7 +15,11 @@ Physical blocks are a random permutation, so no sequence's blocks are in order.
 Each time is the median of ``--repeats`` runs after warm-up, the systems taking
 turns within every round so background load hits all of them alike. A
 block-size sweep times the kernel at every ``--sweep-block-sizes`` for the
-largest batch. On a GPU, ``python -m paged.bench kernel_gpu`` times the CUDA
+largest batch. ``--gap-ms`` idles before each timed call, as a decode step runs
+Python between its kernels: by then an idle thread has gone back to sleep
+(``OMP_WAIT_POLICY=passive``, paged's default), so a call on two threads pays
+for waking it, as it does in the engine; without a gap the threads have just
+run and the kernel's threads rule cannot be judged. On a GPU, ``python -m paged.bench kernel_gpu`` times the CUDA
 kernels instead (CUDA events, flash SDPA, FlexAttention, the copy bandwidth).
 
     python -m paged.bench kernel --plot docs/figures/step03_kernel.png
@@ -52,6 +56,9 @@ def add_arguments(parser) -> None:
                         help="cpu only: the GPU benchmark is python -m paged.bench kernel_gpu")
     parser.add_argument("--threads", type=int, help="torch threads for every system (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="idle milliseconds before each timed call (a decode step's Python between kernels); "
+                             "default 0")
     parser.add_argument("--plot", metavar="PATH", help="write the figure (PNG)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON (last line)")
 
@@ -79,11 +86,13 @@ def make_case(batch, context, heads, kv_heads, head_dim, block_size, dtype, devi
     return q, k, v, key_cache, value_cache, tables, lens
 
 
-def median_ms(systems: dict, repeats: int, warmup: int, sync) -> dict:
-    """Median wall time (ms) of each callable; they take turns every round."""
+def median_ms(systems: dict, repeats: int, warmup: int, sync, gap_s: float = 0.0) -> dict:
+    """Median wall time (ms) of each callable; they take turns every round, each after ``gap_s`` idle."""
     times = {name: [] for name in systems}
     for r in range(warmup + repeats):
         for name, fn in systems.items():
+            if gap_s > 0:
+                time.sleep(gap_s)
             sync()
             start = time.perf_counter()
             fn()
@@ -129,7 +138,7 @@ def run_case(args, batch, context, dtype_name, block_size, gen, only=None):
     systems = systems_for(args, *tensors, scale)
     if only is not None:
         systems = {name: systems[name] for name in only}
-    ms = median_ms(systems, args.repeats, args.warmup, lambda: None)
+    ms = median_ms(systems, args.repeats, args.warmup, lambda: None, args.gap_ms / 1e3)
     row = {"batch": batch, "context": context, "dtype": dtype_name, "block_size": block_size}
     row.update({f"{name}_ms": ms[name] for name in systems})
     if only is None:
@@ -215,7 +224,7 @@ def run(args) -> int:
     result = {
         "device": args.device, "threads": torch.get_num_threads(), "heads": args.heads,
         "kv_heads": args.kv_heads, "head_dim": args.head_dim, "block_size": args.block_size,
-        "repeats": args.repeats, "cases": cases, "block_size_sweep": sweep,
+        "repeats": args.repeats, "gap_ms": args.gap_ms, "cases": cases, "block_size_sweep": sweep,
         f"geomean_{kernel}_over_contiguous": geomean(r[f"{kernel}_ms"] / r["contiguous_ms"] for r in cases),
         "geomean_reference_over_contiguous": geomean(r["reference_ms"] / r["contiguous_ms"] for r in cases),
     }

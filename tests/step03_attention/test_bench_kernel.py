@@ -33,6 +33,24 @@ def test_bench_kernel_json_last_line(capsys, tmp_path):
     assert (tmp_path / "k.png").stat().st_size > 0
 
 
+def test_bench_kernel_gap_idles_before_every_timed_call(capsys, monkeypatch):
+    """Exact: with ``--gap-ms 2`` every call the bench times (warm-up included) follows one 2 ms sleep,
+    and the JSON says the gap; without it, no sleep."""
+    from paged.bench import kernel
+
+    slept = []
+    monkeypatch.setattr(kernel.time, "sleep", slept.append)
+    argv = ["kernel", "--batch", "1", "--context", "5", "--dtype", "float32", "--sweep-block-sizes",
+            "--repeats", "2", "--warmup", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--json"]
+    assert main(argv + ["--gap-ms", "2"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    systems = [k for k in result["cases"][0] if k.endswith("_ms") and result["cases"][0][k] is not None]
+    assert result["gap_ms"] == 2.0 and slept == [0.002] * (1 + 2) * len(systems), (slept, systems)
+    slept.clear()
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["gap_ms"] == 0.0 and slept == []
+
+
 def test_bench_kernel_cuda_points_to_the_gpu_benchmark():
     """``kernel --device cuda`` names the GPU benchmark instead of timing anything."""
     with pytest.raises(SystemExit, match="paged.bench kernel_gpu"):
