@@ -19,8 +19,9 @@ largest batch. ``--gap-ms`` idles before each timed call, as a decode step runs
 Python between its kernels: by then an idle thread has gone back to sleep
 (``OMP_WAIT_POLICY=passive``, paged's default), so a call on two threads pays
 for waking it, as it does in the engine; without a gap the threads have just
-run and the kernel's threads rule cannot be judged. On a GPU, ``python -m paged.bench kernel_gpu`` times the CUDA
-kernels instead (CUDA events, flash SDPA, FlexAttention, the copy bandwidth).
+run and the kernel's threads rule cannot be judged. On a GPU, ``python -m
+paged.bench kernel_gpu`` times the CUDA kernels instead (CUDA events, flash
+SDPA, FlexAttention, the copy bandwidth).
 
     python -m paged.bench kernel --plot docs/figures/step03_kernel.png
 """

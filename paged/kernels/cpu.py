@@ -35,6 +35,7 @@ in the call. Layout: the cache of docs/architecture.md, unchanged.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -64,14 +65,27 @@ def _source_dir() -> Path:
     raise FileNotFoundError(f"csrc/cpu sources not found near {here}")
 
 
+@functools.cache
+def _flags_line() -> str | None:
+    """The ``flags`` line of ``/proc/cpuinfo`` (the CPU's feature flags), or None where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux names them (``avx512_bf16``, ``amx_bf16``, ...); empty where
+    ``/proc/cpuinfo`` is absent."""
+    return frozenset((_flags_line() or "").split()[2:])  # past "flags" and ":"
+
+
 def _cpu_key() -> str:
     """Vector capability plus a hash of the CPU's feature flags: ``-march=native``
     code built for one CPU (say with AVX512-BF16) must not be loaded on another."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
+    flags = _flags_line()
+    if flags is None:
         flags = platform.processor()
     digest = hashlib.sha1(flags.encode()).hexdigest()[:8]
     return f"{torch.backends.cpu.get_cpu_capability().lower()}-{digest}"

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paged import _openmp
-from paged.kernels.cpu import fused_ops
+from paged.kernels.cpu import cpu_flags, fused_ops
 from paged.kernels.cpu import load as load_cpu_kernels
 from paged.models.config import ModelConfig
 
@@ -312,14 +312,20 @@ def prepack_linears(model: nn.Module) -> int:
     """
     linears = [m for m in model.modules() if isinstance(m, Linear) and not m.fixed_order
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.bfloat16]
-    setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
-    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
-    if setting == "0" or (setting != "1" and size > PREPACK_MAX_BYTES) or not linears or not _can_prepack():
+    if not linears or not _second_copy_allowed(linears) or not _can_prepack():
         return 0
     for module in linears:
         with torch.no_grad():
             module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PREPACK_BATCH_HINT)
     return len(linears)
+
+
+def _second_copy_allowed(linears: list[nn.Module]) -> bool:
+    """Whether these linears may keep a second, laid-out copy of their weights beside the plain one:
+    ``PAGED_PREPACK_WEIGHTS=1`` / ``0`` says yes / no; by default, up to ``PREPACK_MAX_BYTES`` of them."""
+    setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
+    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    return setting == "1" or (setting != "0" and size <= PREPACK_MAX_BYTES)
 
 
 FIXED_ORDER_DTYPES = (torch.float32, torch.bfloat16)
@@ -376,14 +382,9 @@ def use_pair_order(weight: torch.Tensor) -> bool:
     return kernels is not None and kernels.pair_order_compiled()
 
 
-@functools.cache
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX bfloat16 tiles (Intel Xeons from Sapphire Rapids on)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "amx_bf16" in next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
+    return "amx_bf16" in cpu_flags()
 
 
 def pack_pair_order_linears(model: nn.Module) -> int:
@@ -396,9 +397,7 @@ def pack_pair_order_linears(model: nn.Module) -> int:
     for module in modules:
         module.pair_weight = None
     linears = [m for m in modules if m.fixed_order and use_pair_order(m.weight)]
-    setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
-    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
-    if setting == "0" or (setting != "1" and size > PREPACK_MAX_BYTES) or not linears:
+    if not linears or not _second_copy_allowed(linears):
         return 0
     kernels = load_cpu_kernels()
     for module in linears:

@@ -38,11 +38,6 @@ def loop(ext):
     return ext
 
 
-def cpu_flags() -> list[str]:
-    with open("/proc/cpuinfo") as f:
-        return next((line for line in f if line.startswith("flags")), "").split()
-
-
 def operands(m: int, n: int, k: int, seed: int, bias: bool):
     gen = torch.Generator().manual_seed(seed)
     x = (3 * torch.randn(m, k, generator=gen)).bfloat16()
@@ -204,14 +199,23 @@ def test_bad_arguments_are_named(loop):
         loop.pair_order_pack(w.float())
 
 
-def test_amx_is_read_from_the_cpu_flags():
+def test_amx_is_read_from_the_cpu_flags(monkeypatch):
+    """Exact: ``cpu_flags`` reads the words after ``flags :`` in /proc/cpuinfo (a flags line stood in for,
+    so AMX is seen on a CPU without it), and ``cpu_has_amx`` is whether ``amx_bf16`` is among them."""
     from paged.models import layers
 
-    assert layers.cpu_has_amx() == ("amx_bf16" in cpu_flags())
+    line = "flags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    monkeypatch.setattr(cpu, "_flags_line", lambda: line)
+    assert cpu.cpu_flags() == {"fpu", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+    assert layers.cpu_has_amx()
+    monkeypatch.setattr(cpu, "_flags_line", lambda: line.replace(" amx_bf16", ""))
+    assert not layers.cpu_has_amx()
+    monkeypatch.setattr(cpu, "_flags_line", lambda: None)  # no /proc/cpuinfo
+    assert cpu.cpu_flags() == frozenset() and not layers.cpu_has_amx()
 
 
 def test_the_loop_is_compiled_where_the_cpu_has_avx512_bf16(ext):
-    flags = cpu_flags()
+    flags = cpu.cpu_flags()
     assert ext.pair_order_compiled() == all(f in flags for f in ("avx512f", "avx512bw", "avx512_bf16"))
     if not ext.pair_order_compiled():  # and where it is not, a call says why instead of giving zeros
         x, w, _ = operands(2, 3, 8, 0, bias=False)
