@@ -44,11 +44,14 @@
 // float32 terms are added, so each is held to the same bound, and each is batch-invariant on
 // its own. impl="auto" takes the widest one compiled in.
 //
-// Q4_K and Q6_K (super-blocks of 256 weights, read in place): quant_linear_k.h.
+// Q4_K and Q6_K (super-blocks of 256 weights, read in place): quant_linear_k.h. Q4_0, Q4_1 and Q8_0
+// laid out again with one output column per vector lane, for the VNNI loop at one or two rows of x
+// (quant_pack_lanes, quant_linear_lanes): quant_linear_lanes.h.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -486,6 +489,7 @@ void add_offsets(Isa isa, const uint8_t* rows, const RowLayout& L, const Quantiz
 }
 
 #include "quant_linear_k.h"
+#include "quant_linear_lanes.h"
 
 // f(std::integral_constant<int, C>{}) with C = cols (1 .. TILE_N): the loops take their column count as
 // a template argument, so their accumulators are registers.
@@ -573,6 +577,14 @@ void check_packed(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) 
   const RowLayout L(type, K);
   TORCH_CHECK_VALUE(packed.numel() == N * L.row_bytes, "packed blocks hold ", packed.numel(), " bytes; a [", N, ", ",
                     K, "] weight of type ", type, " takes ", N * L.row_bytes, " (pack_blocks' layout)");
+}
+
+void check_x(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x must be on the CPU, got ", x.device());
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+                   "x must be float32 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == K && x.stride(1) == 1, "x must be [M, ", K,
+                    "] with contiguous rows, got shape ", x.sizes(), " strides ", x.strides());
 }
 
 }  // namespace
@@ -663,11 +675,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
                     "and F16C; this one has not (quant_avx2_compiled() is False)");
   TORCH_CHECK_VALUE(impl != "avx512" || quant_vnni_compiled(), "impl 'avx512' needs a build for a CPU with "
                     "AVX-512 VNNI; this one has not (quant_vnni_compiled() is False)");
-  TORCH_CHECK_VALUE(x.device().is_cpu(), "x must be on the CPU, got ", x.device());
-  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-                   "x must be float32 or bfloat16, got ", x.scalar_type());
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == K && x.stride(1) == 1, "x must be [M, ", K,
-                    "] with contiguous rows, got shape ", x.sizes(), " strides ", x.strides());
+  check_x(x, K);
   at::Tensor y = at::empty({x.size(0), N}, x.options());
   if (x.size(0) == 0) return y;
 #if defined(PAGED_QUANT_VNNI)
@@ -684,6 +692,64 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
 #endif
   linear_for<Scalar>(x, packed, type, N, K, y, second_thread_weights);
   return y;
+}
+
+at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
+  check_packed(packed, type, N, K);
+#if defined(PAGED_QUANT_VNNI)
+  TORCH_CHECK_VALUE(lanes_type(type), "the lanes layout holds Q4_0 (2), Q4_1 (3) and Q8_0 (8) blocks, got type ", type);
+  const RowLayout RL(type, K);
+  const LaneLayout L(type, N, K);
+  at::Tensor out = at::zeros({L.groups * L.group_bytes}, packed.options());
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, L.groups, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const uint8_t* rows[LANES];
+      for (int64_t r = 0; r < LANES; ++r) rows[r] = g * LANES + r < N ? src + (g * LANES + r) * RL.row_bytes : nullptr;
+      pack_lane_group(type, RL, L, rows, dst + g * L.group_bytes);
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK_VALUE(false, "the lanes layout needs a build for a CPU with AVX-512 VNNI; this one has not "
+                    "(quant_vnni_compiled() is False)");
+  return at::Tensor();
+#endif
+}
+
+at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int64_t type, int64_t N, int64_t K,
+                              std::optional<int64_t> second_thread_weights) {
+#if defined(PAGED_QUANT_VNNI)
+  TORCH_CHECK_VALUE(lanes_type(type), "the lanes layout holds Q4_0 (2), Q4_1 (3) and Q8_0 (8) blocks, got type ", type);
+  TORCH_CHECK_VALUE(N > 0 && K > 0 && K % QK == 0, "a quantized weight needs N > 0 and K a positive multiple of 32, "
+                    "got N = ", N, ", K = ", K);
+  const LaneLayout L(type, N, K);
+  TORCH_CHECK_TYPE(lanes.scalar_type() == at::kByte, "lanes must be uint8, got ", lanes.scalar_type());
+  TORCH_CHECK_VALUE(lanes.device().is_cpu() && lanes.is_contiguous() && lanes.numel() == L.groups * L.group_bytes,
+                    "lanes must be quant_pack_lanes' contiguous CPU tensor of ", L.groups * L.group_bytes,
+                    " bytes for a [", N, ", ", K, "] weight of type ", type, ", got ", lanes.numel());
+  check_x(x, K);
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0) return y;
+#define PAGED_LANES_CASE(T)                                                                               \
+  switch (type) {                                                                                         \
+    case kQ4_0: lanes_impl<T, kQ4_0>(x, lanes, N, K, y, second_thread_weights); break;                    \
+    case kQ4_1: lanes_impl<T, kQ4_1>(x, lanes, N, K, y, second_thread_weights); break;                    \
+    default: lanes_impl<T, kQ8_0>(x, lanes, N, K, y, second_thread_weights); break;                       \
+  }
+  if (x.scalar_type() == at::kBFloat16) {
+    PAGED_LANES_CASE(c10::BFloat16)
+  } else {
+    PAGED_LANES_CASE(float)
+  }
+#undef PAGED_LANES_CASE
+  return y;
+#else
+  TORCH_CHECK_VALUE(false, "the lanes layout needs a build for a CPU with AVX-512 VNNI; this one has not "
+                    "(quant_vnni_compiled() is False)");
+  return at::Tensor();
+#endif
 }
 
 }  // namespace paged

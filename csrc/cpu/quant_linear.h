@@ -26,6 +26,15 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t t
 // product rounded.
 at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, int64_t K);
 
+// The Q4_0, Q4_1 or Q8_0 blocks of pack_blocks' layout laid out again with one output column per vector
+// lane (quant_linear_lanes.h), for quant_linear_lanes; needs the VNNI loops (quant_vnni_compiled()).
+at::Tensor quant_pack_lanes(const at::Tensor& blocks, int64_t type, int64_t N, int64_t K);
+
+// quant_linear over quant_pack_lanes' layout: the same x rounding, each output summed in the lanes
+// layout's own fixed order (a float32 rounding from the row layout's).
+at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int64_t type, int64_t N, int64_t K,
+                              std::optional<int64_t> second_thread_weights = std::nullopt);
+
 // Whether the AVX-512 VNNI loops were compiled in (impl "avx512").
 bool quant_vnni_compiled();
 

@@ -29,7 +29,7 @@ from paged.models.layers import (
     prepack_linears,
     use_fixed_order_linears,
 )
-from paged.models.quantized import QuantizedLinear
+from paged.models.quantized import QuantizedLinear, pack_lane_linears
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +44,15 @@ class ServingTraits:
         fixed_order_linears: how many dense linears multiply by a fixed-order kernel instead of
             the stock GEMM (where ``layers.use_fixed_order_linears`` says so).
         pair_order_linears: how many of those multiply in the pair order (``layers.pack_pair_order_linears``).
+        lane_linears: how many quantized linears multiply by their blocks in the lanes layout
+            (``quantized.pack_lane_linears``).
     """
 
     padded_linears: int
     packed_linears: int
     fixed_order_linears: int = 0
     pair_order_linears: int = 0
+    lane_linears: int = 0
 
 
 class CausalLM(nn.Module):
@@ -90,7 +93,8 @@ class CausalLM(nn.Module):
         quantized linears hand batches of many rows to their dense layer, which multiplies as the dense
         linears do (in float32 by the fixed-order kernel up to that many rows; never padded). Other
         bfloat16 CPU linears get oneDNN-packed weights (the same bits), pair-order ones their weight
-        laid out for that kernel (``layers.pack_pair_order_linears``).
+        laid out for that kernel (``layers.pack_pair_order_linears``), Q4_0/Q4_1/Q8_0 quantized ones their
+        blocks in the lanes layout where the VNNI loops are built (``quantized.pack_lane_linears``).
 
         Args:
             batch_invariant: a row's result must not depend on the batch it is in.
@@ -111,7 +115,7 @@ class CausalLM(nn.Module):
             padded += module.pad_one_row
             fixed += module.fixed_order
         return ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self), fixed_order_linears=fixed,
-                             pair_order_linears=pack_pair_order_linears(self))
+                             pair_order_linears=pack_pair_order_linears(self), lane_linears=pack_lane_linears(self))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
         """Logits of the rows to sample from (call it on those rows only: the LM head is the widest GEMM)."""

@@ -312,7 +312,7 @@ def prepack_linears(model: nn.Module) -> int:
     """
     linears = [m for m in model.modules() if isinstance(m, Linear) and not m.fixed_order
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.bfloat16]
-    if not linears or not _second_copy_allowed(linears) or not _can_prepack():
+    if not linears or not second_copy_allowed(_weight_bytes(linears)) or not _can_prepack():
         return 0
     for module in linears:
         with torch.no_grad():
@@ -320,12 +320,16 @@ def prepack_linears(model: nn.Module) -> int:
     return len(linears)
 
 
-def _second_copy_allowed(linears: list[nn.Module]) -> bool:
-    """Whether these linears may keep a second, laid-out copy of their weights beside the plain one:
-    ``PAGED_PREPACK_WEIGHTS=1`` / ``0`` says yes / no; by default, up to ``PREPACK_MAX_BYTES`` of them."""
+def second_copy_allowed(nbytes: int) -> bool:
+    """Whether layers may keep a second, laid-out copy of ``nbytes`` of their weights beside the plain
+    ones (oneDNN's packing, the pair order, the quantized lanes): ``PAGED_PREPACK_WEIGHTS=1`` / ``0``
+    says yes / no; by default, up to ``PREPACK_MAX_BYTES``."""
     setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
-    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
-    return setting == "1" or (setting != "0" and size <= PREPACK_MAX_BYTES)
+    return setting == "1" or (setting != "0" and nbytes <= PREPACK_MAX_BYTES)
+
+
+def _weight_bytes(linears: list[nn.Module]) -> int:
+    return sum(m.weight.numel() * m.weight.element_size() for m in linears)
 
 
 FIXED_ORDER_DTYPES = (torch.float32, torch.bfloat16)
@@ -397,7 +401,7 @@ def pack_pair_order_linears(model: nn.Module) -> int:
     for module in modules:
         module.pair_weight = None
     linears = [m for m in modules if m.fixed_order and use_pair_order(m.weight)]
-    if not linears or not _second_copy_allowed(linears):
+    if not linears or not second_copy_allowed(_weight_bytes(linears)):
         return 0
     kernels = load_cpu_kernels()
     for module in linears:

@@ -39,7 +39,7 @@ from paged.kernels.cpu import load as load_cpu_kernels
 from paged.models.config import ModelLoadError
 from paged.models.gguf_names import hf_tensor_name, permuted_projections, unpermute_rows
 from paged.models.kquants import K_FORMATS, QK_K, dequantize_kquant
-from paged.models.layers import THREADS_SPIN, Linear, MergedLinear, cpu_has_bf16_gemm
+from paged.models.layers import THREADS_SPIN, Linear, MergedLinear, cpu_has_bf16_gemm, second_copy_allowed
 
 QUANTIZATIONS = ("gguf",)  # the values of LLM(quantization=...) besides None
 # ggml type number -> (name, bytes per block of 32 weights) for the 32-weight formats the kernel reads
@@ -149,7 +149,8 @@ class QuantizedLinear(nn.Module):
     Which path runs, for ``x`` of ``T`` rows:
 
     * ``T <= dense_rows`` (decode: one or two sequences), or ``dense_rows`` None: the C++
-      kernel over the blocks, on a CPU with the kernel built. Otherwise (no compiler) the
+      kernel over the blocks, on a CPU with the kernel built (over ``lane_blocks`` once
+      ``pack_lane_linears`` gave the layer them). Otherwise (no compiler) the
       weight is dequantized at every call and multiplied in float32: slow, equal to the kernel
       up to float32 rounding.
     * more rows (a prompt, a batch): ``dense``, the layer with the weight dequantized once,
@@ -174,6 +175,7 @@ class QuantizedLinear(nn.Module):
         self.output_sizes = tuple(output_sizes or (out_features,))
         self.dense = dense
         self.dense_rows: int | None = None
+        self.lane_blocks: torch.Tensor | None = None  # the blocks in the lanes layout (pack_lane_linears)
         self.use_kernel_only(False)
 
     @property
@@ -188,8 +190,12 @@ class QuantizedLinear(nn.Module):
             return self.dense(x)
         kernels = load_cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
         if kernels is not None and x.dim() == 2:
-            return kernels.quant_linear(x if x.stride(-1) == 1 else x.contiguous(), self.blocks, self.kind,
-                                        self.out_features, self.in_features, "auto", SECOND_THREAD_WEIGHTS)
+            x = x if x.stride(-1) == 1 else x.contiguous()
+            if self.lane_blocks is not None:  # the same sums, one output column per vector lane
+                return kernels.quant_linear_lanes(x, self.lane_blocks, self.kind, self.out_features,
+                                                  self.in_features, SECOND_THREAD_WEIGHTS)
+            return kernels.quant_linear(x, self.blocks, self.kind, self.out_features, self.in_features, "auto",
+                                        SECOND_THREAD_WEIGHTS)
         weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features).to(x.device)
         return torch.nn.functional.linear(quantize_activations(x), weight).to(x.dtype)
 
@@ -209,6 +215,37 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}, "
                 f"dense_rows={self.dense_rows}")
+
+
+LANE_FORMATS = (2, 3, 8)  # Q4_0, Q4_1, Q8_0: the formats quant_pack_lanes lays out
+
+
+def pack_lane_linears(model: nn.Module) -> int:
+    """Give every Q4_0, Q4_1 and Q8_0 ``QuantizedLinear`` of ``model`` its blocks laid out again with one
+    output column per vector lane (``lane_blocks``, ``csrc/cpu/quant_linear_lanes.h``), once; returns how
+    many.
+
+    Only where the kernel's AVX-512 VNNI loops are built. At one or two rows of x a layer should be as
+    fast as its weights arrive from memory (a decode step reads every layer once); in the row layout,
+    summing each output across 16 lanes and adding them up at the end, SmolLM2's Q4_1 linears took
+    9.6 ms at one row, in lanes 4.7 (Zen 4, ``python -m paged.bench quant_kernel --cold``,
+    docs/benchmarks.md). The layout gives each output its own lane, so no sum crosses lanes.
+    The row layout stays (the plain loops and ``dequantize_blocks`` read it), under the same rule as the
+    other laid-out copies (``layers.second_copy_allowed``). The outputs are the row layout's up to float32
+    rounding (each sums the blocks in a fixed order of its own); a row's bits still do not depend on the
+    batch. Called by ``CausalLM.prepare_for_serving``."""
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    for layer in layers:
+        layer.lane_blocks = None
+    kernels = load_cpu_kernels()
+    layers = [m for m in layers if m.kind in LANE_FORMATS and m.blocks.device.type == "cpu"]
+    if not layers or kernels is None or not kernels.quant_vnni_compiled():
+        return 0
+    if not second_copy_allowed(sum(m.blocks.numel() for m in layers)):
+        return 0
+    for layer in layers:
+        layer.lane_blocks = kernels.quant_pack_lanes(layer.blocks, layer.kind, layer.out_features, layer.in_features)
+    return len(layers)
 
 
 # --- putting the layers into a loaded model -----------------------------------------------------

@@ -15,9 +15,12 @@ references are float64 products of tensors computed here.
   per element of block b, times ``|W|``.
 * Batch invariance: bitwise. A row's output is the same alone, among other rows and, for
   a layer large enough to be split between threads, on one thread.
-* Every implementation (``impl``: the scalar loops, AVX2, AVX-512 VNNI, those this CPU runs)
-  is held to all of the above: they add the same float32 terms in different orders, so each is
-  checked against the float64 product, not against another.
+* Every implementation (``impl``: the scalar loops, AVX2, AVX-512 VNNI, those this CPU runs; and
+  ``"lanes"``, ``quant_linear_lanes`` over the Q4_0/Q4_1/Q8_0 blocks laid out with one output per
+  vector lane, where VNNI is built) is held to all of the above: they add the same float32 terms in
+  different orders, so each is checked against the float64 product, not against another. The lanes
+  loop adds at most two terms a block one after another (``2 B`` roundings, plus the scale products'),
+  inside the same bound.
 
 A broken nibble order, a fifth bit (Q5_0) in the wrong place, a scale applied to the wrong
 block or a lost padding block moves a result by a whole block's share of ``T`` (about ``T / B``),
@@ -30,13 +33,13 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from paged.kernels import cpu
 from paged.models.kquants import K_FORMATS, k_scales_mins
-from paged.models.quantized import (BLOCK_FORMATS, QuantizedLinear, dequantize_blocks, pack_blocks,
-                                    quantize_activations, row_layout)
+from paged.models.quantized import (BLOCK_FORMATS, LANE_FORMATS, QuantizedLinear, dequantize_blocks, pack_blocks,
+                                    pack_lane_linears, quantize_activations, row_layout)
 
 T = gguf.GGMLQuantizationType
 KINDS = (int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q8_0))
@@ -59,6 +62,16 @@ AVX2_FLAGS = {"avx2", "fma", "f16c"}
 VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}
 IMPLS = ["scalar"] + (["avx2"] if AVX2_FLAGS <= _cpu_flags() else []) + (
     ["avx512"] if VNNI_FLAGS <= _cpu_flags() else [])
+LANES = ["lanes"] if VNNI_FLAGS <= _cpu_flags() else []  # quant_linear_lanes: the VNNI loop's other layout
+# (impl, kind) pairs: every implementation on every block format it reads
+IMPL_KINDS = [(impl, kind) for impl in IMPLS + LANES for kind in KINDS if impl != "lanes" or kind in LANE_FORMATS]
+
+
+def _linear(ext, impl, x, packed, kind, n, k, **kwargs):
+    """``quant_linear`` with ``impl``; for ``"lanes"``, ``quant_linear_lanes`` over the blocks laid out in lanes."""
+    if impl == "lanes":
+        return ext.quant_linear_lanes(x, ext.quant_pack_lanes(packed, kind, n, k), kind, n, k, **kwargs)
+    return ext.quant_linear(x, packed, kind, n, k, impl=impl, **kwargs)
 
 
 def test_each_implementation_this_cpu_runs_is_compiled_in(ext):
@@ -96,9 +109,10 @@ def _term_bound(x_hat: torch.Tensor, packed: torch.Tensor, kind: int, n: int, k:
 
 @st.composite
 def shapes(draw):
-    """(kind, M, N, K, seed): odd block counts (a padding block), N not a multiple of 4 (a partial tile)."""
+    """(kind, M, N, K, seed): odd block counts (a padding block), N not a multiple of 4 or of 16 (a partial
+    tile of rows, a partial group of lanes)."""
     kind = draw(st.sampled_from(KINDS))
-    return (kind, draw(st.integers(1, 9)), draw(st.integers(1, 13)), 32 * draw(st.integers(1, 11)),
+    return (kind, draw(st.integers(1, 9)), draw(st.integers(1, 40)), 32 * draw(st.integers(1, 11)),
             draw(st.integers(0, 2**31)))
 
 
@@ -112,15 +126,16 @@ def test_dequantize_is_ggufs_bitwise(ext, case):
     assert torch.equal(dequantize_blocks(packed, kind, n, k), want)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS + LANES)
 @settings(max_examples=60)
 @given(case=shapes(), dtype=st.sampled_from([torch.float32, torch.bfloat16]), scale=st.sampled_from([1e-3, 1.0, 30.0]))
 def test_linear_equals_dequantize_then_multiply(ext, impl, case, dtype, scale):
     """Toleranced: against x̂ · Wᵀ in float64 within float32 rounding; against x · Wᵀ within x's rounding."""
     kind, m, n, k, seed = case
+    assume(impl != "lanes" or kind in LANE_FORMATS)
     raw, packed = quantized(kind, n, k, seed, scale)
     x = (torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
-    y = ext.quant_linear(x, packed, kind, n, k, impl=impl)
+    y = _linear(ext, impl, x, packed, kind, n, k)
     assert y.dtype == dtype and y.shape == (m, n)
     w = dequantize_blocks(packed, kind, n, k).double()
     x_hat = quantize_activations(x)
@@ -135,41 +150,43 @@ def test_linear_equals_dequantize_then_multiply(ext, impl, case, dtype, scale):
     assert ((y.double() - exact).abs() <= tol + step @ w.abs().T * (1 + 1e-6)).all()
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS + LANES)
 @given(case=shapes())
 def test_a_row_does_not_depend_on_the_batch(ext, impl, case):
-    """Bitwise: each row alone gives what it gets in the batch (the thread count: the test below)."""
+    """Bitwise: each row alone gives what it gets in the batch (the thread count: the test below), in float32
+    (where a sum added in another order shows in the last bits; bfloat16's rounding of the output can hide
+    it) and in bfloat16."""
     kind, m, n, k, seed = case
+    assume(impl != "lanes" or kind in LANE_FORMATS)
     _, packed = quantized(kind, n, k, seed)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16()
-    batch = ext.quant_linear(x, packed, kind, n, k, impl=impl)
-    for i in range(m):
-        assert torch.equal(ext.quant_linear(x[i : i + 1], packed, kind, n, k, impl=impl), batch[i : i + 1])
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        batch = _linear(ext, impl, x, packed, kind, n, k)
+        for i in range(m):
+            assert torch.equal(_linear(ext, impl, x[i : i + 1], packed, kind, n, k), batch[i : i + 1])
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("impl", "kind"), IMPL_KINDS)
 def test_a_layer_large_enough_to_split_gives_the_same_bits_on_one_thread(ext, impl, kind):
     """Bitwise: a layer big enough that its columns are split between threads (4096 x 1024 at one and
-    three rows: the AVX2 loop splits from 2 M weights x rows, three rows counted as one) gives the
-    one-thread result, and each row its own result."""
+    three rows: the AVX2 loop splits from 2 M weights x rows, three rows counted as one; the VNNI and
+    lanes loops count every row) gives the one-thread result, and each row its own result."""
     n, k = 4096, 1024
     _, packed = quantized(kind, n, k, 3)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(3)).bfloat16()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        split = [ext.quant_linear(x[:m], packed, kind, n, k, impl=impl) for m in (1, 3)]
+        split = [_linear(ext, impl, x[:m], packed, kind, n, k) for m in (1, 3)]
         torch.set_num_threads(1)
-        single = [ext.quant_linear(x[:m], packed, kind, n, k, impl=impl) for m in (1, 3)]
+        single = [_linear(ext, impl, x[:m], packed, kind, n, k) for m in (1, 3)]
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(split[0], single[0]) and torch.equal(split[1], single[1])
     assert torch.equal(split[1][:1], split[0])
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("impl", "kind"), IMPL_KINDS)
 def test_the_second_thread_rule_changes_no_bit(ext, impl, kind):
     """Bitwise: a small layer (960 x 576, qkv's) split over the threads from any work
     (``second_thread_weights`` 0: every tile a task; the loop's own rule; never) gives the same
@@ -178,8 +195,7 @@ def test_the_second_thread_rule_changes_no_bit(ext, impl, kind):
     _, packed = quantized(kind, n, k, 5)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(5)).bfloat16()
     for m in (1, 3):
-        outs = [ext.quant_linear(x[:m], packed, kind, n, k, impl=impl, second_thread_weights=rule)
-                for rule in (0, None, 1 << 62)]
+        outs = [_linear(ext, impl, x[:m], packed, kind, n, k, second_thread_weights=rule) for rule in (0, None, 1 << 62)]
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), m
 
 
@@ -201,7 +217,27 @@ def test_the_torch_fallback_equals_the_kernel(ext, monkeypatch):
     assert not torch.equal(fast, torch.zeros_like(fast))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+def test_a_layer_given_lane_blocks_multiplies_by_them(ext, monkeypatch):
+    """Bitwise: after ``pack_lane_linears`` a Q4_1 ``QuantizedLinear`` gives ``quant_linear_lanes``' bits (where
+    the VNNI loops are built; elsewhere it gets none), and with ``PAGED_PREPACK_WEIGHTS=0`` (no second copies)
+    it keeps none and gives ``quant_linear``'s; a Q5_0 layer, which the layout does not hold, gets none."""
+    kind, n, k = int(T.Q4_1), 40, 256
+    _, packed = quantized(kind, n, k, 9)
+    layer = QuantizedLinear(packed, kind, n, k)
+    other = QuantizedLinear(quantized(int(T.Q5_0), n, k, 9)[1], int(T.Q5_0), n, k)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(9))
+    model = torch.nn.Sequential(layer, other)
+    assert pack_lane_linears(model) == len(LANES) and other.lane_blocks is None
+    with torch.inference_mode():
+        if LANES:
+            assert torch.equal(layer.lane_blocks, ext.quant_pack_lanes(packed, kind, n, k))
+            assert torch.equal(layer(x), ext.quant_linear_lanes(x, layer.lane_blocks, kind, n, k))
+        monkeypatch.setenv("PAGED_PREPACK_WEIGHTS", "0")
+        assert pack_lane_linears(model) == 0 and layer.lane_blocks is None
+        assert torch.equal(layer(x), ext.quant_linear(x, packed, kind, n, k))
+
+
+@pytest.mark.parametrize("impl", IMPLS + LANES)
 def test_activation_rounding_matches_the_kernels(ext, impl):
     """Bitwise: the kernel multiplies by exactly ``quantize_activations(x)``. W is the identity, written
     by hand as Q8_0 blocks with d = 1: each output is one product dx * qx, rounded once on both sides."""
@@ -215,7 +251,7 @@ def test_activation_rounding_matches_the_kernels(ext, impl):
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(2)) * 5
     x_hat = quantize_activations(x)
     assert not torch.equal(x_hat, x)
-    assert torch.equal(ext.quant_linear(x, packed, int(T.Q8_0), k, k, impl=impl), x_hat)
+    assert torch.equal(_linear(ext, impl, x, packed, int(T.Q8_0), k, k), x_hat)
 
 
 def test_bad_arguments_are_refused(ext):
@@ -238,6 +274,33 @@ def test_bad_arguments_are_refused(ext):
     with pytest.raises(ValueError, match="block type 5"):
         QuantizedLinear(packed, 5, n, k)
     assert set(BLOCK_FORMATS) == set(KINDS)
+
+
+def test_the_lanes_layout_refuses_what_it_cannot_hold(ext):
+    """Specific errors, nothing computed: a format the lanes layout does not hold, blocks of the wrong size
+    (the row layout's, a byte short), x's width; without the VNNI loops, the layout itself."""
+    kind, n, k = int(T.Q4_1), 20, 64
+    _, packed = quantized(kind, n, k, 0)
+    x = torch.randn(2, k)
+    if not LANES:
+        with pytest.raises(ValueError, match="needs a build for a CPU with AVX-512 VNNI"):
+            ext.quant_pack_lanes(packed, kind, n, k)
+        return
+    lanes = ext.quant_pack_lanes(packed, kind, n, k)
+    assert lanes.numel() == 2 * (k // 32) * (256 + 64)  # two groups of 16 rows, records of q | d | m
+    _, q5 = quantized(int(T.Q5_0), n, k, 0)
+    with pytest.raises(ValueError, match=r"holds Q4_0 \(2\), Q4_1 \(3\) and Q8_0 \(8\) blocks, got type 6"):
+        ext.quant_pack_lanes(q5, int(T.Q5_0), n, k)
+    with pytest.raises(ValueError, match="packed blocks hold"):
+        ext.quant_pack_lanes(packed[:-1].contiguous(), kind, n, k)
+    with pytest.raises(ValueError, match=f"contiguous CPU tensor of {lanes.numel()} bytes"):
+        ext.quant_linear_lanes(x, packed, kind, n, k)  # the row layout: another size
+    with pytest.raises(ValueError, match=f"contiguous CPU tensor of {lanes.numel()} bytes"):
+        ext.quant_linear_lanes(x, lanes[:-1].contiguous(), kind, n, k)
+    with pytest.raises(ValueError, match=r"x must be \[M, 64\]"):
+        ext.quant_linear_lanes(torch.randn(2, 32), lanes, kind, n, k)
+    with pytest.raises(ValueError, match="got type 6"):
+        ext.quant_linear_lanes(x, lanes, int(T.Q5_0), n, k)
 
 
 # -- the K-quants: super-blocks of 256 weights (paged/models/kquants.py, csrc/cpu/quant_linear_k.h) ------------
