@@ -8,6 +8,9 @@ for ``M`` rows of input, side by side in one process:
 * ``scalar``, ``avx2``, ``avx512``: ``paged.kernels.cpu``'s ``quant_linear``
   with that ``impl`` (``csrc/cpu/quant_linear.cpp``), those compiled in here
   (``--impls`` to choose);
+* ``lanes``: ``quant_linear_lanes`` over the blocks laid out with one output
+  column per vector lane (``csrc/cpu/quant_linear_lanes.h``; Q4_0, Q4_1 and
+  Q8_0, where the VNNI loops are built): what a served model runs there;
 * ``dense``: ``layers.gemm`` on the weight dequantized once into ``--dtype``
   (torch's GEMM, as ``QuantizedLinear`` hands batches to its dense layer).
 
@@ -16,11 +19,17 @@ taking turns every round. Reported per case: milliseconds per system and
 ``dense / fastest kernel``; the ``model`` rows add the layers up (4 linears x
 ``--layers`` + the LM head, those the type applies to).
 
-    python -m paged.bench quant_kernel [--type Q4_1 Q8_0] [--rows 1 16 64] [--dtype bfloat16] [--json]
+By default one layer's weight is read again and again, so it comes from the
+caches; a decode step reads every layer once, from memory. ``--cold`` gives each
+system copies of its weight, at least 64 MiB of them, and each call reads the
+next copy: the weights come from memory, as in a step.
+
+    python -m paged.bench quant_kernel [--type Q4_1 Q8_0] [--rows 1 16 64] [--dtype bfloat16] [--cold] [--json]
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -33,6 +42,14 @@ from paged.models.layers import gemm
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 K_QUANT_BYTES = {12: (144, (0, 2)), 14: (210, (208,))}  # super-block bytes, offsets of its float16 factors
+COLD_BYTES = 64 << 20  # --cold: at least this many bytes of copies per system, more than a last-level cache
+
+
+def cycling(call, make, nbytes: int, cold: bool):
+    """A call of ``call(w)`` to time, ``w`` made by ``make()`` (``nbytes`` of weights): the same ``w`` each time,
+    or (``cold``) the next of enough copies that none is still in a cache when its turn comes again."""
+    copies = itertools.cycle([make() for _ in range(-(-COLD_BYTES // nbytes) if cold else 1)])
+    return lambda: call(next(copies))
 
 
 def add_arguments(parser) -> None:
@@ -40,8 +57,10 @@ def add_arguments(parser) -> None:
                         help="GGUF block types of the weights")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64], help="rows M of the input")
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
-    parser.add_argument("--impls", nargs="+", choices=["scalar", "avx2", "avx512"],
+    parser.add_argument("--impls", nargs="+", choices=["scalar", "avx2", "avx512", "lanes"],
                         help="implementations to time (default: every one compiled in)")
+    parser.add_argument("--cold", action="store_true",
+                        help="each call reads another copy of the weight (64 MiB of copies): from memory")
     add_layer_timing_arguments(parser)
 
 
@@ -65,17 +84,23 @@ def random_blocks(kind: int, n: int, k: int, rng: np.random.Generator) -> torch.
 
 
 def run_case(ext, name: str, type_name: str, k: int, n: int, m: int, dtype_name: str, impls: list, args, rng) -> dict:
-    from paged.models.quantized import dequantize_blocks
+    from paged.models.quantized import LANE_FORMATS, dequantize_blocks
 
     dtype, kind = DTYPES[dtype_name], TYPES[type_name]
     blocks = random_blocks(kind, n, k, rng)
-    dense = linear(dequantize_blocks(blocks, kind, n, k).to(dtype), "plain")
+    weight = dequantize_blocks(blocks, kind, n, k).to(dtype)
     x = (3 * torch.randn(m, k, generator=torch.Generator().manual_seed(int(rng.integers(2**31))))).to(dtype)
-    systems = {impl: (lambda impl=impl: ext.quant_linear(x, blocks, kind, n, k, impl=impl)) for impl in impls}
-    systems["dense"] = lambda: gemm(dense, x)
+    systems = {impl: cycling(lambda w, impl=impl: ext.quant_linear(x, w, kind, n, k, impl=impl), blocks.clone,
+                             blocks.numel(), args.cold) for impl in impls if impl != "lanes"}
+    if "lanes" in impls and kind in LANE_FORMATS:
+        lanes = ext.quant_pack_lanes(blocks, kind, n, k)
+        systems["lanes"] = cycling(lambda w: ext.quant_linear_lanes(x, w, kind, n, k), lanes.clone, lanes.numel(),
+                                   args.cold)
+    systems["dense"] = cycling(lambda layer: gemm(layer, x), lambda: linear(weight, "plain"),
+                               weight.numel() * weight.element_size(), args.cold)
     with torch.inference_mode():
         ms = median_ms(systems, args.repeats, args.warmup)
-    fastest = min(ms[impl] for impl in impls)
+    fastest = min(t for name, t in ms.items() if name != "dense")
     return {"layer": name, "type": type_name, "k": k, "n": n, "rows": m, "dtype": dtype_name,
             **{f"{s}_ms": t for s, t in ms.items()}, "dense_over_fastest": ms["dense"] / fastest}
 
@@ -85,7 +110,7 @@ def run(args) -> int:
 
     ext = cpu.load(strict=True)
     compiled = ["scalar"] + (["avx2"] if ext.quant_avx2_compiled() else []) + (
-        ["avx512"] if ext.quant_vnni_compiled() else [])
+        ["avx512", "lanes"] if ext.quant_vnni_compiled() else [])
     impls = args.impls or compiled
     missing = [impl for impl in impls if impl not in compiled]
     if missing:
@@ -94,7 +119,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
     result = {**machine(), "load_before": os.getloadavg(), "compiled": compiled, "layers": args.layers,
-              "repeats": args.repeats, "cases": [], "model": []}
+              "repeats": args.repeats, "cold": args.cold, "cases": [], "model": []}
     print(f"{headline(result)}, compiled: {', '.join(compiled)}")
     columns = [*impls, "dense"]
     print(f"{'dtype':9s} {'type':5s} {'layer':8s} {'K':>5s} {'N':>6s} {'rows':>5s} "
@@ -109,20 +134,28 @@ def run(args) -> int:
                 for name, k, n in shapes:
                     row = run_case(ext, name, type_name, k, n, m, dt, impls, args, rng)
                     result["cases"].append(row)
-                    for c in columns:
-                        total[c] += (1 if name == "lm_head" else args.layers) * row[f"{c}_ms"]
+                    for c in columns:  # a system that does not read this type (lanes: Q5_0, K-quants): no total
+                        times = (1 if name == "lm_head" else args.layers)
+                        total[c] = None if total[c] is None or f"{c}_ms" not in row else total[c] + times * row[f"{c}_ms"]
                     print(f"{dt:9s} {type_name:5s} {name:8s} {k:5d} {n:6d} {m:5d} "
-                          + " ".join(f"{row[f'{c}_ms']:10.3f}" for c in columns)
+                          + " ".join(_cell(row.get(f"{c}_ms"), 3) for c in columns)
                           + f" {row['dense_over_fastest']:10.2f}", flush=True)
+                timed = [c for c in impls if total[c] is not None]
                 model = {"dtype": dt, "type": type_name, "rows": m, "layers_included": [s[0] for s in shapes],
-                         **{f"{c}_ms": total[c] for c in columns},
-                         "dense_over_fastest": total["dense"] / min(total[i] for i in impls)}
+                         **{f"{c}_ms": total[c] for c in columns if total[c] is not None},
+                         "dense_over_fastest": total["dense"] / min(total[i] for i in timed)}
                 result["model"].append(model)
                 print(f"{dt:9s} {type_name:5s} {'model':8s} {'':5s} {'':6s} {m:5d} "
-                      + " ".join(f"{total[c]:10.1f}" for c in columns)
+                      + " ".join(_cell(total[c], 1) for c in columns)
                       + f" {model['dense_over_fastest']:10.2f}   ({', '.join(model['layers_included'])})", flush=True)
     result["load_after"] = os.getloadavg()
     print(f"load average after: {result['load_after'][0]:.2f}")
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def _cell(ms: float | None, digits: int) -> str:
+    """A column of the table: milliseconds, or ``-`` for a system that does not read this type."""
+    return f"{'-':>10s}" if ms is None else f"{ms:10.{digits}f}"
+

@@ -2,16 +2,19 @@
 
 Times are not checked (noise at these sizes); the shape of the last line is: one case per
 layer the block type applies to (the K-quants only where K is a multiple of 256), a time for
-every implementation compiled in and for the dense GEMM, and model rows that are the sums of
-their layers (exact up to float addition: ``pytest.approx``).
+every implementation compiled in that reads the type (``lanes``: Q4_0, Q4_1, Q8_0) and for the
+dense GEMM, and model rows that are the sums of their layers (exact up to float addition:
+``pytest.approx``). ``--cold``'s copies: exact.
 """
 
 import json
 import types
 
 import pytest
+import torch
 
 from paged.bench.__main__ import main
+from paged.bench.quant_kernel import COLD_BYTES, cycling
 from paged.kernels import cpu
 
 
@@ -23,7 +26,7 @@ def test_bench_quant_kernel_json_last_line(capsys):
     for key in ("cpu", "cpu_family_model", "date", "threads", "load_before", "load_after", "compiled"):
         assert key in result, key
     ext = cpu.load(strict=True)
-    impls = ["scalar"] + ["avx2"] * ext.quant_avx2_compiled() + ["avx512"] * ext.quant_vnni_compiled()
+    impls = ["scalar"] + ["avx2"] * ext.quant_avx2_compiled() + ["avx512", "lanes"] * ext.quant_vnni_compiled()
     assert result["compiled"] == impls
     cases = result["cases"]
     assert [(c["type"], c["layer"], c["rows"]) for c in cases] == (
@@ -31,8 +34,11 @@ def test_bench_quant_kernel_json_last_line(capsys):
         + [("Q6_K", "down", m) for m in (1, 3)])  # K 576 is not super-blocks: only down (1 536) takes Q6_K
     assert (cases[0]["k"], cases[0]["n"]) == (32, 60)  # 576 / 16 down to blocks of 32, 960 / 16
     for c in cases:
-        for key in [f"{impl}_ms" for impl in impls] + ["dense_ms", "dense_over_fastest"]:
+        timed = [i for i in impls if i != "lanes" or c["type"] == "Q4_1"]  # the lanes layout holds no Q6_K
+        for key in [f"{impl}_ms" for impl in timed] + ["dense_ms", "dense_over_fastest"]:
             assert isinstance(c[key], float) and c[key] > 0, (key, c)
+        assert [k for k in c if k.endswith("_ms")] == [f"{impl}_ms" for impl in timed] + ["dense_ms"]
+    assert all("lanes_ms" not in m for m in result["model"] if m["type"] == "Q6_K")
     q4 = [m for m in result["model"] if m["type"] == "Q4_1"]
     for i, model in enumerate(q4):
         layers = cases[5 * i: 5 * i + 5]
@@ -50,3 +56,26 @@ def test_bench_quant_kernel_refuses_an_implementation_not_compiled_in(monkeypatc
     monkeypatch.setattr(cpu, "load", lambda strict=False: without_vnni)
     with pytest.raises(SystemExit, match="--impls avx512: not compiled in here"):
         main(["quant_kernel", "--impls", "avx512", "--scale", "16", "--rows", "1"])
+
+
+def test_cold_calls_read_the_next_copy_each_time():
+    """Exact: without ``--cold`` every call gets the one weight made; with it, calls go round copies of at
+    least ``COLD_BYTES`` in all, each a new tensor, in turn."""
+    made = []
+
+    def make():
+        made.append(torch.zeros(1 << 20, dtype=torch.uint8))
+        return made[-1]
+
+    seen = []
+    call = cycling(seen.append, make, 1 << 20, cold=False)
+    call(), call()
+    assert len(made) == 1 and seen[0] is seen[1] is made[0]
+    made.clear(), seen.clear()
+    call = cycling(seen.append, make, 1 << 20, cold=True)
+    copies = COLD_BYTES >> 20
+    for _ in range(2 * copies):
+        call()
+    assert len(made) == copies == len({id(t) for t in seen}) and seen[copies:] == seen[:copies]
+    assert all(a is not b for a, b in zip(seen, seen[1:]))
+
