@@ -163,6 +163,16 @@ struct QuantizedRow {
   float* s;   // [blocks] dx * sum(qx), for the offset term of the 4-bit formats
 };
 
+// The memory for M rows of x as QuantizedRow's, blocks each.
+struct QuantizedRows {
+  int64_t blocks;
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+
+  QuantizedRows(int64_t M, int64_t blocks) : blocks(blocks), q(M * blocks * QK), d(M * blocks), s(M * blocks) {}
+  QuantizedRow row(int64_t m) { return {q.data() + m * blocks * QK, d.data() + m * blocks, s.data() + m * blocks}; }
+};
+
 template <typename T>
 inline float widen_x(T v) { return static_cast<float>(v); }
 
@@ -511,10 +521,8 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
   const T* x0 = x.data_ptr<T>();
   T* y0 = y.data_ptr<T>();
   const uint8_t* w0 = packed.data_ptr<uint8_t>();
-  std::vector<int8_t> q(M * L.blocks * QK);
-  std::vector<float> d(M * L.blocks), s(M * L.blocks);
-  auto row_of = [&](int64_t m) { return QuantizedRow{q.data() + m * L.blocks * QK, d.data() + m * L.blocks,
-                                                      s.data() + m * L.blocks}; };
+  QuantizedRows xq(M, L.blocks);
+  auto row_of = [&](int64_t m) { return xq.row(m); };
   at::parallel_for(0, M, std::max<int64_t>(1, 8192 / K), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       quantize_row(Isa{}, x0 + m * ld, K, L, TYPE != kQ8_0 && !RowLayout::is_k(TYPE), row_of(m));

@@ -133,11 +133,9 @@ void lanes_impl(const at::Tensor& x, const at::Tensor& lanes, int64_t N, int64_t
   const T* x0 = x.data_ptr<T>();
   T* y0 = y.data_ptr<T>();
   const uint8_t* w0 = lanes.data_ptr<uint8_t>();
-  std::vector<int8_t> q(M * RL.blocks * QK);
-  std::vector<float> d(M * RL.blocks), s(M * RL.blocks);
+  QuantizedRows xq(M, RL.blocks);
+  auto row_of = [&](int64_t m) { return xq.row(m); };
   std::vector<int32_t> sums(TYPE == kQ8_0 ? M * L.blocks : 0);
-  auto row_of = [&](int64_t m) { return QuantizedRow{q.data() + m * RL.blocks * QK, d.data() + m * RL.blocks,
-                                                      s.data() + m * RL.blocks}; };
   for (int64_t m = 0; m < M; ++m) {
     quantize_row(Vnni{}, x0 + m * ld, K, RL, false, row_of(m));
     if constexpr (TYPE == kQ8_0) {
