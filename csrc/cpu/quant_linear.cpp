@@ -44,9 +44,9 @@
 // float32 terms are added, so each is held to the same bound, and each is batch-invariant on
 // its own. impl="auto" takes the widest one compiled in.
 //
-// Q4_K and Q6_K (super-blocks of 256 weights, read in place): quant_linear_k.h. Q4_0, Q4_1 and Q8_0
-// laid out again with one output column per vector lane, for the VNNI loop at one or two rows of x
-// (quant_pack_lanes, quant_linear_lanes): quant_linear_lanes.h.
+// Q4_K and Q6_K (super-blocks of 256 weights, read in place): quant_linear_k.h. Q4_0, Q4_1, Q5_0 and
+// Q8_0 laid out again with one output column per vector lane, for the VNNI loop (quant_pack_lanes,
+// quant_linear_lanes): quant_linear_lanes.h.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -705,7 +705,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
 at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
   check_packed(packed, type, N, K);
 #if defined(PAGED_QUANT_VNNI)
-  TORCH_CHECK_VALUE(lanes_type(type), "the lanes layout holds Q4_0 (2), Q4_1 (3) and Q8_0 (8) blocks, got type ", type);
+  TORCH_CHECK_VALUE(lanes_type(type), "the lanes layout holds Q4_0 (2), Q4_1 (3), Q5_0 (6) and Q8_0 (8) blocks, got "
+                    "type ", type);
   const RowLayout RL(type, K);
   const LaneLayout L(type, N, K);
   at::Tensor out = at::zeros({L.groups * L.group_bytes}, packed.options());
@@ -729,7 +730,8 @@ at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, i
 at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int64_t type, int64_t N, int64_t K,
                               std::optional<int64_t> second_thread_weights) {
 #if defined(PAGED_QUANT_VNNI)
-  TORCH_CHECK_VALUE(lanes_type(type), "the lanes layout holds Q4_0 (2), Q4_1 (3) and Q8_0 (8) blocks, got type ", type);
+  TORCH_CHECK_VALUE(lanes_type(type), "the lanes layout holds Q4_0 (2), Q4_1 (3), Q5_0 (6) and Q8_0 (8) blocks, got "
+                    "type ", type);
   TORCH_CHECK_VALUE(N > 0 && K > 0 && K % QK == 0, "a quantized weight needs N > 0 and K a positive multiple of 32, "
                     "got N = ", N, ", K = ", K);
   const LaneLayout L(type, N, K);
@@ -744,7 +746,7 @@ at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int6
   switch (type) {                                                                                         \
     case kQ4_0: lanes_impl<T, kQ4_0>(x, lanes, N, K, y, second_thread_weights); break;                    \
     case kQ4_1: lanes_impl<T, kQ4_1>(x, lanes, N, K, y, second_thread_weights); break;                    \
-    default: lanes_impl<T, kQ8_0>(x, lanes, N, K, y, second_thread_weights); break;                       \
+    default: lanes_impl<T, kQ8_0>(x, lanes, N, K, y, second_thread_weights); break; /* Q5_0 too */       \
   }
   if (x.scalar_type() == at::kBFloat16) {
     PAGED_LANES_CASE(c10::BFloat16)

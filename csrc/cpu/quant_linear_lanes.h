@@ -1,4 +1,4 @@
-// The lanes layout of quant_linear.cpp: Q4_0, Q4_1 and Q8_0 weights regrouped so that one vector
+// The lanes layout of quant_linear.cpp: Q4_0, Q4_1, Q5_0 and Q8_0 weights regrouped so that one vector
 // lane is one output column (AVX-512 VNNI only).
 //
 // The row layout (pack_blocks) keeps each weight row's blocks together, so a dot product sums 16
@@ -11,6 +11,9 @@
 //                       | 16 float16 d | Q4_1: 16 float16 m               (288 or 320 bytes)
 //   Q8_0                512 bytes q: vector v (v = 0..7) holds in lane r row r's weights
 //                       4v..4v+3, each + 128 (as unsigned bytes) | 16 float16 d     (544 bytes)
+//   Q5_0                as Q8_0, each weight's q - 16 (-16..15) in a byte: w = d (q - 16) is a Q8_0
+//                       weight with the same d, so the same loop multiplies it, exactly. 1.5x the
+//                       file's bytes, read as one stream.
 //
 // so one step of K is one 64-byte load of weights and one 4-byte broadcast of x, and vpdpbusd adds
 // four products to each of 16 outputs at once. A group's records follow each other: a group is one
@@ -34,7 +37,10 @@
 
 constexpr int64_t LANES = 16;  // output columns per group: one float32 per lane of a 512-bit vector
 
-inline bool lanes_type(int64_t type) { return type == kQ4_0 || type == kQ4_1 || type == kQ8_0; }
+inline bool lanes_type(int64_t type) { return type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ8_0; }
+
+// The loop a type runs in lanes: Q5_0's is Q8_0's (see above).
+constexpr int64_t lanes_loop(int64_t type) { return type == kQ5_0 ? kQ8_0 : type; }
 
 struct LaneLayout {
   int64_t groups;       // N / 16, rounded up (the missing rows of the last group are zero)
@@ -46,7 +52,7 @@ struct LaneLayout {
   LaneLayout(int64_t type, int64_t N, int64_t K)
       : groups((N + LANES - 1) / LANES),
         blocks(K / QK),
-        q_bytes(type == kQ8_0 ? 512 : 256),
+        q_bytes(lanes_loop(type) == kQ8_0 ? 512 : 256),
         block_bytes(q_bytes + 2 * LANES * (type == kQ4_1 ? 2 : 1)),
         group_bytes(blocks * block_bytes) {}
 };
@@ -62,6 +68,14 @@ inline void pack_lane_group(int64_t type, const RowLayout& RL, const LaneLayout&
       if (type == kQ8_0) {
         for (int v = 0; v < 8; ++v)
           for (int i = 0; i < 4; ++i) rec[64 * v + 4 * r + i] = static_cast<uint8_t>(row[b * QK + 4 * v + i] ^ 0x80);
+      } else if (type == kQ5_0) {  // q - 16 + 128, q = the low nibble (weights 0..15) or high one, and bit j of qh
+        const uint32_t high = high_bits(row + RL.m_offset, b);
+        auto q = [&](int j) {
+          const uint8_t byte = row[b * 16 + (j & 15)];
+          return (j < 16 ? byte & 0xF : byte >> 4) | static_cast<int>(((high >> j) & 1) << 4);
+        };
+        for (int v = 0; v < 8; ++v)
+          for (int i = 0; i < 4; ++i) rec[64 * v + 4 * r + i] = static_cast<uint8_t>(q(4 * v + i) - 16 + 128);
       } else {
         auto q = [&](int j) { const uint8_t byte = row[b * 16 + (j & 15)]; return j < 16 ? byte & 0xF : byte >> 4; };
         for (int v = 0; v < 4; ++v)

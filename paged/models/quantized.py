@@ -217,11 +217,11 @@ class QuantizedLinear(nn.Module):
                 f"dense_rows={self.dense_rows}")
 
 
-LANE_FORMATS = (2, 3, 8)  # Q4_0, Q4_1, Q8_0: the formats quant_pack_lanes lays out
+LANE_FORMATS = (2, 3, 6, 8)  # Q4_0, Q4_1, Q5_0, Q8_0: the formats quant_pack_lanes lays out
 
 
 def pack_lane_linears(model: nn.Module) -> int:
-    """Give every Q4_0, Q4_1 and Q8_0 ``QuantizedLinear`` of ``model`` its blocks laid out again with one
+    """Give every Q4_0, Q4_1, Q5_0 and Q8_0 ``QuantizedLinear`` of ``model`` its blocks laid out again with one
     output column per vector lane (``lane_blocks``, ``csrc/cpu/quant_linear_lanes.h``), once; returns how
     many.
 

@@ -16,7 +16,7 @@ references are float64 products of tensors computed here.
 * Batch invariance: bitwise. A row's output is the same alone, among other rows and, for
   a layer large enough to be split between threads, on one thread.
 * Every implementation (``impl``: the scalar loops, AVX2, AVX-512 VNNI, those this CPU runs; and
-  ``"lanes"``, ``quant_linear_lanes`` over the Q4_0/Q4_1/Q8_0 blocks laid out with one output per
+  ``"lanes"``, ``quant_linear_lanes`` over the Q4_0/Q4_1/Q5_0/Q8_0 blocks laid out with one output per
   vector lane, where VNNI is built) is held to all of the above: they add the same float32 terms in
   different orders, so each is checked against the float64 product, not against another. The lanes
   loop adds at most two terms a block one after another (``2 B`` roundings, plus the scale products'),
@@ -220,11 +220,11 @@ def test_the_torch_fallback_equals_the_kernel(ext, monkeypatch):
 def test_a_layer_given_lane_blocks_multiplies_by_them(ext, monkeypatch):
     """Bitwise: after ``pack_lane_linears`` a Q4_1 ``QuantizedLinear`` gives ``quant_linear_lanes``' bits (where
     the VNNI loops are built; elsewhere it gets none), and with ``PAGED_PREPACK_WEIGHTS=0`` (no second copies)
-    it keeps none and gives ``quant_linear``'s; a Q5_0 layer, which the layout does not hold, gets none."""
+    it keeps none and gives ``quant_linear``'s; a Q4_K layer, which the layout does not hold, gets none."""
     kind, n, k = int(T.Q4_1), 40, 256
     _, packed = quantized(kind, n, k, 9)
     layer = QuantizedLinear(packed, kind, n, k)
-    other = QuantizedLinear(quantized(int(T.Q5_0), n, k, 9)[1], int(T.Q5_0), n, k)
+    other = QuantizedLinear(k_quantized(int(T.Q4_K), n, k, 9), int(T.Q4_K), n, k)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(9))
     model = torch.nn.Sequential(layer, other)
     assert pack_lane_linears(model) == len(LANES) and other.lane_blocks is None
@@ -288,9 +288,8 @@ def test_the_lanes_layout_refuses_what_it_cannot_hold(ext):
         return
     lanes = ext.quant_pack_lanes(packed, kind, n, k)
     assert lanes.numel() == 2 * (k // 32) * (256 + 64)  # two groups of 16 rows, records of q | d | m
-    _, q5 = quantized(int(T.Q5_0), n, k, 0)
-    with pytest.raises(ValueError, match=r"holds Q4_0 \(2\), Q4_1 \(3\) and Q8_0 \(8\) blocks, got type 6"):
-        ext.quant_pack_lanes(q5, int(T.Q5_0), n, k)
+    with pytest.raises(ValueError, match=r"holds Q4_0 \(2\), Q4_1 \(3\), Q5_0 \(6\) and Q8_0 \(8\) blocks, got type 12"):
+        ext.quant_pack_lanes(k_quantized(int(T.Q4_K), n, 256, 0), int(T.Q4_K), n, 256)
     with pytest.raises(ValueError, match="packed blocks hold"):
         ext.quant_pack_lanes(packed[:-1].contiguous(), kind, n, k)
     with pytest.raises(ValueError, match=f"contiguous CPU tensor of {lanes.numel()} bytes"):
@@ -299,8 +298,8 @@ def test_the_lanes_layout_refuses_what_it_cannot_hold(ext):
         ext.quant_linear_lanes(x, lanes[:-1].contiguous(), kind, n, k)
     with pytest.raises(ValueError, match=r"x must be \[M, 64\]"):
         ext.quant_linear_lanes(torch.randn(2, 32), lanes, kind, n, k)
-    with pytest.raises(ValueError, match="got type 6"):
-        ext.quant_linear_lanes(x, lanes, int(T.Q5_0), n, k)
+    with pytest.raises(ValueError, match="got type 12"):
+        ext.quant_linear_lanes(torch.randn(2, 256), lanes, int(T.Q4_K), n, 256)
 
 
 # -- the K-quants: super-blocks of 256 weights (paged/models/kquants.py, csrc/cpu/quant_linear_k.h) ------------

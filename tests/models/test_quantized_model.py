@@ -63,8 +63,8 @@ def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
     inside = {id(m.dense) for m in linears}
     assert all(id(m) in inside for m in quant.model.modules() if type(m) is torch.nn.Linear)
     traits = quant.model.prepare_for_serving(batch_invariant=True)  # 11 rows would go to the dense layers otherwise
-    # Q4_0, Q4_1 and Q8_0 layers multiply in the lanes layout where the VNNI loops are built
-    lanes = cpu.load().quant_vnni_compiled() and qtype in (T.Q4_0, T.Q4_1, T.Q8_0)
+    # the layers multiply in the lanes layout where the VNNI loops are built
+    lanes = cpu.load().quant_vnni_compiled()  # every format of this test: Q4_0, Q4_1, Q5_0, Q8_0
     assert traits.lane_linears == (len(linears) if lanes else 0)
     assert all((m.lane_blocks is not None) == lanes for m in linears)
     want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
