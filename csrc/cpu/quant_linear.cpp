@@ -44,8 +44,8 @@
 // float32 terms are added, so each is held to the same bound, and each is batch-invariant on
 // its own. impl="auto" takes the widest one compiled in.
 //
-// Q4_K and Q6_K (super-blocks of 256 weights, read in place): quant_linear_k.h. Q4_0, Q4_1, Q5_0 and
-// Q8_0 laid out again with one output column per vector lane, for the VNNI loop (quant_pack_lanes,
+// Q4_K and Q6_K (super-blocks of 256 weights, read in place): quant_linear_k.h. Every format laid out
+// again with one output column per vector lane, for the VNNI loop (quant_pack_lanes,
 // quant_linear_lanes): quant_linear_lanes.h.
 
 #include <ATen/Parallel.h>
@@ -575,11 +575,16 @@ void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64
   });
 }
 
-void check_packed(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
+// A block type the kernel reads and a shape of whole blocks (K-quants: super-blocks) per row.
+void check_shape(int64_t type, int64_t N, int64_t K) {
   check_type(type);
   const int64_t unit = RowLayout::is_k(type) ? 256 : QK;
   TORCH_CHECK_VALUE(N > 0 && K > 0 && K % unit == 0, "a quantized weight needs N > 0 and K a positive multiple of ",
                     unit, ", got N = ", N, ", K = ", K);
+}
+
+void check_packed(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
+  check_shape(type, N, K);
   TORCH_CHECK_TYPE(packed.scalar_type() == at::kByte, "packed blocks must be uint8, got ", packed.scalar_type());
   TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.is_contiguous(), "packed blocks must be a contiguous CPU tensor");
   const RowLayout L(type, K);
@@ -705,8 +710,6 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
 at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
   check_packed(packed, type, N, K);
 #if defined(PAGED_QUANT_VNNI)
-  TORCH_CHECK_VALUE(lanes_type(type), "the lanes layout holds Q4_0 (2), Q4_1 (3), Q5_0 (6) and Q8_0 (8) blocks, got "
-                    "type ", type);
   const RowLayout RL(type, K);
   const LaneLayout L(type, N, K);
   at::Tensor out = at::zeros({L.groups * L.group_bytes}, packed.options());
@@ -730,10 +733,7 @@ at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, i
 at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int64_t type, int64_t N, int64_t K,
                               std::optional<int64_t> second_thread_weights) {
 #if defined(PAGED_QUANT_VNNI)
-  TORCH_CHECK_VALUE(lanes_type(type), "the lanes layout holds Q4_0 (2), Q4_1 (3), Q5_0 (6) and Q8_0 (8) blocks, got "
-                    "type ", type);
-  TORCH_CHECK_VALUE(N > 0 && K > 0 && K % QK == 0, "a quantized weight needs N > 0 and K a positive multiple of 32, "
-                    "got N = ", N, ", K = ", K);
+  check_shape(type, N, K);
   const LaneLayout L(type, N, K);
   TORCH_CHECK_TYPE(lanes.scalar_type() == at::kByte, "lanes must be uint8, got ", lanes.scalar_type());
   TORCH_CHECK_VALUE(lanes.device().is_cpu() && lanes.is_contiguous() && lanes.numel() == L.groups * L.group_bytes,
@@ -746,6 +746,8 @@ at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int6
   switch (type) {                                                                                         \
     case kQ4_0: lanes_impl<T, kQ4_0>(x, lanes, N, K, y, second_thread_weights); break;                    \
     case kQ4_1: lanes_impl<T, kQ4_1>(x, lanes, N, K, y, second_thread_weights); break;                    \
+    case kQ4_K: lanes_impl<T, kQ4_K>(x, lanes, N, K, y, second_thread_weights); break;                    \
+    case kQ6_K: lanes_impl<T, kQ6_K>(x, lanes, N, K, y, second_thread_weights); break;                    \
     default: lanes_impl<T, kQ8_0>(x, lanes, N, K, y, second_thread_weights); break; /* Q5_0 too */       \
   }
   if (x.scalar_type() == at::kBFloat16) {

@@ -1,5 +1,5 @@
-// The lanes layout of quant_linear.cpp: Q4_0, Q4_1, Q5_0 and Q8_0 weights regrouped so that one vector
-// lane is one output column (AVX-512 VNNI only).
+// The lanes layout of quant_linear.cpp: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights regrouped so that
+// one vector lane is one output column (AVX-512 VNNI only).
 //
 // The row layout (pack_blocks) keeps each weight row's blocks together, so a dot product sums 16
 // lanes of partial sums and must add them up at the end, once per output: at one row of x that
@@ -14,17 +14,26 @@
 //   Q5_0                as Q8_0, each weight's q - 16 (-16..15) in a byte: w = d (q - 16) is a Q8_0
 //                       weight with the same d, so the same loop multiplies it, exactly. 1.5x the
 //                       file's bytes, read as one stream.
+//   Q4_K                per super-block of 256 weights a header (16 float16 d | 16 float16 dmin),
+//                       then its 8 blocks: 256 bytes q as the 4-bit formats | 16 scales sc | 16 mins m
+//                       (w = d sc q - dmin m: a Q4_1 block whose d sc and dmin m are exact in float32)
+//   Q6_K                per super-block a header (16 float16 d), then its 8 blocks: 512 bytes q as
+//                       Q8_0, each weight's q (0..63) in a byte | 16 int8 scales of weights 0..15 |
+//                       16 of weights 16..31 (w = d sc (q - 32), a scale per 16 weights)
 //
 // so one step of K is one 64-byte load of weights and one 4-byte broadcast of x, and vpdpbusd adds
 // four products to each of 16 outputs at once. A group's records follow each other: a group is one
 // stream of bytes, read from the start to the end (measured on a Zen 4: four groups read side by
 // side got half the bandwidth one stream gets).
 //
-// Per output, in the order of the blocks b, with the integer sum exact:
+// Per output, in the order of the blocks b, with the integer sums exact:
 //
 //   4-bit:  acc = fma(float(sum_j q_j qx_j), d_b * dx_b, acc);  acc = fma(m_b, s_b, acc)
-//           (m_b = -8 d_b for Q4_0; s_b = dx_b sum_j qx_j, QuantizedRow's s)
+//           (m_b = -8 d_b for Q4_0; d_b = d sc_b and m_b = -(dmin m_b) for Q4_K; s_b = dx_b sum_j qx_j,
+//           QuantizedRow's s)
 //   Q8_0:   acc = fma(float(sum_j (q_j + 128) qx_j - 128 sum_j qx_j), d_b * dx_b, acc)
+//   Q6_K:   per half h of the block (16 weights): acc = fma(float(sum_j q_j qx_j - 32 sum_j qx_j),
+//           (d sc_h) * dx_b, acc)
 //
 // The same order for every row of x, every row count and thread count, so a row's result does not
 // depend on the batch; it differs from the row layout's order (a float32 rounding apart), and
@@ -37,49 +46,80 @@
 
 constexpr int64_t LANES = 16;  // output columns per group: one float32 per lane of a 512-bit vector
 
-inline bool lanes_type(int64_t type) { return type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ8_0; }
-
 // The loop a type runs in lanes: Q5_0's is Q8_0's (see above).
 constexpr int64_t lanes_loop(int64_t type) { return type == kQ5_0 ? kQ8_0 : type; }
 
+// A weight in a byte (Q8_0, Q5_0, Q6_K), or two (the 4-bit formats).
+constexpr bool byte_weights(int64_t type) { return type == kQ8_0 || type == kQ5_0 || type == kQ6_K; }
+
 struct LaneLayout {
-  int64_t groups;       // N / 16, rounded up (the missing rows of the last group are zero)
-  int64_t blocks;       // K / 32
-  int64_t q_bytes;      // per record: 256 (4-bit) or 512 (Q8_0)
-  int64_t block_bytes;  // one record: q, then 16 d, then (Q4_1) 16 m
+  int64_t groups;        // N / 16, rounded up (the missing rows of the last group are zero)
+  int64_t blocks;        // K / 32
+  int64_t q_bytes;       // per block record: 256 (4-bit) or 512 (a byte a weight)
+  int64_t block_bytes;   // one block record: q, then its scales (see the top of this file)
+  int64_t per_header;    // blocks under one header: 8 for the K-quants (a super-block), else all of them
+  int64_t header_bytes;  // the K-quants' 16 d (and 16 dmin); 0 for the others
   int64_t group_bytes;
 
   LaneLayout(int64_t type, int64_t N, int64_t K)
       : groups((N + LANES - 1) / LANES),
         blocks(K / QK),
-        q_bytes(lanes_loop(type) == kQ8_0 ? 512 : 256),
-        block_bytes(q_bytes + 2 * LANES * (type == kQ4_1 ? 2 : 1)),
-        group_bytes(blocks * block_bytes) {}
+        q_bytes(byte_weights(type) ? 512 : 256),
+        block_bytes(q_bytes + (type == kQ4_1 ? 4 * LANES : 2 * LANES)),
+        per_header(type == kQ4_K || type == kQ6_K ? 8 : std::max<int64_t>(1, blocks)),
+        header_bytes(type == kQ4_K ? 4 * LANES : type == kQ6_K ? 2 * LANES : 0),
+        group_bytes(blocks / per_header * header_bytes + blocks * block_bytes) {}
+
+  // Where block b's record and its header (the K-quants) start in a group.
+  int64_t header(int64_t b) const { return b / per_header * (header_bytes + per_header * block_bytes); }
+  int64_t record(int64_t b) const { return header(b) + header_bytes + b % per_header * block_bytes; }
 };
 
-// The records of one group from the row layout: rows[r] is row r of the group (nullptr past N).
+// The records of one group from the row layout (K-quants: the file's super-blocks): rows[r] is row r of
+// the group (nullptr past N).
 inline void pack_lane_group(int64_t type, const RowLayout& RL, const LaneLayout& L, const uint8_t* const* rows,
                             uint8_t* group) {
   for (int64_t b = 0; b < L.blocks; ++b) {
-    uint8_t* rec = group + b * L.block_bytes;
+    uint8_t* rec = group + L.record(b);
+    uint8_t* head = group + L.header(b);
     for (int64_t r = 0; r < LANES; ++r) {
       const uint8_t* row = rows[r];
-      if (row == nullptr) continue;  // the record was zeroed: weights 0, d 0 (and m 0)
-      if (type == kQ8_0) {
+      if (row == nullptr) continue;  // the record was zeroed: weights 0, scales 0
+      auto put_bytes = [&](auto q) {  // q(j): weight j of the block as the byte it is stored as
         for (int v = 0; v < 8; ++v)
-          for (int i = 0; i < 4; ++i) rec[64 * v + 4 * r + i] = static_cast<uint8_t>(row[b * QK + 4 * v + i] ^ 0x80);
-      } else if (type == kQ5_0) {  // q - 16 + 128, q = the low nibble (weights 0..15) or high one, and bit j of qh
-        const uint32_t high = high_bits(row + RL.m_offset, b);
-        auto q = [&](int j) {
-          const uint8_t byte = row[b * 16 + (j & 15)];
-          return (j < 16 ? byte & 0xF : byte >> 4) | static_cast<int>(((high >> j) & 1) << 4);
-        };
-        for (int v = 0; v < 8; ++v)
-          for (int i = 0; i < 4; ++i) rec[64 * v + 4 * r + i] = static_cast<uint8_t>(q(4 * v + i) - 16 + 128);
-      } else {
-        auto q = [&](int j) { const uint8_t byte = row[b * 16 + (j & 15)]; return j < 16 ? byte & 0xF : byte >> 4; };
+          for (int i = 0; i < 4; ++i) rec[64 * v + 4 * r + i] = static_cast<uint8_t>(q(4 * v + i));
+      };
+      auto put_nibbles = [&](auto q) {  // q(j): weight j of the block, 0..15
         for (int v = 0; v < 4; ++v)
           for (int i = 0; i < 4; ++i) rec[64 * v + 4 * r + i] = static_cast<uint8_t>(q(8 * v + i) | (q(8 * v + 4 + i) << 4));
+      };
+      auto nibble = [&](int j) { const uint8_t byte = row[b * 16 + (j & 15)]; return j < 16 ? byte & 0xF : byte >> 4; };
+      if (type == kQ4_K || type == kQ6_K) {
+        const uint8_t* blk = row + b / 8 * (type == kQ4_K ? 144 : 210);  // the file's super-block
+        const int sub = static_cast<int>(b % 8);
+        if (type == kQ4_K) {
+          put_nibbles([&](int j) { return q4k_at(blk, sub * 32 + j); });
+          uint8_t sc[8], m[8];
+          k_scales_mins(blk + 4, sc, m);
+          rec[L.q_bytes + r] = sc[sub];
+          rec[L.q_bytes + LANES + r] = m[sub];
+          std::memcpy(head + 2 * r, blk, 2);                // d
+          std::memcpy(head + 2 * LANES + 2 * r, blk + 2, 2);  // dmin
+        } else {
+          put_bytes([&](int j) { return q6_at(blk, sub * 32 + j); });
+          rec[L.q_bytes + r] = blk[192 + 2 * sub];              // the scale of weights 0..15
+          rec[L.q_bytes + LANES + r] = blk[192 + 2 * sub + 1];  // of weights 16..31
+          std::memcpy(head + 2 * r, blk + 208, 2);              // d
+        }
+        continue;
+      }
+      if (type == kQ8_0) {
+        put_bytes([&](int j) { return row[b * QK + j] ^ 0x80; });
+      } else if (type == kQ5_0) {  // q - 16 + 128, q: the nibble and bit j of qh
+        const uint32_t high = high_bits(row + RL.m_offset, b);
+        put_bytes([&](int j) { return (nibble(j) | static_cast<int>(((high >> j) & 1) << 4)) - 16 + 128; });
+      } else {
+        put_nibbles(nibble);
       }
       std::memcpy(rec + L.q_bytes + 2 * r, row + RL.d_offset + 2 * b, 2);
       if (type == kQ4_1) std::memcpy(rec + L.q_bytes + 2 * LANES + 2 * r, row + RL.m_offset + 2 * b, 2);
@@ -87,30 +127,62 @@ inline void pack_lane_group(int64_t type, const RowLayout& RL, const LaneLayout&
   }
 }
 
+// 16 bytes of a record as 16 float32 lanes: unsigned (Q4_K's sc, m) or signed (Q6_K's scales).
+inline __m512 bytes_as_floats(const uint8_t* p, bool is_signed) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+}
+inline __m512 halves_at(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // The 16 outputs of one group for R rows of x (acc[r]: lane c is output column c of the group).
-// qsum[r][b]: sum_j qx_j of block b of row r (Q8_0 only).
+// sums[r][h]: sum_j qx_j over the 16 values h of row r (two per block; the byte-weight formats only).
 template <int64_t TYPE, int R>
 void lanes_group(const uint8_t* group, const LaneLayout& L, const QuantizedRow* const* xs,
-                 const int32_t* const* qsum, __m512 (&acc)[R]) {
+                 const int32_t* const* sums, __m512 (&acc)[R]) {
   const __m512i zero = _mm512_setzero_si512();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 head_d = _mm512_setzero_ps(), head_dmin = _mm512_setzero_ps();  // the K-quants' super-block d (dmin)
   for (int64_t b = 0; b < L.blocks; ++b) {
-    const uint8_t* rec = group + b * L.block_bytes;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + L.q_bytes)));
-    if constexpr (TYPE == kQ8_0) {
+    const uint8_t* rec = group + L.record(b);
+    if constexpr (TYPE == kQ4_K || TYPE == kQ6_K) {
+      if (b % 8 == 0) {
+        head_d = halves_at(group + L.header(b));
+        if constexpr (TYPE == kQ4_K) head_dmin = halves_at(group + L.header(b) + 2 * LANES);
+      }
+    }
+    if constexpr (byte_weights(TYPE)) {
       __m512i w[8];
       for (int v = 0; v < 8; ++v) w[v] = _mm512_loadu_si512(rec + 64 * v);
+      // the scales of weights 0..15 and 16..31 (one d for both in Q8_0)
+      const __m512 d0 = TYPE == kQ6_K ? _mm512_mul_ps(head_d, bytes_as_floats(rec + L.q_bytes, true))
+                                      : halves_at(rec + L.q_bytes);
+      const __m512 d1 = TYPE == kQ6_K ? _mm512_mul_ps(head_d, bytes_as_floats(rec + L.q_bytes + LANES, true)) : d0;
+      constexpr int32_t bias = TYPE == kQ6_K ? 32 : 128;  // what the stored byte adds to the signed weight
       for (int r = 0; r < R; ++r) {
         int32_t xw[8];  // x's 32 int8 of block b, four to a word
         std::memcpy(xw, xs[r]->q + b * QK, 32);
-        __m512i s0 = zero, s1 = zero;  // two chains: vpdpbusd waits for its accumulator
-        for (int v = 0; v < 8; v += 2) {
+        __m512i s0 = zero, s1 = zero, t0 = zero, t1 = zero;  // two chains a half: vpdpbusd waits for its sum
+        for (int v = 0; v < 4; v += 2) {
           s0 = _mm512_dpbusd_epi32(s0, w[v], _mm512_set1_epi32(xw[v]));
           s1 = _mm512_dpbusd_epi32(s1, w[v + 1], _mm512_set1_epi32(xw[v + 1]));
+          t0 = _mm512_dpbusd_epi32(t0, w[v + 4], _mm512_set1_epi32(xw[v + 4]));
+          t1 = _mm512_dpbusd_epi32(t1, w[v + 5], _mm512_set1_epi32(xw[v + 5]));
         }
-        const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * qsum[r][b]));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(xs[r]->d[b])), acc[r]);
+        const int32_t* h = sums[r] + 2 * b;
+        const __m512 dx = _mm512_set1_ps(xs[r]->d[b]);
+        if constexpr (TYPE == kQ6_K) {  // a scale per half
+          const __m512i lo = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(bias * h[0]));
+          const __m512i hi = _mm512_sub_epi32(_mm512_add_epi32(t0, t1), _mm512_set1_epi32(bias * h[1]));
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(d0, dx), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(d1, dx), acc[r]);
+        } else {
+          const __m512i all = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(t0, t1));
+          const __m512i s = _mm512_sub_epi32(all, _mm512_set1_epi32(bias * (h[0] + h[1])));
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d0, dx), acc[r]);
+        }
       }
     } else {
       __m512i lo[4], hi[4];
@@ -119,9 +191,15 @@ void lanes_group(const uint8_t* group, const LaneLayout& L, const QuantizedRow* 
         lo[v] = _mm512_and_si512(w, low4);
         hi[v] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
       }
-      const __m512 m = TYPE == kQ4_1
-                           ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + L.q_bytes + 32)))
-                           : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));  // exact: a power of two
+      __m512 d, m;  // w = d q + m
+      if constexpr (TYPE == kQ4_K) {  // d sc and dmin m: exact products (11 by 6 significant bits)
+        d = _mm512_mul_ps(head_d, bytes_as_floats(rec + L.q_bytes, false));
+        m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(head_dmin, bytes_as_floats(rec + L.q_bytes + LANES, false)));
+      } else {
+        d = halves_at(rec + L.q_bytes);
+        m = TYPE == kQ4_1 ? halves_at(rec + L.q_bytes + 2 * LANES)
+                          : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));  // exact: a power of two
+      }
       for (int r = 0; r < R; ++r) {
         int32_t xw[8];
         std::memcpy(xw, xs[r]->q + b * QK, 32);
@@ -149,15 +227,13 @@ void lanes_impl(const at::Tensor& x, const at::Tensor& lanes, int64_t N, int64_t
   const uint8_t* w0 = lanes.data_ptr<uint8_t>();
   QuantizedRows xq(M, RL.blocks);
   auto row_of = [&](int64_t m) { return xq.row(m); };
-  std::vector<int32_t> sums(TYPE == kQ8_0 ? M * L.blocks : 0);
+  std::vector<int32_t> sums(byte_weights(TYPE) ? M * 2 * L.blocks : 0);  // sum qx per 16 values
   for (int64_t m = 0; m < M; ++m) {
     quantize_row(Vnni{}, x0 + m * ld, K, RL, false, row_of(m));
-    if constexpr (TYPE == kQ8_0) {
-      for (int64_t b = 0; b < L.blocks; ++b) {
-        int32_t total = 0;
-        for (int j = 0; j < QK; ++j) total += row_of(m).q[b * QK + j];
-        sums[m * L.blocks + b] = total;
-      }
+    for (int64_t h = 0; h < static_cast<int64_t>(sums.size()) / M; ++h) {
+      int32_t total = 0;
+      for (int j = 0; j < 16; ++j) total += row_of(m).q[h * 16 + j];
+      sums[m * 2 * L.blocks + h] = total;
     }
   }
   const int64_t min_task = second_thread_weights.value_or(MIN_TASK_WEIGHTS);
@@ -170,13 +246,13 @@ void lanes_impl(const at::Tensor& x, const at::Tensor& lanes, int64_t N, int64_t
         constexpr int R = decltype(rows)::value;
         QuantizedRow xr[R];
         const QuantizedRow* xs[R];
-        const int32_t* qs[R];
+        const int32_t* hs[R];
         for (int r = 0; r < R; ++r) {
           xr[r] = row_of(m + r), xs[r] = &xr[r];
-          qs[r] = sums.empty() ? nullptr : sums.data() + (m + r) * L.blocks;
+          hs[r] = sums.empty() ? nullptr : sums.data() + (m + r) * 2 * L.blocks;
         }
         __m512 acc[R];
-        lanes_group<TYPE, R>(group, L, xs, qs, acc);
+        lanes_group<TYPE, R>(group, L, xs, hs, acc);
         for (int r = 0; r < R; ++r) {
           alignas(64) float out[LANES];
           _mm512_store_ps(out, acc[r]);

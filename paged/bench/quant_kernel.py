@@ -9,8 +9,8 @@ for ``M`` rows of input, side by side in one process:
   with that ``impl`` (``csrc/cpu/quant_linear.cpp``), those compiled in here
   (``--impls`` to choose);
 * ``lanes``: ``quant_linear_lanes`` over the blocks laid out with one output
-  column per vector lane (``csrc/cpu/quant_linear_lanes.h``; Q4_0, Q4_1 and
-  Q8_0, where the VNNI loops are built): what a served model runs there;
+  column per vector lane (``csrc/cpu/quant_linear_lanes.h``, where the VNNI
+  loops are built): what a served model runs there;
 * ``dense``: ``layers.gemm`` on the weight dequantized once into ``--dtype``
   (torch's GEMM, as ``QuantizedLinear`` hands batches to its dense layer).
 
@@ -84,7 +84,7 @@ def random_blocks(kind: int, n: int, k: int, rng: np.random.Generator) -> torch.
 
 
 def run_case(ext, name: str, type_name: str, k: int, n: int, m: int, dtype_name: str, impls: list, args, rng) -> dict:
-    from paged.models.quantized import LANE_FORMATS, dequantize_blocks
+    from paged.models.quantized import dequantize_blocks
 
     dtype, kind = DTYPES[dtype_name], TYPES[type_name]
     blocks = random_blocks(kind, n, k, rng)
@@ -92,7 +92,7 @@ def run_case(ext, name: str, type_name: str, k: int, n: int, m: int, dtype_name:
     x = (3 * torch.randn(m, k, generator=torch.Generator().manual_seed(int(rng.integers(2**31))))).to(dtype)
     systems = {impl: cycling(lambda w, impl=impl: ext.quant_linear(x, w, kind, n, k, impl=impl), blocks.clone,
                              blocks.numel(), args.cold) for impl in impls if impl != "lanes"}
-    if "lanes" in impls and kind in LANE_FORMATS:
+    if "lanes" in impls:
         lanes = ext.quant_pack_lanes(blocks, kind, n, k)
         systems["lanes"] = cycling(lambda w: ext.quant_linear_lanes(x, w, kind, n, k), lanes.clone, lanes.numel(),
                                    args.cold)
@@ -100,7 +100,7 @@ def run_case(ext, name: str, type_name: str, k: int, n: int, m: int, dtype_name:
                                weight.numel() * weight.element_size(), args.cold)
     with torch.inference_mode():
         ms = median_ms(systems, args.repeats, args.warmup)
-    fastest = min(t for name, t in ms.items() if name != "dense")
+    fastest = min(ms[impl] for impl in impls)
     return {"layer": name, "type": type_name, "k": k, "n": n, "rows": m, "dtype": dtype_name,
             **{f"{s}_ms": t for s, t in ms.items()}, "dense_over_fastest": ms["dense"] / fastest}
 
@@ -134,28 +134,20 @@ def run(args) -> int:
                 for name, k, n in shapes:
                     row = run_case(ext, name, type_name, k, n, m, dt, impls, args, rng)
                     result["cases"].append(row)
-                    for c in columns:  # a system that does not read this type (lanes: Q5_0, K-quants): no total
-                        times = (1 if name == "lm_head" else args.layers)
-                        total[c] = None if total[c] is None or f"{c}_ms" not in row else total[c] + times * row[f"{c}_ms"]
+                    for c in columns:
+                        total[c] += (1 if name == "lm_head" else args.layers) * row[f"{c}_ms"]
                     print(f"{dt:9s} {type_name:5s} {name:8s} {k:5d} {n:6d} {m:5d} "
-                          + " ".join(_cell(row.get(f"{c}_ms"), 3) for c in columns)
+                          + " ".join(f"{row[f'{c}_ms']:10.3f}" for c in columns)
                           + f" {row['dense_over_fastest']:10.2f}", flush=True)
-                timed = [c for c in impls if total[c] is not None]
                 model = {"dtype": dt, "type": type_name, "rows": m, "layers_included": [s[0] for s in shapes],
-                         **{f"{c}_ms": total[c] for c in columns if total[c] is not None},
-                         "dense_over_fastest": total["dense"] / min(total[i] for i in timed)}
+                         **{f"{c}_ms": total[c] for c in columns},
+                         "dense_over_fastest": total["dense"] / min(total[i] for i in impls)}
                 result["model"].append(model)
                 print(f"{dt:9s} {type_name:5s} {'model':8s} {'':5s} {'':6s} {m:5d} "
-                      + " ".join(_cell(total[c], 1) for c in columns)
+                      + " ".join(f"{total[c]:10.1f}" for c in columns)
                       + f" {model['dense_over_fastest']:10.2f}   ({', '.join(model['layers_included'])})", flush=True)
     result["load_after"] = os.getloadavg()
     print(f"load average after: {result['load_after'][0]:.2f}")
     if args.json:
         print(json.dumps(result))
     return 0
-
-
-def _cell(ms: float | None, digits: int) -> str:
-    """A column of the table: milliseconds, or ``-`` for a system that does not read this type."""
-    return f"{'-':>10s}" if ms is None else f"{ms:10.{digits}f}"
-

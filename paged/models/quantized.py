@@ -217,13 +217,10 @@ class QuantizedLinear(nn.Module):
                 f"dense_rows={self.dense_rows}")
 
 
-LANE_FORMATS = (2, 3, 6, 8)  # Q4_0, Q4_1, Q5_0, Q8_0: the formats quant_pack_lanes lays out
-
 
 def pack_lane_linears(model: nn.Module) -> int:
-    """Give every Q4_0, Q4_1, Q5_0 and Q8_0 ``QuantizedLinear`` of ``model`` its blocks laid out again with one
-    output column per vector lane (``lane_blocks``, ``csrc/cpu/quant_linear_lanes.h``), once; returns how
-    many.
+    """Give every ``QuantizedLinear`` of ``model`` its blocks laid out again with one output column per vector
+    lane (``lane_blocks``, ``csrc/cpu/quant_linear_lanes.h``), once; returns how many.
 
     Only where the kernel's AVX-512 VNNI loops are built. At one or two rows of x a layer should be as
     fast as its weights arrive from memory (a decode step reads every layer once); in the row layout,
@@ -238,7 +235,7 @@ def pack_lane_linears(model: nn.Module) -> int:
     for layer in layers:
         layer.lane_blocks = None
     kernels = load_cpu_kernels()
-    layers = [m for m in layers if m.kind in LANE_FORMATS and m.blocks.device.type == "cpu"]
+    layers = [m for m in layers if m.blocks.device.type == "cpu"]
     if not layers or kernels is None or not kernels.quant_vnni_compiled():
         return 0
     if not second_copy_allowed(sum(m.blocks.numel() for m in layers)):

@@ -64,7 +64,7 @@ def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
     assert all(id(m) in inside for m in quant.model.modules() if type(m) is torch.nn.Linear)
     traits = quant.model.prepare_for_serving(batch_invariant=True)  # 11 rows would go to the dense layers otherwise
     # the layers multiply in the lanes layout where the VNNI loops are built
-    lanes = cpu.load().quant_vnni_compiled()  # every format of this test: Q4_0, Q4_1, Q5_0, Q8_0
+    lanes = cpu.load().quant_vnni_compiled()
     assert traits.lane_linears == (len(linears) if lanes else 0)
     assert all((m.lane_blocks is not None) == lanes for m in linears)
     want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
@@ -226,7 +226,10 @@ def test_kquant_layers_equal_dense_with_rounded_activations(tmp_path):
     path = write_gguf(tmp_path / "k.gguf", hf.state_dict(), hf.config.to_dict(), arch="qwen3", raw_tensors=raw)
     quant = load_model(path, dtype="float32", quantization="gguf")
     formats = {m.format for m in quant.model.modules() if isinstance(m, QuantizedLinear)}
-    assert formats == {"Q4_K", "Q6_K"} and quant.model.prepare_for_serving(batch_invariant=True).padded_linears == 0
+    traits = quant.model.prepare_for_serving(batch_invariant=True)
+    assert formats == {"Q4_K", "Q6_K"} and traits.padded_linears == 0
+    # in the lanes layout where the VNNI loops are built, so the comparison below checks that layout
+    assert traits.lane_linears == (4 * quant.config.num_layers + 1) * cpu.load().quant_vnni_compiled()
     dense = dict(load_model(path, dtype="float32").model.named_modules())
     seen = []
     hooks = [m.register_forward_hook(lambda m, args, out, name=name: seen.append((name, args[0], out)))
