@@ -157,7 +157,8 @@ class QuantizedLinear(nn.Module):
       when there is one and it is the faster (``dense_is_faster_for_many_rows``). A matrix
       product of many rows is limited by arithmetic, not by reading weights, and there a
       GEMM's bfloat16 dot products (oneDNN, AVX-512) beat the kernel's integer ones, which
-      widen and scale each block again for every row (measured 3-4x at 64 rows); on an
+      widen and scale each block again for every row (measured 3-4x at 64 rows; in lanes about even
+      at 64, the GEMM ahead from about 128); on an
       AVX2-only CPU torch has no fast bfloat16 GEMM, and the kernel stays faster.
 
     The two paths round differently, so a row's bits would depend on the batch it is in;
