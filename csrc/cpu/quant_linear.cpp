@@ -748,7 +748,8 @@ at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int6
     case kQ4_1: lanes_impl<T, kQ4_1>(x, lanes, N, K, y, second_thread_weights); break;                    \
     case kQ4_K: lanes_impl<T, kQ4_K>(x, lanes, N, K, y, second_thread_weights); break;                    \
     case kQ6_K: lanes_impl<T, kQ6_K>(x, lanes, N, K, y, second_thread_weights); break;                    \
-    default: lanes_impl<T, kQ8_0>(x, lanes, N, K, y, second_thread_weights); break; /* Q5_0 too */       \
+    case kQ5_0: lanes_impl<T, kQ5_0>(x, lanes, N, K, y, second_thread_weights); break;                    \
+    default: lanes_impl<T, kQ8_0>(x, lanes, N, K, y, second_thread_weights); break;                       \
   }
   if (x.scalar_type() == at::kBFloat16) {
     PAGED_LANES_CASE(c10::BFloat16)

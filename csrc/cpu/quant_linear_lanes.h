@@ -11,9 +11,9 @@
 //                       | 16 float16 d | Q4_1: 16 float16 m               (288 or 320 bytes)
 //   Q8_0                512 bytes q: vector v (v = 0..7) holds in lane r row r's weights
 //                       4v..4v+3, each + 128 (as unsigned bytes) | 16 float16 d     (544 bytes)
-//   Q5_0                as Q8_0, each weight's q - 16 (-16..15) in a byte: w = d (q - 16) is a Q8_0
-//                       weight with the same d, so the same loop multiplies it, exactly. 1.5x the
-//                       file's bytes, read as one stream.
+//   Q5_0                as Q4_0, the low 4 bits of q | 64 bytes: per vector of q two 64-bit masks, bit
+//                       4r + i the fifth bit of lane r's byte i, low nibble then high | 16 d
+//                       (352 bytes: the file's)
 //   Q4_K                per super-block of 256 weights a header (16 float16 d | 16 float16 dmin),
 //                       then its 8 blocks: 256 bytes q as the 4-bit formats | 16 scales sc | 16 mins m
 //                       (w = d sc q - dmin m: a Q4_1 block whose d sc and dmin m are exact in float32)
@@ -29,8 +29,8 @@
 // Per output, in the order of the blocks b, with the integer sums exact:
 //
 //   4-bit:  acc = fma(float(sum_j q_j qx_j), d_b * dx_b, acc);  acc = fma(m_b, s_b, acc)
-//           (m_b = -8 d_b for Q4_0; d_b = d sc_b and m_b = -(dmin m_b) for Q4_K; s_b = dx_b sum_j qx_j,
-//           QuantizedRow's s)
+//           (m_b = -8 d_b for Q4_0, -16 d_b for Q5_0; d_b = d sc_b and m_b = -(dmin m_b) for Q4_K;
+//           s_b = dx_b sum_j qx_j, QuantizedRow's s)
 //   Q8_0:   acc = fma(float(sum_j (q_j + 128) qx_j - 128 sum_j qx_j), d_b * dx_b, acc)
 //   Q6_K:   per half h of the block (16 weights): acc = fma(float(sum_j q_j qx_j - 32 sum_j qx_j),
 //           (d sc_h) * dx_b, acc)
@@ -46,16 +46,14 @@
 
 constexpr int64_t LANES = 16;  // output columns per group: one float32 per lane of a 512-bit vector
 
-// The loop a type runs in lanes: Q5_0's is Q8_0's (see above).
-constexpr int64_t lanes_loop(int64_t type) { return type == kQ5_0 ? kQ8_0 : type; }
-
-// A weight in a byte (Q8_0, Q5_0, Q6_K), or two (the 4-bit formats).
-constexpr bool byte_weights(int64_t type) { return type == kQ8_0 || type == kQ5_0 || type == kQ6_K; }
+// A weight in a byte (Q8_0, Q6_K), or two (the 4-bit formats; Q5_0's fifth bits apart).
+constexpr bool byte_weights(int64_t type) { return type == kQ8_0 || type == kQ6_K; }
 
 struct LaneLayout {
   int64_t groups;        // N / 16, rounded up (the missing rows of the last group are zero)
   int64_t blocks;        // K / 32
   int64_t q_bytes;       // per block record: 256 (4-bit) or 512 (a byte a weight)
+  int64_t scales;        // where the record's scales start: after q (Q5_0: and its fifth bits)
   int64_t block_bytes;   // one block record: q, then its scales (see the top of this file)
   int64_t per_header;    // blocks under one header: 8 for the K-quants (a super-block), else all of them
   int64_t header_bytes;  // the K-quants' 16 d (and 16 dmin); 0 for the others
@@ -65,7 +63,8 @@ struct LaneLayout {
       : groups((N + LANES - 1) / LANES),
         blocks(K / QK),
         q_bytes(byte_weights(type) ? 512 : 256),
-        block_bytes(q_bytes + (type == kQ4_1 ? 4 * LANES : 2 * LANES)),
+        scales(q_bytes + (type == kQ5_0 ? 64 : 0)),
+        block_bytes(scales + (type == kQ4_1 ? 4 * LANES : 2 * LANES)),
         per_header(type == kQ4_K || type == kQ6_K ? 8 : std::max<int64_t>(1, blocks)),
         header_bytes(type == kQ4_K ? 4 * LANES : type == kQ6_K ? 2 * LANES : 0),
         group_bytes(blocks / per_header * header_bytes + blocks * block_bytes) {}
@@ -101,28 +100,37 @@ inline void pack_lane_group(int64_t type, const RowLayout& RL, const LaneLayout&
           put_nibbles([&](int j) { return q4k_at(blk, sub * 32 + j); });
           uint8_t sc[8], m[8];
           k_scales_mins(blk + 4, sc, m);
-          rec[L.q_bytes + r] = sc[sub];
-          rec[L.q_bytes + LANES + r] = m[sub];
+          rec[L.scales + r] = sc[sub];
+          rec[L.scales + LANES + r] = m[sub];
           std::memcpy(head + 2 * r, blk, 2);                // d
           std::memcpy(head + 2 * LANES + 2 * r, blk + 2, 2);  // dmin
         } else {
           put_bytes([&](int j) { return q6_at(blk, sub * 32 + j); });
-          rec[L.q_bytes + r] = blk[192 + 2 * sub];              // the scale of weights 0..15
-          rec[L.q_bytes + LANES + r] = blk[192 + 2 * sub + 1];  // of weights 16..31
+          rec[L.scales + r] = blk[192 + 2 * sub];              // the scale of weights 0..15
+          rec[L.scales + LANES + r] = blk[192 + 2 * sub + 1];  // of weights 16..31
           std::memcpy(head + 2 * r, blk + 208, 2);              // d
         }
         continue;
       }
       if (type == kQ8_0) {
         put_bytes([&](int j) { return row[b * QK + j] ^ 0x80; });
-      } else if (type == kQ5_0) {  // q - 16 + 128, q: the nibble and bit j of qh
+      } else if (type == kQ5_0) {  // the nibbles as Q4_0, and bit j of qh into the masks of the bytes they went to
+        put_nibbles(nibble);
         const uint32_t high = high_bits(row + RL.m_offset, b);
-        put_bytes([&](int j) { return (nibble(j) | static_cast<int>(((high >> j) & 1) << 4)) - 16 + 128; });
+        for (int v = 0; v < 4; ++v)
+          for (int i = 0; i < 4; ++i)
+            for (int half = 0; half < 2; ++half) {  // the low nibble holds weight 8v + i, the high one 8v + 4 + i
+              const uint64_t bit = (high >> (8 * v + 4 * half + i)) & 1;
+              uint64_t mask;
+              std::memcpy(&mask, rec + L.q_bytes + 16 * v + 8 * half, 8);
+              mask |= bit << (4 * r + i);
+              std::memcpy(rec + L.q_bytes + 16 * v + 8 * half, &mask, 8);
+            }
       } else {
         put_nibbles(nibble);
       }
-      std::memcpy(rec + L.q_bytes + 2 * r, row + RL.d_offset + 2 * b, 2);
-      if (type == kQ4_1) std::memcpy(rec + L.q_bytes + 2 * LANES + 2 * r, row + RL.m_offset + 2 * b, 2);
+      std::memcpy(rec + L.scales + 2 * r, row + RL.d_offset + 2 * b, 2);
+      if (type == kQ4_1) std::memcpy(rec + L.scales + 2 * LANES + 2 * r, row + RL.m_offset + 2 * b, 2);
     }
   }
 }
@@ -157,9 +165,9 @@ void lanes_group(const uint8_t* group, const LaneLayout& L, const QuantizedRow* 
       __m512i w[8];
       for (int v = 0; v < 8; ++v) w[v] = _mm512_loadu_si512(rec + 64 * v);
       // the scales of weights 0..15 and 16..31 (one d for both in Q8_0)
-      const __m512 d0 = TYPE == kQ6_K ? _mm512_mul_ps(head_d, bytes_as_floats(rec + L.q_bytes, true))
-                                      : halves_at(rec + L.q_bytes);
-      const __m512 d1 = TYPE == kQ6_K ? _mm512_mul_ps(head_d, bytes_as_floats(rec + L.q_bytes + LANES, true)) : d0;
+      const __m512 d0 = TYPE == kQ6_K ? _mm512_mul_ps(head_d, bytes_as_floats(rec + L.scales, true))
+                                      : halves_at(rec + L.scales);
+      const __m512 d1 = TYPE == kQ6_K ? _mm512_mul_ps(head_d, bytes_as_floats(rec + L.scales + LANES, true)) : d0;
       constexpr int32_t bias = TYPE == kQ6_K ? 32 : 128;  // what the stored byte adds to the signed weight
       for (int r = 0; r < R; ++r) {
         int32_t xw[8];  // x's 32 int8 of block b, four to a word
@@ -190,15 +198,21 @@ void lanes_group(const uint8_t* group, const LaneLayout& L, const QuantizedRow* 
         const __m512i w = _mm512_loadu_si512(rec + 64 * v);
         lo[v] = _mm512_and_si512(w, low4);
         hi[v] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+        if constexpr (TYPE == kQ5_0) {  // 16 more where the fifth bit is set
+          uint64_t bits[2];
+          std::memcpy(bits, rec + L.q_bytes + 16 * v, 16);
+          lo[v] = _mm512_mask_add_epi8(lo[v], bits[0], lo[v], _mm512_set1_epi8(16));
+          hi[v] = _mm512_mask_add_epi8(hi[v], bits[1], hi[v], _mm512_set1_epi8(16));
+        }
       }
       __m512 d, m;  // w = d q + m
       if constexpr (TYPE == kQ4_K) {  // d sc and dmin m: exact products (11 by 6 significant bits)
-        d = _mm512_mul_ps(head_d, bytes_as_floats(rec + L.q_bytes, false));
-        m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(head_dmin, bytes_as_floats(rec + L.q_bytes + LANES, false)));
+        d = _mm512_mul_ps(head_d, bytes_as_floats(rec + L.scales, false));
+        m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(head_dmin, bytes_as_floats(rec + L.scales + LANES, false)));
       } else {
-        d = halves_at(rec + L.q_bytes);
-        m = TYPE == kQ4_1 ? halves_at(rec + L.q_bytes + 2 * LANES)
-                          : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));  // exact: a power of two
+        d = halves_at(rec + L.scales);
+        m = TYPE == kQ4_1 ? halves_at(rec + L.scales + 2 * LANES)
+                          : _mm512_mul_ps(d, _mm512_set1_ps(TYPE == kQ5_0 ? -16.0f : -8.0f));  // exact: a power of two
       }
       for (int r = 0; r < R; ++r) {
         int32_t xw[8];
