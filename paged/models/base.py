@@ -93,8 +93,8 @@ class CausalLM(nn.Module):
         quantized linears hand batches of many rows to their dense layer, which multiplies as the dense
         linears do (in float32 by the fixed-order kernel up to that many rows; never padded). Other
         bfloat16 CPU linears get oneDNN-packed weights (the same bits), pair-order ones their weight
-        laid out for that kernel (``layers.pack_pair_order_linears``), Q4_0/Q4_1/Q5_0/Q8_0 quantized ones their
-        blocks in the lanes layout where the VNNI loops are built (``quantized.pack_lane_linears``).
+        laid out for that kernel (``layers.pack_pair_order_linears``), quantized ones their blocks in the
+        lanes layout where the VNNI loops are built (``quantized.pack_lane_linears``).
 
         Args:
             batch_invariant: a row's result must not depend on the batch it is in.

@@ -8,6 +8,9 @@ keep the file's bytes instead and ``QuantizedLinear`` multiplies by them
 directly (``csrc/cpu/quant_linear.cpp``). Generating one token reads every
 weight once; SmolLM2-135M's Q4_1 + Q8_0 file is 97 MB where its bfloat16
 weights are 270 MB, and at one sequence a decode step waits on those bytes.
+Where the kernel's AVX-512 VNNI loops are built, serving lays the blocks out
+once more with one output column per vector lane (``pack_lane_linears``), so
+they are read as one stream.
 
 What stays the same: the embedding lookup, the norms and attention (dense,
 from the same load). What changes is the rounding: the kernel rounds each block
