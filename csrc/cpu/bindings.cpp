@@ -390,7 +390,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_dequantize", &paged::quant_dequantize, "a GGUF-quantized W [N, K] as float32",
         py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_pack_lanes", &paged::quant_pack_lanes,
-        "Q4_0/Q4_1/Q5_0/Q8_0 blocks of a W [N, K] laid out with one output column per vector lane",
+        "The blocks of a W [N, K] (pack_blocks' layout) laid out with one output column per vector lane",
         py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_linear_lanes", &paged::quant_linear_lanes,
         "x [M, K] times a W [N, K] in quant_pack_lanes' layout, transposed -> [M, N]", py::arg("x"), py::arg("lanes"),

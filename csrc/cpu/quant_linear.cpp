@@ -59,6 +59,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -240,6 +241,18 @@ void quantize_row(Vnni, const T* x, int64_t K, const RowLayout& L, bool split_ha
   }
 }
 #endif
+
+// Every row of x [M, K] rounded per block (quantize_row), on torch's threads.
+template <typename T, typename Isa>
+QuantizedRows quantize_rows(Isa isa, const at::Tensor& x, int64_t K, const RowLayout& L, bool split_halves) {
+  const int64_t M = x.size(0), ld = x.stride(0);
+  const T* x0 = x.data_ptr<T>();
+  QuantizedRows rows(M, L.blocks);
+  at::parallel_for(0, M, std::max<int64_t>(1, 8192 / K), [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) quantize_row(isa, x0 + m * ld, K, L, split_halves, rows.row(m));
+  });
+  return rows;
+}
 
 // --- the dot products of one row of x with TILE_N (or fewer) rows of W --------------------
 //
@@ -517,17 +530,11 @@ template <typename Isa, typename T, int64_t TYPE>
 void linear_impl(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, at::Tensor& y,
                  std::optional<int64_t> second_thread_weights) {
   const RowLayout L(TYPE, K);
-  const int64_t M = x.size(0), ld = x.stride(0);
-  const T* x0 = x.data_ptr<T>();
+  const int64_t M = x.size(0);
   T* y0 = y.data_ptr<T>();
   const uint8_t* w0 = packed.data_ptr<uint8_t>();
-  QuantizedRows xq(M, L.blocks);
+  QuantizedRows xq = quantize_rows<T>(Isa{}, x, K, L, TYPE != kQ8_0 && !RowLayout::is_k(TYPE));
   auto row_of = [&](int64_t m) { return xq.row(m); };
-  at::parallel_for(0, M, std::max<int64_t>(1, 8192 / K), [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      quantize_row(Isa{}, x0 + m * ld, K, L, TYPE != kQ8_0 && !RowLayout::is_k(TYPE), row_of(m));
-    }
-  });
   const int64_t tiles = (N + TILE_N - 1) / TILE_N;
   const int64_t min_task = second_thread_weights.value_or(MIN_TASK_WEIGHTS);
   const int64_t rows_counted = std::is_same_v<Isa, Vnni> ? M : std::max<int64_t>(1, M / 2);
@@ -657,24 +664,39 @@ at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, i
 
 namespace {
 
+// f(std::type_identity<T>{}, std::integral_constant<int64_t, TYPE>{}) for x's dtype T and the block type: the
+// loops take both as template arguments.
+template <typename F>
+void with_dtype_and_type(const at::Tensor& x, int64_t type, F&& f) {
+  auto by_type = [&](auto dtype) {
+    switch (type) {
+      case kQ4_0: f(dtype, std::integral_constant<int64_t, kQ4_0>{}); break;
+      case kQ4_1: f(dtype, std::integral_constant<int64_t, kQ4_1>{}); break;
+      case kQ5_0: f(dtype, std::integral_constant<int64_t, kQ5_0>{}); break;
+      case kQ4_K: f(dtype, std::integral_constant<int64_t, kQ4_K>{}); break;
+      case kQ6_K: f(dtype, std::integral_constant<int64_t, kQ6_K>{}); break;
+      default: f(dtype, std::integral_constant<int64_t, kQ8_0>{}); break;
+    }
+  };
+  if (x.scalar_type() == at::kBFloat16) {
+    by_type(std::type_identity<c10::BFloat16>{});
+  } else {
+    by_type(std::type_identity<float>{});
+  }
+}
+
 template <typename Isa>
 void linear_for(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t N, int64_t K, at::Tensor& y,
                 std::optional<int64_t> split) {
-#define PAGED_QUANT_CASE(T)                                               \
-  switch (type) {                                                         \
-    case kQ4_0: linear_impl<Isa, T, kQ4_0>(x, packed, N, K, y, split); break;   \
-    case kQ4_1: linear_impl<Isa, T, kQ4_1>(x, packed, N, K, y, split); break;   \
-    case kQ5_0: linear_impl<Isa, T, kQ5_0>(x, packed, N, K, y, split); break;   \
-    case kQ4_K: linear_impl<Isa, T, kQ4_K>(x, packed, N, K, y, split); break;   \
-    case kQ6_K: linear_impl<Isa, T, kQ6_K>(x, packed, N, K, y, split); break;   \
-    default: linear_impl<Isa, T, kQ8_0>(x, packed, N, K, y, split); break;      \
-  }
-  if (x.scalar_type() == at::kBFloat16) {
-    PAGED_QUANT_CASE(c10::BFloat16)
-  } else {
-    PAGED_QUANT_CASE(float)
-  }
-#undef PAGED_QUANT_CASE
+  with_dtype_and_type(x, type, [&](auto dtype, auto block_type) {
+    linear_impl<Isa, typename decltype(dtype)::type, decltype(block_type)::value>(x, packed, N, K, y, split);
+  });
+}
+
+// Refuses the lanes layout where the VNNI loops are not built.
+void check_lanes_built() {
+  TORCH_CHECK_VALUE(quant_vnni_compiled(), "the lanes layout needs a build for a CPU with AVX-512 VNNI; this one "
+                    "has not (quant_vnni_compiled() is False)");
 }
 
 }  // namespace
@@ -709,10 +731,12 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
 
 at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
   check_packed(packed, type, N, K);
+  check_lanes_built();
+  at::Tensor out;
 #if defined(PAGED_QUANT_VNNI)
   const RowLayout RL(type, K);
   const LaneLayout L(type, N, K);
-  at::Tensor out = at::zeros({L.groups * L.group_bytes}, packed.options());
+  out = at::zeros({L.groups * L.group_bytes}, packed.options());
   const uint8_t* src = packed.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, L.groups, 16, [&](int64_t begin, int64_t end) {
@@ -722,16 +746,14 @@ at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, i
       pack_lane_group(type, RL, L, rows, dst + g * L.group_bytes);
     }
   });
-  return out;
-#else
-  TORCH_CHECK_VALUE(false, "the lanes layout needs a build for a CPU with AVX-512 VNNI; this one has not "
-                    "(quant_vnni_compiled() is False)");
-  return at::Tensor();
 #endif
+  return out;
 }
 
 at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int64_t type, int64_t N, int64_t K,
                               std::optional<int64_t> second_thread_weights) {
+  check_lanes_built();
+  at::Tensor y;
 #if defined(PAGED_QUANT_VNNI)
   check_shape(type, N, K);
   const LaneLayout L(type, N, K);
@@ -740,29 +762,13 @@ at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int6
                     "lanes must be quant_pack_lanes' contiguous CPU tensor of ", L.groups * L.group_bytes,
                     " bytes for a [", N, ", ", K, "] weight of type ", type, ", got ", lanes.numel());
   check_x(x, K);
-  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  y = at::empty({x.size(0), N}, x.options());
   if (x.size(0) == 0) return y;
-#define PAGED_LANES_CASE(T)                                                                               \
-  switch (type) {                                                                                         \
-    case kQ4_0: lanes_impl<T, kQ4_0>(x, lanes, N, K, y, second_thread_weights); break;                    \
-    case kQ4_1: lanes_impl<T, kQ4_1>(x, lanes, N, K, y, second_thread_weights); break;                    \
-    case kQ4_K: lanes_impl<T, kQ4_K>(x, lanes, N, K, y, second_thread_weights); break;                    \
-    case kQ6_K: lanes_impl<T, kQ6_K>(x, lanes, N, K, y, second_thread_weights); break;                    \
-    case kQ5_0: lanes_impl<T, kQ5_0>(x, lanes, N, K, y, second_thread_weights); break;                    \
-    default: lanes_impl<T, kQ8_0>(x, lanes, N, K, y, second_thread_weights); break;                       \
-  }
-  if (x.scalar_type() == at::kBFloat16) {
-    PAGED_LANES_CASE(c10::BFloat16)
-  } else {
-    PAGED_LANES_CASE(float)
-  }
-#undef PAGED_LANES_CASE
-  return y;
-#else
-  TORCH_CHECK_VALUE(false, "the lanes layout needs a build for a CPU with AVX-512 VNNI; this one has not "
-                    "(quant_vnni_compiled() is False)");
-  return at::Tensor();
+  with_dtype_and_type(x, type, [&](auto dtype, auto block_type) {
+    lanes_impl<typename decltype(dtype)::type, decltype(block_type)::value>(x, lanes, N, K, y, second_thread_weights);
+  });
 #endif
+  return y;
 }
 
 }  // namespace paged

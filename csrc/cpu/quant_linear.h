@@ -26,8 +26,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t t
 // product rounded.
 at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, int64_t K);
 
-// The Q4_0, Q4_1 or Q8_0 blocks of pack_blocks' layout laid out again with one output column per vector
-// lane (quant_linear_lanes.h), for quant_linear_lanes; needs the VNNI loops (quant_vnni_compiled()).
+// The blocks of pack_blocks' layout (any format quant_linear reads) laid out again with one output column
+// per vector lane (quant_linear_lanes.h), for quant_linear_lanes; needs the VNNI loops (quant_vnni_compiled()).
 at::Tensor quant_pack_lanes(const at::Tensor& blocks, int64_t type, int64_t N, int64_t K);
 
 // quant_linear over quant_pack_lanes' layout: the same x rounding, each output summed in the lanes

@@ -90,7 +90,8 @@ inline void pack_lane_group(int64_t type, const RowLayout& RL, const LaneLayout&
       };
       auto put_nibbles = [&](auto q) {  // q(j): weight j of the block, 0..15
         for (int v = 0; v < 4; ++v)
-          for (int i = 0; i < 4; ++i) rec[64 * v + 4 * r + i] = static_cast<uint8_t>(q(8 * v + i) | (q(8 * v + 4 + i) << 4));
+          for (int i = 0; i < 4; ++i)
+            rec[64 * v + 4 * r + i] = static_cast<uint8_t>(q(8 * v + i) | (q(8 * v + 4 + i) << 4));
       };
       auto nibble = [&](int j) { const uint8_t byte = row[b * 16 + (j & 15)]; return j < 16 ? byte & 0xF : byte >> 4; };
       if (type == kQ4_K || type == kQ6_K) {
@@ -208,7 +209,8 @@ void lanes_group(const uint8_t* group, const LaneLayout& L, const QuantizedRow* 
       __m512 d, m;  // w = d q + m
       if constexpr (TYPE == kQ4_K) {  // d sc and dmin m: exact products (11 by 6 significant bits)
         d = _mm512_mul_ps(head_d, bytes_as_floats(rec + L.scales, false));
-        m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(head_dmin, bytes_as_floats(rec + L.scales + LANES, false)));
+        const __m512 dmin_m = _mm512_mul_ps(head_dmin, bytes_as_floats(rec + L.scales + LANES, false));
+        m = _mm512_sub_ps(_mm512_setzero_ps(), dmin_m);
       } else {
         d = halves_at(rec + L.scales);
         m = TYPE == kQ4_1 ? halves_at(rec + L.scales + 2 * LANES)
@@ -235,19 +237,18 @@ void lanes_impl(const at::Tensor& x, const at::Tensor& lanes, int64_t N, int64_t
                 std::optional<int64_t> second_thread_weights) {
   const RowLayout RL(kQ8_0, K);  // x's blocks in their natural order (the padding block, if any, is never read)
   const LaneLayout L(TYPE, N, K);
-  const int64_t M = x.size(0), ld = x.stride(0);
-  const T* x0 = x.data_ptr<T>();
+  const int64_t M = x.size(0);
   T* y0 = y.data_ptr<T>();
   const uint8_t* w0 = lanes.data_ptr<uint8_t>();
-  QuantizedRows xq(M, RL.blocks);
+  QuantizedRows xq = quantize_rows<T>(Vnni{}, x, K, RL, false);
   auto row_of = [&](int64_t m) { return xq.row(m); };
-  std::vector<int32_t> sums(byte_weights(TYPE) ? M * 2 * L.blocks : 0);  // sum qx per 16 values
-  for (int64_t m = 0; m < M; ++m) {
-    quantize_row(Vnni{}, x0 + m * ld, K, RL, false, row_of(m));
-    for (int64_t h = 0; h < static_cast<int64_t>(sums.size()) / M; ++h) {
-      int32_t total = 0;
-      for (int j = 0; j < 16; ++j) total += row_of(m).q[h * 16 + j];
-      sums[m * 2 * L.blocks + h] = total;
+  std::vector<int32_t> sums;  // the byte-weight formats: sum qx per 16 values, two a block
+  if constexpr (byte_weights(TYPE)) {
+    sums.resize(M * 2 * L.blocks);
+    for (int64_t m = 0; m < M; ++m) {
+      const int8_t* q = row_of(m).q;
+      for (int64_t h = 0; h < 2 * L.blocks; ++h)
+        sums[m * 2 * L.blocks + h] = std::accumulate(q + 16 * h, q + 16 * h + 16, 0);
     }
   }
   const int64_t min_task = second_thread_weights.value_or(MIN_TASK_WEIGHTS);

@@ -52,17 +52,12 @@ def ext():
     return cpu.load(strict=True)
 
 
-def _cpu_flags() -> set[str]:
-    """What ``-march=native`` sees: the CPU's own feature flags."""
-    with open("/proc/cpuinfo") as f:
-        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-
-
 AVX2_FLAGS = {"avx2", "fma", "f16c"}
 VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}
-IMPLS = ["scalar"] + (["avx2"] if AVX2_FLAGS <= _cpu_flags() else []) + (
-    ["avx512"] if VNNI_FLAGS <= _cpu_flags() else [])
-LANES = ["lanes"] if VNNI_FLAGS <= _cpu_flags() else []  # quant_linear_lanes: the VNNI loop's other layout
+# what -march=native sees: the CPU's own feature flags
+IMPLS = ["scalar"] + (["avx2"] if AVX2_FLAGS <= cpu.cpu_flags() else []) + (
+    ["avx512"] if VNNI_FLAGS <= cpu.cpu_flags() else [])
+LANES = ["lanes"] if VNNI_FLAGS <= cpu.cpu_flags() else []  # quant_linear_lanes: the VNNI loop's other layout
 IMPL_KINDS = [(impl, kind) for impl in IMPLS + LANES for kind in KINDS]  # every implementation, every format
 
 
@@ -76,8 +71,8 @@ def _linear(ext, impl, x, packed, kind, n, k, **kwargs):
 def test_each_implementation_this_cpu_runs_is_compiled_in(ext):
     """Exact: the build has the AVX2 loops where the CPU has AVX2, FMA and F16C, and the VNNI loops where it
     has AVX-512 VNNI (so ``IMPLS``, which the tests below run, cannot quietly lose one)."""
-    assert ext.quant_avx2_compiled() == (AVX2_FLAGS <= _cpu_flags())
-    assert ext.quant_vnni_compiled() == (VNNI_FLAGS <= _cpu_flags())
+    assert ext.quant_avx2_compiled() == (AVX2_FLAGS <= cpu.cpu_flags())
+    assert ext.quant_vnni_compiled() == (VNNI_FLAGS <= cpu.cpu_flags())
 
 
 def quantized(kind: int, n: int, k: int, seed: int, scale: float = 1.0):
