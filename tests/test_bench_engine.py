@@ -32,3 +32,4 @@ def test_bench_engine_prints_one_json_line(capsys):
     assert result["prompt_tokens"] == sum(len(p) for p, _ in requests)
     assert result["output_tok_per_s"] > 0 and result["total_tok_per_s"] > result["output_tok_per_s"]
     assert result["peak_rss_gib"] > 0 and result["load_s"] > 0 and len(result["cores_used"]) == 1
+    assert 0 < result["rss_gib"] <= result["peak_rss_gib"]  # resident now: never above the peak

@@ -13,7 +13,8 @@ It prints one JSON line: the median of ``--repeats`` timed runs after one
 short warm-up — output and total tokens per second, wall time — plus load
 time (checkpoint and engine), the first request's latency after load (the
 warm-up, which includes building or loading the C++ kernels), peak resident
-memory of the process, and the cores the engine kept busy (CPU seconds /
+memory of the process and what it holds after the runs (``rss_gib``: the
+load's transient copies gone), and the cores the engine kept busy (CPU seconds /
 wall seconds over the timed runs).
 
     python -m paged.bench engine --model path/to/checkpoint --dtype bfloat16
@@ -101,6 +102,15 @@ def _cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
+def _resident_gib() -> float | None:
+    """The memory this process holds now (resident set, from /proc; None where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30, 3)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def timed_generate(llm, requests) -> dict:
     """One run over every request: wall seconds, CPU seconds, tokens in and out."""
     from paged import SamplingParams
@@ -159,6 +169,7 @@ def run(args) -> int:
         "first_request_s": round(first["wall_s"], 2),
         "peak_rss_gib": rss,
         "peak_rss_gib_tree": rss,  # one process: the tree is this process
+        "rss_gib": _resident_gib(),  # after the timed runs: what serving holds, the load's peak gone
         "cores_used": cores,
         "engine_cores_used": cores,
         "threads": torch.get_num_threads(),

@@ -27,6 +27,7 @@ from paged.models.layers import (
     fixed_order_rows,
     pack_pair_order_linears,
     prepack_linears,
+    return_freed_memory,
     use_fixed_order_linears,
 )
 from paged.models.quantized import QuantizedLinear, pack_lane_linears
@@ -94,7 +95,9 @@ class CausalLM(nn.Module):
         linears do (in float32 by the fixed-order kernel up to that many rows; never padded). Other
         bfloat16 CPU linears get oneDNN-packed weights (the same bits), pair-order ones their weight
         laid out for that kernel (``layers.pack_pair_order_linears``), quantized ones their blocks in the
-        lanes layout where the VNNI loops are built (``quantized.pack_lane_linears``).
+        lanes layout where the VNNI loops are built (``quantized.pack_lane_linears``). A quantized layer
+        whose dense layer will not run lets it go first (``QuantizedLinear.use_kernel_only``), so nothing is
+        laid out for it, and the memory freed goes back to the system (``layers.return_freed_memory``).
 
         Args:
             batch_invariant: a row's result must not depend on the batch it is in.
@@ -102,7 +105,7 @@ class CausalLM(nn.Module):
         quantized = [m for m in self.modules() if isinstance(m, QuantizedLinear)]
         for layer in quantized:
             layer.use_kernel_only(batch_invariant)
-        inside = {id(q.dense) for q in quantized}  # a quantized layer's dense fallback: never padded
+        inside = {id(q.dense) for q in quantized if q.dense is not None}  # a dense fallback: never padded
         padded = fixed = 0
         for module in self.modules():  # every dense GEMM (``layers.gemm``), tensor-parallel shards included
             if not hasattr(module, "pad_one_row"):
@@ -114,8 +117,10 @@ class CausalLM(nn.Module):
             module.pad_one_row = batch_invariant and not module.fixed_order
             padded += module.pad_one_row
             fixed += module.fixed_order
-        return ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self), fixed_order_linears=fixed,
-                             pair_order_linears=pack_pair_order_linears(self), lane_linears=pack_lane_linears(self))
+        traits = ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self), fixed_order_linears=fixed,
+                               pair_order_linears=pack_pair_order_linears(self), lane_linears=pack_lane_linears(self))
+        return_freed_memory()  # what loading and the quantized layers let go
+        return traits
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
         """Logits of the rows to sample from (call it on those rows only: the LM head is the widest GEMM)."""

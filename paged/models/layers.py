@@ -28,6 +28,7 @@ it is as fast as oneDNN's GEMM at many rows and faster at few.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import math
@@ -326,6 +327,21 @@ def second_copy_allowed(nbytes: int) -> bool:
     says yes / no; by default, up to ``PREPACK_MAX_BYTES``."""
     setting = os.environ.get("PAGED_PREPACK_WEIGHTS", "auto")
     return setting == "1" or (setting != "0" and nbytes <= PREPACK_MAX_BYTES)
+
+
+def return_freed_memory() -> None:
+    """Hand the memory freed so far back to the system, where the C library can (glibc's ``malloc_trim``).
+
+    Loading frees what it no longer needs (the converted checkpoint's copies; a quantized layer's dense
+    weights, ``QuantizedLinear.use_kernel_only``), but the allocator keeps most of those pages for
+    later allocations, and the process's resident memory stays as high as if it held them:
+    ``--quantization gguf`` SmolLM2 kept 0.65 GiB resident where trimmed it holds 0.48. Elsewhere
+    (macOS, musl) nothing is done."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 def _weight_bytes(linears: list[nn.Module]) -> int:

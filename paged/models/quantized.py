@@ -133,15 +133,16 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 DENSE_ROWS = 2  # QuantizedLinear.dense_rows: more rows than this run the dense GEMM (measured crossover)
 
 
-def dense_is_faster_for_many_rows(dense: Linear) -> bool:
-    """Whether batches of many rows should leave the kernel for ``dense``: not for bfloat16 weights on a CPU
+def dense_is_faster_for_many_rows(dtype: torch.dtype) -> bool:
+    """Whether batches of many rows should leave the kernel for a dense layer of weights in ``dtype``: not
+    for bfloat16 weights on a CPU
     whose oneDNN has no bfloat16 GEMM (AVX2 only), where torch's bfloat16 GEMM is 4-5x slower than the
     kernel's AVX2 loop at 1 to 256 rows; yes otherwise (bfloat16 with AVX-512: the GEMM 3-4x faster at 64
     rows; float32: MKL's GEMM, 1.3-1.4x faster from 64 rows on AVX2), and without the kernel built. The
     dense layer multiplies as any dense linear does (``layers.gemm``): on an AVX2 CPU in float32, calls of up
     to ``layers.FLOAT32_FIXED_ORDER_ROWS`` rows by the fixed-order kernel, faster again there (1.2-1.35x the
     output tokens per second of MKL's GEMM, ``python -m paged.bench engine --workload batch``)."""
-    return dense.weight.dtype != torch.bfloat16 or cpu_has_bf16_gemm() or load_cpu_kernels() is None
+    return dtype != torch.bfloat16 or cpu_has_bf16_gemm() or load_cpu_kernels() is None
 
 
 class QuantizedLinear(nn.Module):
@@ -167,6 +168,13 @@ class QuantizedLinear(nn.Module):
     The two paths round differently, so a row's bits would depend on the batch it is in;
     in batch-invariant mode ``use_kernel_only(True)`` sets ``dense_rows`` to None: always the
     kernel (``CausalLM.prepare_for_serving`` asks it).
+
+    Memory: the layer holds its dense layer only while that can run. Wherever ``dense_rows`` is
+    None (batch-invariant mode, the default; a bfloat16 model on a CPU without a bfloat16 GEMM)
+    it lets it go, and with it the dense weights and the copies serving would lay out for them:
+    the layer then holds the file's blocks (and their lanes) and nothing more. Asked for the dense
+    path again, it dequantizes its blocks into a new one (``dense_from_blocks``): the loader's
+    weights bit for bit, since the loader dequantizes these formats by the same formulas.
     """
 
     def __init__(self, blocks: torch.Tensor, kind: int, out_features: int, in_features: int,
@@ -178,6 +186,7 @@ class QuantizedLinear(nn.Module):
         self.kind, self.out_features, self.in_features = kind, out_features, in_features
         self.output_sizes = tuple(output_sizes or (out_features,))
         self.dense = dense
+        self.dense_dtype = dense.weight.dtype if dense is not None else None  # None: no dense path, ever
         self.dense_rows: int | None = None
         self.lane_blocks: torch.Tensor | None = None  # the blocks in the lanes layout (pack_lane_linears)
         self.use_kernel_only(False)
@@ -205,9 +214,23 @@ class QuantizedLinear(nn.Module):
 
     def use_kernel_only(self, only: bool) -> None:
         """Run the kernel at every row count (``only``), or hand batches of more than ``DENSE_ROWS``
-        rows to the dense layer (when there is one and it is the faster for them)."""
-        if self.dense is not None and dense_is_faster_for_many_rows(self.dense):
-            self.dense_rows = None if only else DENSE_ROWS
+        rows to the dense layer where it is the faster for them. A dense layer that will not run is let
+        go (its weights freed); one that will is made again from the blocks if it was."""
+        many_rows_dense = self.dense_dtype is not None and dense_is_faster_for_many_rows(self.dense_dtype)
+        if many_rows_dense and not only:
+            if self.dense is None:
+                self.dense = self.dense_from_blocks()
+            self.dense_rows = DENSE_ROWS
+        else:
+            self.dense, self.dense_rows = None, None
+
+    def dense_from_blocks(self) -> Linear:
+        """A dense layer whose weight is the blocks dequantized (``dequantize_blocks``) into ``dense_dtype``."""
+        weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features)
+        with torch.device("meta"):  # no weight drawn at random only to be replaced
+            dense = Linear(self.in_features, self.out_features, bias=False)
+        dense.weight = nn.Parameter(weight.to(self.dense_dtype).contiguous(), requires_grad=False)
+        return dense
 
     @property
     def rows_independent(self) -> bool:
@@ -254,7 +277,8 @@ def pack_lane_linears(model: nn.Module) -> int:
 def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list]) -> list[str]:
     """Replace every linear of ``model`` (loaded from the GGUF file ``path``) whose tensors are all in
     one kernel format by a ``QuantizedLinear`` over the file's blocks, which keeps the dense layer for
-    batches of many rows; returns the replaced names.
+    batches of many rows where it is the faster for them (until serving in batch-invariant mode lets it
+    go); returns the replaced names.
 
     Args:
         model: the dense model ``gguf_loader`` loaded from ``path``.

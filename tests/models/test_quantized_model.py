@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from paged import LLM, SamplingParams
 from paged.kernels import cpu
-from paged.models import layers, load_model
+from paged.models import layers, load_model, quantized
 from paged.models.contiguous import ContiguousAttention
 from paged.models.quantized import DENSE_ROWS, QuantizedLinear, quantize_activations
 from tests.gguf_files import gguf_name, write_gguf
@@ -98,6 +98,52 @@ def test_many_rows_take_the_dense_layers(tmp_path):
     quant.model.prepare_for_serving(batch_invariant=True)
     kernel = _logits(quant.model, PROMPT)
     assert not torch.equal(kernel, _logits(dense.model, PROMPT))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kernel_only_layers_free_their_dense_weights_and_make_them_again_when_asked(tmp_path, dtype):
+    """Exact. Batch-invariant serving runs only the kernel, so every quantized layer lets its dense layer go:
+    the loader's dense weights are freed (no reference is left) and no copy is laid out for them (the
+    traits count no oneDNN-packed or pair-order copy). With the mode off again, a layer whose dense GEMM is
+    the faster for many rows dequantizes its blocks into a new dense layer: bitwise the loader's weights,
+    so a prompt's logits are bitwise the dense model's."""
+    import gc
+    import weakref
+
+    path = _gguf(tmp_path, T.Q4_1)
+    quant = load_model(path, dtype=dtype, quantization="gguf").model
+    linears = {name: m for name, m in quant.named_modules() if isinstance(m, QuantizedLinear)}
+    held = [weakref.ref(m.dense.weight) for m in linears.values() if m.dense is not None]
+    many_rows_dense = quantized.dense_is_faster_for_many_rows(getattr(torch, dtype))
+    assert len(held) == (len(linears) if many_rows_dense else 0)  # where it never runs, let go at load
+    traits = quant.prepare_for_serving(batch_invariant=True)
+    gc.collect()
+    assert all(m.dense is None and m.dense_rows is None for m in linears.values())
+    assert not any(ref() is not None for ref in held)
+    assert traits.packed_linears == traits.pair_order_linears == 0  # every linear here is quantized
+    quant.prepare_for_serving(batch_invariant=False)
+    dense = load_model(path, dtype=dtype).model
+    dense.prepare_for_serving(batch_invariant=False)
+    for name, m in linears.items():
+        assert m.dense_rows == (DENSE_ROWS if many_rows_dense else None)
+        assert m.dense is None if not many_rows_dense else torch.equal(m.dense.weight,
+                                                                        dense.get_submodule(name).weight)
+    if many_rows_dense:
+        assert torch.equal(_logits(quant, PROMPT), _logits(dense, PROMPT))
+
+
+def test_serving_hands_the_freed_memory_back_after_the_layers_let_go(tmp_path, monkeypatch):
+    """Exact: ``prepare_for_serving`` calls ``return_freed_memory`` once, when no quantized layer holds a
+    dense layer any more (trimmed before, the allocator would keep those pages); the call itself runs here."""
+    import paged.models.base as base
+
+    quant = load_model(_gguf(tmp_path, T.Q4_1), dtype="float32", quantization="gguf").model
+    linears = [m for m in quant.modules() if isinstance(m, QuantizedLinear)]
+    seen = []
+    monkeypatch.setattr(base, "return_freed_memory",
+                        lambda: seen.append(sum(m.dense is not None for m in linears)) or layers.return_freed_memory())
+    quant.prepare_for_serving(batch_invariant=True)
+    assert seen == [0]
 
 
 @pytest.mark.parametrize("has_bf16_gemm", [True, False])
