@@ -105,6 +105,8 @@ class CausalLM(nn.Module):
         quantized = [m for m in self.modules() if isinstance(m, QuantizedLinear)]
         for layer in quantized:
             layer.use_kernel_only(batch_invariant)
+        if isinstance(self.lm_head, QuantizedLinear):
+            self.tie_weights()  # the dense layer a quantized LM head may just have made: the embedding's weight
         inside = {id(q.dense) for q in quantized if q.dense is not None}  # a dense fallback: never padded
         padded = fixed = 0
         for module in self.modules():  # every dense GEMM (``layers.gemm``), tensor-parallel shards included
@@ -146,9 +148,13 @@ class CausalLM(nn.Module):
 
     def tie_weights(self) -> None:
         """Share the token embedding with the LM head when the config says so (again after ``materialise``,
-        which gives every module its own fresh tensor)."""
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.get_input_embeddings().weight
+        which gives every module its own fresh tensor). A quantized LM head reads the embedding's blocks;
+        its dense layer, when it has one, shares the embedding's weight (the same values)."""
+        if not self.config.tie_word_embeddings:
+            return
+        head = self.lm_head.dense if isinstance(self.lm_head, QuantizedLinear) else self.lm_head
+        if head is not None:
+            head.weight = self.get_input_embeddings().weight
 
     def get_input_embeddings(self) -> nn.Embedding:
         """The token embedding module."""

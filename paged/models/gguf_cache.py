@@ -10,7 +10,8 @@ load keeps it and every later load reads it back::
     later loads: model.gguf --sha256--> key --read, check--> Converted   (no gguf parsing at all)
 
 An entry is one safetensors file: every parameter of the model under its own name (the
-fused ``qkv_proj`` and ``gate_up_proj`` included), in the requested dtype, and in the
+fused ``qkv_proj`` and ``gate_up_proj`` included; for a ``quantization="gguf"`` load, an
+entry of its own, all but the linears that keep the file's blocks), in the requested dtype, and in the
 file's metadata the rest of what the GGUF file gave (``config.json``'s fields,
 ``tokenizer.json``, the chat template, the special tokens, the warnings of the
 conversion, the tensor table) with a sha256 of all of it.
@@ -21,7 +22,7 @@ An entry is named by its key, the sha256 of
   Size and modification time would cost nothing and are fooled by a file rewritten in
   place with its time kept (``cp -p``, ``rsync -t``) or re-quantized to the same size;
   a hash of a few chunks misses a change between them;
-* the dtype;
+* the dtype (and the quantization, if any);
 * the code that converts (``code_hash``): ``paged/models/*.py`` (parameter names, the
   order of the fused rows, the query/key un-permutation, the tokenizer rules) and the
   ``gguf`` package's modules (the dequantizers). Edit either and the next load converts
@@ -37,7 +38,7 @@ What must hold (``tests/models/test_gguf_cache.py``):
   that differs from the one recorded) is not used: the load warns, converts the GGUF
   file again and rewrites the entry. Never a crash, never wrong weights. A cache that
   cannot be written (a read-only disk, a full one) only warns;
-* at most ``KEEP`` entries per GGUF path and dtype, the most recently used (a read
+* at most ``KEEP`` entries per GGUF path and dtype (and quantization), the most recently used (a read
   touches its entry), so editing the code does not fill the disk, and two checkouts
   of different code loading the same file do not evict each other.
 
@@ -65,7 +66,7 @@ from paged.models.paths import cache_dir
 
 ENV_VAR = "PAGED_GGUF_CACHE"
 OFF = ("0", "off", "false", "no")
-KEEP = 2  # entries kept per GGUF path and dtype
+KEEP = 2  # entries kept per GGUF path and form (dtype and quantization)
 
 
 @dataclasses.dataclass
@@ -144,21 +145,24 @@ class GGUFCache:
         gguf_path: the GGUF file.
         dtype: the dtype of the weights.
         folder: where the entries live.
+        quantization: None, or ``"gguf"``: the entry of a quantized load (``convert_gguf``'s weights without
+            the linears that keep the file's blocks), kept apart from the dense one.
     """
 
-    def __init__(self, gguf_path: Path, dtype: torch.dtype, folder: Path):
+    def __init__(self, gguf_path: Path, dtype: torch.dtype, folder: Path, quantization: str | None = None):
         self.gguf_path = gguf_path
-        dtype_name = str(dtype).removeprefix("torch.")
-        self.key = hashlib.sha256(f"{file_hash(gguf_path)}|{dtype_name}|{code_hash()}".encode()).hexdigest()
+        form = str(dtype).removeprefix("torch.") + (f"-{quantization}" if quantization else "")
+        self.key = hashlib.sha256(f"{file_hash(gguf_path)}|{form}|{code_hash()}".encode()).hexdigest()
         where = hashlib.sha256(str(gguf_path.resolve()).encode()).hexdigest()[:8]
-        self.prefix = f"{gguf_path.stem}-{dtype_name}-{where}"  # the same for every entry of this path and dtype
+        self.prefix = f"{gguf_path.stem}-{form}-{where}"  # the same for every entry of this path and form
         self.entry = folder / f"{self.prefix}-{self.key[:16]}.safetensors"
 
     @classmethod
-    def for_file(cls, gguf_path: Path, dtype: torch.dtype) -> GGUFCache | None:
-        """The cache entry for ``gguf_path`` in ``dtype``, or None when ``PAGED_GGUF_CACHE`` turns the cache off."""
+    def for_file(cls, gguf_path: Path, dtype: torch.dtype, quantization: str | None = None) -> GGUFCache | None:
+        """The cache entry for ``gguf_path`` in ``dtype`` (for a ``quantization="gguf"`` load: its own entry,
+        without the weights the kernel's layers replace), or None when ``PAGED_GGUF_CACHE`` turns the cache off."""
         folder = cache_folder()
-        return None if folder is None else cls(gguf_path, dtype, folder)
+        return None if folder is None else cls(gguf_path, dtype, folder, quantization)
 
     def read(self) -> Converted | None:
         """The entry's contents, or None when there is none or it fails a check (with a warning)."""
@@ -207,7 +211,7 @@ class GGUFCache:
                 Path(tmp).unlink(missing_ok=True)
 
     def _evict(self) -> None:
-        """Remove this path and dtype's entries but the ``KEEP`` most recently used."""
+        """Remove this path and form's entries but the ``KEEP`` most recently used."""
         entries = glob.glob(glob.escape(str(self.entry.parent / self.prefix)) + "-*.safetensors")
         for old in sorted(entries, key=os.path.getmtime, reverse=True)[KEEP:]:
             Path(old).unlink(missing_ok=True)

@@ -25,9 +25,11 @@ The four translations (``convert_gguf``) cost seconds, and their result depends
 only on the file, the dtype and this code, so ``load_gguf`` does them once:
 the result is written to a cache entry (``gguf_cache``) and later loads read
 that entry instead of parsing and dequantizing again (``PAGED_GGUF_CACHE=0``:
-convert at every load). With ``quantization="gguf"`` the linears then take the
-file's blocks (``quantized.quantize_linears``), found through the tensor table
-the entry keeps.
+convert at every load). With ``quantization="gguf"`` the linears the kernel
+reads take the file's blocks instead (``quantized.quantize_linears``): their
+weights are not dequantized at all, neither in the conversion nor in the entry
+(one of its own, beside the dense one), so the load holds the blocks, the
+embedding and the few dense weights left, not a dense copy of the model.
 """
 
 from __future__ import annotations
@@ -45,7 +47,13 @@ from paged.models.gguf_names import ARCHITECTURES, hf_tensor_name, permuted_proj
 from paged.models.gguf_reader import check_gguf_file, field, open_gguf, row_major_shape, tensor_table
 from paged.models.hf_config import parse_hf_config
 from paged.models.gguf_tokenizer import build_tokenizer, chat_template_from_gguf
-from paged.models.quantized import KERNEL_FORMATS, dequantize_blocks, pack_blocks, quantize_linears
+from paged.models.quantized import (
+    KERNEL_FORMATS,
+    dequantize_blocks,
+    pack_blocks,
+    plan_quantized_linears,
+    quantize_linears,
+)
 
 # Gemma 2 27B / Gemma 3 27B (by their layer counts) scale scores by hidden / heads, the others by the head
 # dimension (llama.cpp's rule; the files do not say)
@@ -180,11 +188,12 @@ def dequantize(tensor, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.require(dense, np.float32, ["C", "W"])).reshape(shape)  # W: a memmap view is copied
 
 
-def convert_gguf(path: Path, dtype: torch.dtype) -> Converted:
+def convert_gguf(path: Path, dtype: torch.dtype, quantization: str | None = None) -> Converted:
     """The four translations: header, names and shapes checked, every tensor dequantized and cast to ``dtype``.
 
     The model is built on the meta device only for its parameter names and shapes: each parameter is
-    filled in a CPU tensor of its own.
+    filled in a CPU tensor of its own. With ``quantization="gguf"``, the weights of the linears that will
+    take the file's blocks (``quantized.plan_quantized_linears``) are left out.
     """
     reader = open_gguf(path)
     hf_config = hf_config_from_gguf(reader, path)
@@ -199,6 +208,10 @@ def convert_gguf(path: Path, dtype: torch.dtype) -> Converted:
     template, specials = chat_template_from_gguf(reader)
     shapes = {name: p.shape for name, p in skeleton.named_parameters()}
     unpermute = permuted_projections(config)
+    table = tensor_table(reader)
+    if quantization == "gguf":  # those layers read the blocks (a tied LM head: the embedding's, kept)
+        blocks = set(plan_quantized_linears(skeleton, table))
+        layout = {p: parts for p, parts in layout.items() if p.rpartition(".")[0] not in blocks}
     weights = {}
     for pname, parts in layout.items():
         weights[pname] = torch.empty(shapes[pname], dtype=dtype)
@@ -213,7 +226,7 @@ def convert_gguf(path: Path, dtype: torch.dtype) -> Converted:
     return Converted(weights=weights, hf_config=hf_config,
                      tokenizer_json=None if tokenizer is None else tokenizer.to_str(),
                      chat_template=template, special_tokens=specials, warnings=[str(w.message) for w in said],
-                     tensors=tensor_table(reader))
+                     tensors=table)
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype, device: str | torch.device,
@@ -230,10 +243,10 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: str | torch.device,
     path = Path(path)
     check_gguf_file(path)
     # --8<-- [start:cache]
-    cache = GGUFCache.for_file(path, dtype)  # None when PAGED_GGUF_CACHE=0
+    cache = GGUFCache.for_file(path, dtype, quantization)  # None when PAGED_GGUF_CACHE=0
     converted = cache.read() if cache is not None else None
     if converted is None:  # not converted yet (or the entry failed its checks): dequantize once...
-        converted = convert_gguf(path, dtype)
+        converted = convert_gguf(path, dtype, quantization)
         if cache is not None:
             cache.write(converted)  # ...and every later load reads this instead
     # --8<-- [end:cache]
@@ -242,6 +255,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: str | torch.device,
     config = parse_hf_config(converted.hf_config, source=str(path))
     with torch.device("meta"):
         model = build_model(config)
+    if quantization == "gguf":  # before any weight has memory: the layers replaced never get dense ones
+        quantize_linears(model, path, converted.tensors, dtype)
     names = {name for name, _ in model.named_parameters()}
     if names != converted.weights.keys():  # the code's hash is in the entry's key: a bug, not a stale entry
         raise ModelLoadError(f"{path}: the converted weights do not fit the model "
@@ -252,8 +267,6 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: str | torch.device,
     model = model.materialise(dtype, "cpu").to(device)  # the RoPE tables get memory; off the CPU, one copy
     model.reset_buffers()
     model.eval()
-    if quantization == "gguf":
-        quantize_linears(model, path, converted.tensors)
     tokenizer = None
     if converted.tokenizer_json is not None:
         from tokenizers import Tokenizer

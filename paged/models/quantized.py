@@ -157,8 +157,9 @@ class QuantizedLinear(nn.Module):
       ``pack_lane_linears`` gave the layer them). Otherwise (no compiler) the
       weight is dequantized at every call and multiplied in float32: slow, equal to the kernel
       up to float32 rounding.
-    * more rows (a prompt, a batch): ``dense``, the layer with the weight dequantized once,
-      when there is one and it is the faster (``dense_is_faster_for_many_rows``). A matrix
+    * more rows (a prompt, a batch): ``dense``, a dense layer of the weight dequantized once,
+      when there is one: ``use_kernel_only(False)`` (serving with the mode off) makes it where it
+      is the faster (``dense_is_faster_for_many_rows``). A matrix
       product of many rows is limited by arithmetic, not by reading weights, and there a
       GEMM's bfloat16 dot products (oneDNN, AVX-512) beat the kernel's integer ones, which
       widen and scale each block again for every row (measured 3-4x at 64 rows; in lanes about even
@@ -166,30 +167,36 @@ class QuantizedLinear(nn.Module):
       AVX2-only CPU torch has no fast bfloat16 GEMM, and the kernel stays faster.
 
     The two paths round differently, so a row's bits would depend on the batch it is in;
-    in batch-invariant mode ``use_kernel_only(True)`` sets ``dense_rows`` to None: always the
+    in batch-invariant mode ``use_kernel_only(True)`` keeps ``dense_rows`` None: always the
     kernel (``CausalLM.prepare_for_serving`` asks it).
 
-    Memory: the layer holds its dense layer only while that can run. Wherever ``dense_rows`` is
-    None (batch-invariant mode, the default; a bfloat16 model on a CPU without a bfloat16 GEMM)
-    it lets it go, and with it the dense weights and the copies serving would lay out for them:
-    the layer then holds the file's blocks (and their lanes) and nothing more. Asked for the dense
-    path again, it dequantizes its blocks into a new one (``dense_from_blocks``): the loader's
-    weights bit for bit, since the loader dequantizes these formats by the same formulas.
+    Memory: the layer holds a dense layer only while that can run. As loaded it has none (the
+    loader never dequantizes the weights it replaces: ``gguf_loader``), nor in batch-invariant
+    mode, the default, nor where the kernel is the faster at every row count (a bfloat16 model on
+    a CPU without a bfloat16 GEMM): then it holds the file's blocks (and their lanes), no more. The
+    dense layer the mode off makes (``dense_from_blocks``) holds the weights the dense load would
+    (the same formulas, bit for bit), and is let go again if the mode comes back on.
+
+    Args:
+        blocks: the weight's blocks, ``pack_blocks``'s layout.
+        kind: the ggml type number (``KERNEL_FORMATS``).
+        out_features, in_features: the weight's shape.
+        output_sizes: the parts of a fused layer, in output order.
+        dense_dtype: the dtype of a dense layer made from the blocks; None: the layer never makes one.
     """
 
     def __init__(self, blocks: torch.Tensor, kind: int, out_features: int, in_features: int,
-                 output_sizes: tuple[int, ...] | None = None, dense: Linear | None = None):
+                 output_sizes: tuple[int, ...] | None = None, dense_dtype: torch.dtype | None = None):
         super().__init__()
         if kind not in KERNEL_FORMATS:
             raise ValueError(f"block type {kind} is not one of {sorted(KERNEL_FORMATS)}")
         self.register_buffer("blocks", blocks)
         self.kind, self.out_features, self.in_features = kind, out_features, in_features
         self.output_sizes = tuple(output_sizes or (out_features,))
-        self.dense = dense
-        self.dense_dtype = dense.weight.dtype if dense is not None else None  # None: no dense path, ever
-        self.dense_rows: int | None = None
+        self.dense_dtype = dense_dtype
+        self.dense: Linear | None = None  # made by use_kernel_only(False) where it is the faster for many rows
+        self.dense_rows: int | None = None  # more rows than this go to ``dense``; None: every row to the kernel
         self.lane_blocks: torch.Tensor | None = None  # the blocks in the lanes layout (pack_lane_linears)
-        self.use_kernel_only(False)
 
     @property
     def format(self) -> str:
@@ -272,46 +279,62 @@ def pack_lane_linears(model: nn.Module) -> int:
     return len(layers)
 
 
-# --- putting the layers into a loaded model -----------------------------------------------------
+# --- putting the layers into a model -----------------------------------------------------------
 
-def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list]) -> list[str]:
-    """Replace every linear of ``model`` (loaded from the GGUF file ``path``) whose tensors are all in
-    one kernel format by a ``QuantizedLinear`` over the file's blocks, which keeps the dense layer for
-    batches of many rows where it is the faster for them (until serving in batch-invariant mode lets it
-    go); returns the replaced names.
+def plan_quantized_linears(model: nn.Module, tensors: dict[str, list]) -> dict[str, list[tuple]]:
+    """Which linears of ``model`` take the file's blocks, and from which tensors.
 
     Args:
-        model: the dense model ``gguf_loader`` loaded from ``path``.
-        path: the GGUF file.
-        tensors: its tensor table (``gguf_reader.tensor_table``): GGUF name -> ``[type, shape, offset, bytes]``.
+        model: built for the GGUF file's config (on the meta device is enough: names and shapes are read).
+        tensors: the file's tensor table (``gguf_reader.tensor_table``): GGUF name -> ``[type, shape, offset,
+            bytes]``.
 
-    A linear with a bias, or whose parts (q, k, v of a fused layer) come in different formats or in
-    one the kernel does not read (Q5_1, Q2_K, Q3_K, Q5_K, float16, ...), stays dense. A tied LM head reads the token embedding's blocks
-    (the embedding itself stays dense for the lookup).
+    Returns:
+        module name -> its parts in output order, each ``(checkpoint name, rows, GGUF name, type, shape,
+        offset, bytes)``. A linear with a bias, or whose parts (q, k, v of a fused layer) come in different formats
+        or in one the kernel does not read (Q5_1, Q2_K, Q3_K, Q5_K, float16, ...), is not in it: it stays
+        dense. A tied LM head is, with the token embedding's tensor (the embedding itself stays dense for
+        the lookup).
     """
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    # Hugging Face name -> (GGUF name, type, shape, offset, bytes)
     config = model.config
     by_hf = {hf_tensor_name(name, config.model_type): (name, kind, tuple(shape), offset, nbytes)
              for name, (kind, shape, offset, nbytes) in tensors.items()}
-    unpermute = permuted_projections(config)
     layout = model.checkpoint_layout()
     if config.tie_word_embeddings:
         layout["lm_head.weight"] = [("model.embed_tokens.weight", 0, config.vocab_size)]
-    replaced = []
-    for name, module in list(model.named_modules()):
+    plan = {}
+    for name, module in model.named_modules():
         if type(module) not in (Linear, MergedLinear) or module.bias is not None:
             continue
         parts = layout.get(f"{name}.weight", [])
         found = [by_hf.get(ck) for ck, _, _ in parts]
         if not parts or None in found or any(not _readable(f[1], f[2]) for f in found):
             continue  # not in the file, or a format the kernel does not read: stays dense
-        kinds = {f[1] for f in found}
-        if len(kinds) != 1:
-            continue  # parts in mixed formats: stays dense
-        rows = []
+        if len({f[1] for f in found}) == 1:  # parts in mixed formats: stays dense
+            plan[name] = [(ck, n, *f) for (ck, _, n), f in zip(parts, found)]
+    return plan
+
+
+def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list], dtype: torch.dtype) -> list[str]:
+    """Replace the linears of ``model`` that ``plan_quantized_linears`` names by ``QuantizedLinear`` layers over
+    the GGUF file's blocks; returns their names. ``model`` may be on the meta device: the replaced layers'
+    dense weights are never made (``gguf_loader`` leaves them out); a layer makes one in ``dtype`` from its
+    blocks if the mode off asks (``QuantizedLinear.use_kernel_only``).
+
+    Args:
+        model: built for the GGUF file ``path``.
+        path: the GGUF file.
+        tensors: its tensor table (``gguf_reader.tensor_table``).
+        dtype: the model's dtype, that of the dense layers made from the blocks.
+    """
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    unpermute = permuted_projections(model.config)
+    plan = plan_quantized_linears(model, tensors)
+    for name, parts in plan.items():
+        module = model.get_submodule(name)
         n_out, n_in = module.weight.shape
-        for (ck, _, n), (gguf_name, kind, shape, offset, nbytes) in zip(parts, found):
+        rows = []
+        for ck, n, gguf_name, kind, shape, offset, nbytes in parts:
             if shape != (n, n_in):
                 raise ModelLoadError(f"{path}: tensor {gguf_name!r} has shape {list(shape)}, {name} needs "
                                      f"[{n}, {n_in}]")
@@ -320,13 +343,12 @@ def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list]) -> 
             block_rows = torch.from_numpy(np.array(data[offset:offset + nbytes])).reshape(n, -1)  # copied
             proj = ck.split(".")[-2]
             rows.append(unpermute_rows(block_rows, unpermute[proj]) if proj in unpermute else block_rows)
-        kind = kinds.pop()
+        kind = parts[0][3]
         packed = pack_blocks(torch.cat(rows).numpy(), kind, n_out, n_in)
         sizes = module.output_sizes if isinstance(module, MergedLinear) else None
         parent_name, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), leaf, QuantizedLinear(packed, kind, n_out, n_in, sizes, module))
-        replaced.append(name)
-    return replaced
+        setattr(model.get_submodule(parent_name), leaf, QuantizedLinear(packed, kind, n_out, n_in, sizes, dtype))
+    return list(plan)
 
 
 def _readable(kind: int, shape: tuple[int, ...]) -> bool:

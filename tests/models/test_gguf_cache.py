@@ -109,6 +109,26 @@ def test_gguf_cache_a_changed_file_gets_its_own_entry(tiny_models, tmp_path, cac
     assert len(entries(cache)) == KEEP + 1
 
 
+def test_gguf_cache_a_quantized_load_has_an_entry_of_its_own_without_the_replaced_weights(tiny, cache):
+    """Exact: a ``quantization="gguf"`` load writes an entry apart from the dense one, holding every
+    parameter but those of the linears that keep the file's blocks (so neither the conversion nor the
+    entry dequantizes them), bitwise the dense conversion's for the rest; the next quantized load reads
+    it, and the dense entry stays whole."""
+    from paged.models.quantized import QuantizedLinear
+
+    dense = load_model(tiny)
+    quant = load_model(tiny, quantization="gguf")
+    assert len(entries(cache)) == 2
+    replaced = {n for n, m in quant.model.named_modules() if isinstance(m, QuantizedLinear)}
+    stored = GGUFCache.for_file(tiny, torch.float32, "gguf").read().weights
+    full = fresh(tiny)
+    assert replaced and stored.keys() == {n for n in full if n.rpartition(".")[0] not in replaced}
+    assert all(torch.equal(stored[n], full[n]) for n in stored)
+    assert_weights_equal(dense, full)
+    assert_weights_equal(load_model(tiny, quantization="gguf"), stored)
+    assert len(entries(cache)) == 2
+
+
 def _cut_in_half(data: bytes) -> bytes:
     return data[: len(data) // 2]
 

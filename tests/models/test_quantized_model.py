@@ -57,11 +57,11 @@ def _rounding_activations(model, like):
 def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
     path = _gguf(tmp_path, qtype)
     quant = load_model(path, dtype="float32", quantization="gguf")
-    layers = quant.config.num_layers
     linears = [m for m in quant.model.modules() if isinstance(m, QuantizedLinear)]
-    assert len(linears) == 4 * layers + 1 and {m.format for m in linears} == {qtype.name}
-    inside = {id(m.dense) for m in linears}
-    assert all(id(m) in inside for m in quant.model.modules() if type(m) is torch.nn.Linear)
+    assert len(linears) == 4 * quant.config.num_layers + 1 and {m.format for m in linears} == {qtype.name}
+    # no dense weight was made for them: no layer holds a dense layer, the model no dense linear
+    assert all(m.dense is None for m in linears)
+    assert not any(isinstance(m, layers.Linear) for m in quant.model.modules())
     traits = quant.model.prepare_for_serving(batch_invariant=True)  # 11 rows would go to the dense layers otherwise
     # the layers multiply in the lanes layout where the VNNI loops are built
     lanes = cpu.load().quant_vnni_compiled()
@@ -86,12 +86,17 @@ def test_tied_head_reads_the_embedding_blocks(tmp_path):
     want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
     got = _logits(quant.model, PROMPT)
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    quant.model.prepare_for_serving(batch_invariant=False)  # its dense layer for many rows: the embedding's weight
+    assert quant.model.lm_head.dense.weight is quant.model.model.embed_tokens.weight
 
 
 def test_many_rows_take_the_dense_layers(tmp_path):
-    """Bitwise: more than ``DENSE_ROWS`` rows give the dense model's logits; fewer, the kernel's (not those)."""
+    """Bitwise: with the mode off, more than ``DENSE_ROWS`` rows give the dense model's logits; fewer, the
+    kernel's (not those)."""
     path = _gguf(tmp_path, T.Q4_1)
     quant, dense = load_model(path, dtype="float32", quantization="gguf"), load_model(path, dtype="float32")
+    quant.model.prepare_for_serving(batch_invariant=False)
+    dense.model.prepare_for_serving(batch_invariant=False)
     assert torch.equal(_logits(quant.model, PROMPT), _logits(dense.model, PROMPT))
     short = PROMPT[:DENSE_ROWS]
     assert not torch.equal(_logits(quant.model, short), _logits(dense.model, short))
@@ -101,35 +106,41 @@ def test_many_rows_take_the_dense_layers(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_kernel_only_layers_free_their_dense_weights_and_make_them_again_when_asked(tmp_path, dtype):
-    """Exact. Batch-invariant serving runs only the kernel, so every quantized layer lets its dense layer go:
-    the loader's dense weights are freed (no reference is left) and no copy is laid out for them (the
-    traits count no oneDNN-packed or pair-order copy). With the mode off again, a layer whose dense GEMM is
-    the faster for many rows dequantizes its blocks into a new dense layer: bitwise the loader's weights,
-    so a prompt's logits are bitwise the dense model's."""
+def test_a_quantized_layer_holds_a_dense_layer_only_where_it_runs(tmp_path, dtype):
+    """Exact. As loaded no quantized layer holds a dense layer. With the mode off, a layer whose dense GEMM is
+    the faster for many rows makes one from its blocks: bitwise the dense load's weights, so a prompt's
+    logits are bitwise the dense model's. Batch-invariant serving runs only the kernel: every layer lets its
+    dense layer go (nothing references its weights) and nothing is laid out for it (the traits count no
+    oneDNN-packed or pair-order copy); the mode off again makes it again."""
     import gc
     import weakref
 
     path = _gguf(tmp_path, T.Q4_1)
     quant = load_model(path, dtype=dtype, quantization="gguf").model
     linears = {name: m for name, m in quant.named_modules() if isinstance(m, QuantizedLinear)}
-    held = [weakref.ref(m.dense.weight) for m in linears.values() if m.dense is not None]
+    assert all(m.dense is None and m.dense_rows is None for m in linears.values())
+    dense = load_model(path, dtype=dtype).model
+    dense.prepare_for_serving(batch_invariant=False)
     many_rows_dense = quantized.dense_is_faster_for_many_rows(getattr(torch, dtype))
-    assert len(held) == (len(linears) if many_rows_dense else 0)  # where it never runs, let go at load
+
+    def mode_off_is_the_dense_model():
+        quant.prepare_for_serving(batch_invariant=False)
+        for name, m in linears.items():
+            assert m.dense_rows == (DENSE_ROWS if many_rows_dense else None)
+            assert (m.dense is None if not many_rows_dense
+                    else torch.equal(m.dense.weight, dense.get_submodule(name).weight))
+        if many_rows_dense:
+            assert torch.equal(_logits(quant, PROMPT), _logits(dense, PROMPT))
+
+    mode_off_is_the_dense_model()
+    held = [weakref.ref(m.dense.weight) for m in linears.values() if m.dense is not None]
+    assert len(held) == (len(linears) if many_rows_dense else 0)
     traits = quant.prepare_for_serving(batch_invariant=True)
     gc.collect()
     assert all(m.dense is None and m.dense_rows is None for m in linears.values())
     assert not any(ref() is not None for ref in held)
     assert traits.packed_linears == traits.pair_order_linears == 0  # every linear here is quantized
-    quant.prepare_for_serving(batch_invariant=False)
-    dense = load_model(path, dtype=dtype).model
-    dense.prepare_for_serving(batch_invariant=False)
-    for name, m in linears.items():
-        assert m.dense_rows == (DENSE_ROWS if many_rows_dense else None)
-        assert m.dense is None if not many_rows_dense else torch.equal(m.dense.weight,
-                                                                        dense.get_submodule(name).weight)
-    if many_rows_dense:
-        assert torch.equal(_logits(quant, PROMPT), _logits(dense, PROMPT))
+    mode_off_is_the_dense_model()
 
 
 def test_serving_hands_the_freed_memory_back_after_the_layers_let_go(tmp_path, monkeypatch):
@@ -159,18 +170,21 @@ def test_bfloat16_batches_stay_on_the_kernel_where_torch_has_no_fast_bfloat16_ge
     path = _gguf(tmp_path, T.Q4_1)
     quant = load_model(path, dtype="bfloat16", quantization="gguf").model
     linears = [m for m in quant.modules() if isinstance(m, QuantizedLinear)]
+    quant.prepare_for_serving(batch_invariant=False)
     assert all(m.dense_rows == (DENSE_ROWS if has_bf16_gemm else None) for m in linears)
-    as_loaded = _logits(quant, PROMPT)
-    dense = _logits(load_model(path, dtype="bfloat16").model, PROMPT)
+    mode_off = _logits(quant, PROMPT)
+    dense_model = load_model(path, dtype="bfloat16").model
+    dense_model.prepare_for_serving(batch_invariant=False)
+    dense = _logits(dense_model, PROMPT)
     quant.prepare_for_serving(batch_invariant=True)
     kernel_only = _logits(quant, PROMPT)
-    assert torch.equal(as_loaded, dense if has_bf16_gemm else kernel_only)
+    assert torch.equal(mode_off, dense if has_bf16_gemm else kernel_only)
     assert not torch.equal(dense, kernel_only)
     quant.prepare_for_serving(batch_invariant=False)
     assert all(m.dense_rows == (DENSE_ROWS if has_bf16_gemm else None) for m in linears)
-    f32 = [m for m in load_model(path, dtype="float32", quantization="gguf").model.modules()
-           if isinstance(m, QuantizedLinear)]
-    assert all(m.dense_rows == DENSE_ROWS for m in f32)
+    f32 = load_model(path, dtype="float32", quantization="gguf").model
+    f32.prepare_for_serving(batch_invariant=False)
+    assert all(m.dense_rows == DENSE_ROWS for m in f32.modules() if isinstance(m, QuantizedLinear))
 
 
 def test_llm_serves_a_quantized_model(tmp_path):
