@@ -332,11 +332,12 @@ def second_copy_allowed(nbytes: int) -> bool:
 def return_freed_memory() -> None:
     """Hand the memory freed so far back to the system, where the C library can (glibc's ``malloc_trim``).
 
-    Loading frees what it no longer needs (the converted checkpoint's copies; a quantized layer's dense
-    weights, ``QuantizedLinear.use_kernel_only``), but the allocator keeps most of those pages for
-    later allocations, and the process's resident memory stays as high as if it held them:
-    ``--quantization gguf`` SmolLM2 kept 0.65 GiB resident where trimmed it holds 0.48. Elsewhere
-    (macOS, musl) nothing is done."""
+    Loading frees what it no longer needs (the converted checkpoint's copies, the conversion's float32
+    tensors; a quantized layer's dense weights, ``QuantizedLinear.use_kernel_only``), but the allocator
+    keeps most of those pages for later allocations, and the process's resident memory stays as high
+    as if it held them: Gemma 3 270M with ``--quantization gguf`` held 1.35 GiB after a one-stream run,
+    trimmed 1.18-1.19 (``python -m paged.bench engine``, docs/benchmarks.md). Elsewhere (macOS, musl)
+    nothing is done."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
