@@ -32,6 +32,7 @@ from the file, at the offsets of the tensor table the load's conversion kept
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -327,27 +328,33 @@ def quantize_linears(model: nn.Module, path: Path, tensors: dict[str, list], dty
         tensors: its tensor table (``gguf_reader.tensor_table``).
         dtype: the model's dtype, that of the dense layers made from the blocks.
     """
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    size = os.path.getsize(path)
     unpermute = permuted_projections(model.config)
     plan = plan_quantized_linears(model, tensors)
-    for name, parts in plan.items():
-        module = model.get_submodule(name)
-        n_out, n_in = module.weight.shape
-        rows = []
-        for ck, n, gguf_name, kind, shape, offset, nbytes in parts:
-            if shape != (n, n_in):
-                raise ModelLoadError(f"{path}: tensor {gguf_name!r} has shape {list(shape)}, {name} needs "
-                                     f"[{n}, {n_in}]")
-            if offset + nbytes > len(data) or nbytes != n * row_bytes(kind, n_in):
-                raise ModelLoadError(f"{path}: tensor {gguf_name!r} runs past the end of the file (truncated?)")
-            block_rows = torch.from_numpy(np.array(data[offset:offset + nbytes])).reshape(n, -1)  # copied
-            proj = ck.split(".")[-2]
-            rows.append(unpermute_rows(block_rows, unpermute[proj]) if proj in unpermute else block_rows)
-        kind = parts[0][3]
-        packed = pack_blocks(torch.cat(rows).numpy(), kind, n_out, n_in)
-        sizes = module.output_sizes if isinstance(module, MergedLinear) else None
-        parent_name, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), leaf, QuantizedLinear(packed, kind, n_out, n_in, sizes, dtype))
+    with open(path, "rb") as file:
+        for name, parts in plan.items():
+            module = model.get_submodule(name)
+            n_out, n_in = module.weight.shape
+            rows = []
+            for ck, n, gguf_name, kind, shape, offset, nbytes in parts:
+                if shape != (n, n_in):
+                    raise ModelLoadError(f"{path}: tensor {gguf_name!r} has shape {list(shape)}, {name} needs "
+                                         f"[{n}, {n_in}]")
+                if offset + nbytes > size or nbytes != n * row_bytes(kind, n_in):
+                    raise ModelLoadError(f"{path}: tensor {gguf_name!r} runs past the end of the file (truncated?)")
+                # read, not mapped: a mapped file's pages would count as this process's memory until the
+                # end of the load (Gemma 3's 262 144-row embedding blocks among them)
+                file.seek(offset)
+                block_rows = np.fromfile(file, dtype=np.uint8, count=nbytes).reshape(n, -1)
+                proj = ck.split(".")[-2]
+                if proj in unpermute:
+                    block_rows = unpermute_rows(torch.from_numpy(block_rows), unpermute[proj]).numpy()
+                rows.append(block_rows)
+            kind = parts[0][3]
+            packed = pack_blocks(rows[0] if len(rows) == 1 else np.concatenate(rows), kind, n_out, n_in)
+            sizes = module.output_sizes if isinstance(module, MergedLinear) else None
+            parent_name, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), leaf, QuantizedLinear(packed, kind, n_out, n_in, sizes, dtype))
     return list(plan)
 
 

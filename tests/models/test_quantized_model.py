@@ -75,6 +75,19 @@ def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
     assert (plain - want).abs().max() > bound  # the rounded activations are what the test compares
 
 
+def test_a_file_cut_inside_a_replaced_linear_is_refused(tmp_path):
+    """Exact: with ``quantization="gguf"`` the conversion no longer dequantizes the replaced linears; a file cut
+    inside their data (here the LM head's) is still refused, with its name and 'truncated' (the reader checks
+    every tensor's bytes against the file's size before anything is read)."""
+    from paged.models import ModelLoadError
+
+    data = _gguf(tmp_path, T.Q4_1).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) - 64])  # inside the last tensor's data
+    with pytest.raises(ModelLoadError, match=r"cut\.gguf: .*truncated"):
+        load_model(cut, dtype="float32", quantization="gguf")
+
+
 def test_tied_head_reads_the_embedding_blocks(tmp_path):
     """A tied LM head is quantized from token_embd's blocks; the embedding lookup stays dense."""
     path = _gguf(tmp_path, T.Q8_0, kind="llama_tied_bias")  # biases: those linears stay dense
