@@ -103,10 +103,9 @@ class CausalLM(nn.Module):
             batch_invariant: a row's result must not depend on the batch it is in.
         """
         quantized = [m for m in self.modules() if isinstance(m, QuantizedLinear)]
-        for layer in quantized:
-            layer.use_kernel_only(batch_invariant)
-        if isinstance(self.lm_head, QuantizedLinear):
-            self.tie_weights()  # the dense layer a quantized LM head may just have made: the embedding's weight
+        tied = self.get_input_embeddings().weight if self.config.tie_word_embeddings else None
+        for layer in quantized:  # a tied LM head's dense layer, if it needs one, is the embedding's weight
+            layer.use_kernel_only(batch_invariant, tied if layer is self.lm_head else None)
         inside = {id(q.dense) for q in quantized if q.dense is not None}  # a dense fallback: never padded
         padded = fixed = 0
         for module in self.modules():  # every dense GEMM (``layers.gemm``), tensor-parallel shards included
@@ -148,13 +147,10 @@ class CausalLM(nn.Module):
 
     def tie_weights(self) -> None:
         """Share the token embedding with the LM head when the config says so (again after ``materialise``,
-        which gives every module its own fresh tensor). A quantized LM head reads the embedding's blocks;
-        its dense layer, when it has one, shares the embedding's weight (the same values)."""
-        if not self.config.tie_word_embeddings:
-            return
-        head = self.lm_head.dense if isinstance(self.lm_head, QuantizedLinear) else self.lm_head
-        if head is not None:
-            head.weight = self.get_input_embeddings().weight
+        which gives every module its own fresh tensor). A quantized LM head reads the embedding's blocks
+        instead (``prepare_for_serving`` gives its dense layer, if it needs one, the embedding's weight)."""
+        if self.config.tie_word_embeddings and not isinstance(self.lm_head, QuantizedLinear):
+            self.lm_head.weight = self.get_input_embeddings().weight
 
     def get_input_embeddings(self) -> nn.Embedding:
         """The token embedding module."""

@@ -220,24 +220,29 @@ class QuantizedLinear(nn.Module):
         weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features).to(x.device)
         return torch.nn.functional.linear(quantize_activations(x), weight).to(x.dtype)
 
-    def use_kernel_only(self, only: bool) -> None:
+    def use_kernel_only(self, only: bool, weight: torch.Tensor | None = None) -> None:
         """Run the kernel at every row count (``only``), or hand batches of more than ``DENSE_ROWS``
         rows to the dense layer where it is the faster for them. A dense layer that will not run is let
-        go (its weights freed); one that will is made again from the blocks if it was."""
+        go (its weights freed); one that will is made again if it was: with ``weight``, the dense weight
+        when the model holds it already (a tied LM head: the token embedding's, the same values), else
+        from the blocks."""
         many_rows_dense = self.dense_dtype is not None and dense_is_faster_for_many_rows(self.dense_dtype)
         if many_rows_dense and not only:
             if self.dense is None:
-                self.dense = self.dense_from_blocks()
+                self.dense = self.dense_from_blocks(weight)
             self.dense_rows = DENSE_ROWS
         else:
             self.dense, self.dense_rows = None, None
 
-    def dense_from_blocks(self) -> Linear:
-        """A dense layer whose weight is the blocks dequantized (``dequantize_blocks``) into ``dense_dtype``."""
-        weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features)
+    def dense_from_blocks(self, weight: torch.Tensor | None = None) -> Linear:
+        """A dense layer whose weight is the blocks dequantized (``dequantize_blocks``) into ``dense_dtype``, or
+        ``weight`` itself (shared, not copied) when given."""
         with torch.device("meta"):  # no weight drawn at random only to be replaced
             dense = Linear(self.in_features, self.out_features, bias=False)
-        dense.weight = nn.Parameter(weight.to(self.dense_dtype).contiguous(), requires_grad=False)
+        if weight is None:
+            weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features)
+            weight = nn.Parameter(weight.to(self.dense_dtype).contiguous(), requires_grad=False)
+        dense.weight = weight
         return dense
 
     @property

@@ -88,8 +88,10 @@ def test_a_file_cut_inside_a_replaced_linear_is_refused(tmp_path):
         load_model(cut, dtype="float32", quantization="gguf")
 
 
-def test_tied_head_reads_the_embedding_blocks(tmp_path):
-    """A tied LM head is quantized from token_embd's blocks; the embedding lookup stays dense."""
+def test_tied_head_reads_the_embedding_blocks(tmp_path, monkeypatch):
+    """A tied LM head is quantized from token_embd's blocks; the embedding lookup stays dense. Toleranced
+    logits (the module's bound); exact: with the mode off its dense layer is the embedding's weight itself,
+    no blocks dequantized for it."""
     path = _gguf(tmp_path, T.Q8_0, kind="llama_tied_bias")  # biases: those linears stay dense
     quant = load_model(path, dtype="float32", quantization="gguf")
     quant.model.prepare_for_serving(batch_invariant=True)
@@ -99,8 +101,13 @@ def test_tied_head_reads_the_embedding_blocks(tmp_path):
     want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
     got = _logits(quant.model, PROMPT)
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    dequantized = []
+    real = quantized.dequantize_blocks
+    monkeypatch.setattr(quantized, "dequantize_blocks", lambda *a: dequantized.append(a[2:]) or real(*a))
     quant.model.prepare_for_serving(batch_invariant=False)  # its dense layer for many rows: the embedding's weight
     assert quant.model.lm_head.dense.weight is quant.model.model.embed_tokens.weight
+    others = [m for m in quant.model.modules() if isinstance(m, QuantizedLinear) and m is not quant.model.lm_head]
+    assert sorted(dequantized) == sorted((m.out_features, m.in_features) for m in others)
 
 
 def test_many_rows_take_the_dense_layers(tmp_path):
