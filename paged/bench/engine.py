@@ -40,6 +40,8 @@ import time
 
 import torch
 
+from paged.kernels.cpu import FUSED_OPS
+
 BOS_ID, FIRST_ID = 1, 3  # prompts: BOS, then ids from FIRST_ID (skips <unk>, <s>, </s>)
 # The workloads of docs/benchmarks.md's engine table: name -> (what, the request options it sets)
 WORKLOADS = {
@@ -176,7 +178,7 @@ def run(args) -> int:
         "attention_backend": llm.engine.backend,
         "batch_invariant": llm.engine.batch_invariant,
         "long_prefill_token_threshold": getattr(llm.engine, "long_prefill_token_threshold", None),
-        "fused_ops": os.environ.get("PAGED_FUSED_OPS", "1") != "0",
+        "fused_ops": FUSED_OPS,
         "cpu": _cpu_model(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),

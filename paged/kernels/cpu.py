@@ -23,7 +23,8 @@ Tests call ``load(strict=True)`` so that a broken build fails them instead.
 ``silu_and_mul``, ``rotary_``, ``argmax_rows``; see ``csrc/cpu/fused_ops.cpp``)
 when ``x`` can take them: a float32 or bfloat16 CPU tensor under
 ``torch.inference_mode()`` (the ops have no backward), with the extension
-built and ``PAGED_FUSED_OPS`` not ``0``. Otherwise the layers run their eager
+built and ``PAGED_FUSED_OPS`` not ``0`` when this module was imported (``FUSED_OPS``: read once,
+not at each of a decode step's 150 calls). Otherwise the layers run their eager
 formulas, which the fused ops are tested against.
 
 Invariants: the attention kernels read only the first ``ceil(context_lens[s] / B)``
@@ -51,6 +52,7 @@ _SOURCES = ("bindings.cpp", "paged_attention_avx512.cpp", "paged_prefill_avx512.
             "paged_attention_avx2.cpp", "fused_ops.cpp", "quant_linear.cpp", "fixed_order_linear.cpp",
             "pair_order_linear.cpp")
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)
+FUSED_OPS = os.environ.get("PAGED_FUSED_OPS", "1") != "0"  # False: the layers run their eager formulas
 _lock = threading.Lock()
 _module = None
 _error: Exception | None = None  # the build's failure, kept so we warn once
@@ -300,6 +302,4 @@ def fused_ops(x: torch.Tensor):
     """The extension, if ``x`` may take its fused ops (see the module doc); else None."""
     if x.device.type != "cpu" or x.dtype not in _FUSED_DTYPES or not torch.is_inference_mode_enabled():
         return None
-    if os.environ.get("PAGED_FUSED_OPS", "1") == "0":
-        return None
-    return load()
+    return load() if FUSED_OPS else None

@@ -26,6 +26,10 @@ The extension is built once per session; a failed build fails these tests.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -197,9 +201,20 @@ def test_fused_llama_forward_equals_eager_float32(llama_float32, monkeypatch):
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, llama_float32.config.vocab_size, (n,), generator=gen).tolist() for n in (9, 1, 30)]
     fused = _logits(llama_float32, prompts)
-    monkeypatch.setenv("PAGED_FUSED_OPS", "0")
+    monkeypatch.setattr(cpu, "FUSED_OPS", False)  # what PAGED_FUSED_OPS=0 at import sets
+    with torch.inference_mode():
+        assert cpu.fused_ops(torch.zeros(2, 4)) is None  # so the layers below run their eager formulas
     eager = _logits(llama_float32, prompts)
     torch.testing.assert_close(fused, eager, **tolerances.FUSED_MODEL_FLOAT32)
+
+
+def test_paged_fused_ops_0_in_the_environment_turns_the_fused_ops_off():
+    """The switch as a user sets it: the environment before ``paged`` is imported (read once, there)."""
+    code = "import paged.kernels.cpu as c; print(c.FUSED_OPS)"
+    for value, expected in (("0", "False"), ("1", "True")):
+        env = {**os.environ, "PAGED_FUSED_OPS": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == expected
 
 
 def test_prepacked_linears_equal_plain_gemms_bitwise(tmp_path, monkeypatch):
