@@ -392,6 +392,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_pack_lanes", &paged::quant_pack_lanes,
         "The blocks of a W [N, K] (pack_blocks' layout) laid out with one output column per vector lane",
         py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
+  m.def("quant_unpack_lanes", &paged::quant_unpack_lanes,
+        "quant_pack_lanes' layout back in pack_blocks' row layout, byte for byte (its inverse)",
+        py::arg("lanes"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_linear_lanes", &paged::quant_linear_lanes,
         "x [M, K] times a W [N, K] in quant_pack_lanes' layout, transposed -> [M, N]", py::arg("x"), py::arg("lanes"),
         py::arg("type"), py::arg("n"), py::arg("k"), py::arg("second_thread_weights") = py::none(),

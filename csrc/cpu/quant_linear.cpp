@@ -750,6 +750,31 @@ at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, i
   return out;
 }
 
+at::Tensor quant_unpack_lanes(const at::Tensor& lanes, int64_t type, int64_t N, int64_t K) {
+  check_lanes_built();
+  at::Tensor out;
+#if defined(PAGED_QUANT_VNNI)
+  check_shape(type, N, K);
+  const RowLayout RL(type, K);
+  const LaneLayout L(type, N, K);
+  TORCH_CHECK_TYPE(lanes.scalar_type() == at::kByte, "lanes must be uint8, got ", lanes.scalar_type());
+  TORCH_CHECK_VALUE(lanes.device().is_cpu() && lanes.is_contiguous() && lanes.numel() == L.groups * L.group_bytes,
+                    "lanes must be quant_pack_lanes' contiguous CPU tensor of ", L.groups * L.group_bytes,
+                    " bytes for a [", N, ", ", K, "] weight of type ", type, ", got ", lanes.numel());
+  out = at::zeros({N * RL.row_bytes}, lanes.options());
+  const uint8_t* src = lanes.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, L.groups, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      uint8_t* rows[LANES];
+      for (int64_t r = 0; r < LANES; ++r) rows[r] = g * LANES + r < N ? dst + (g * LANES + r) * RL.row_bytes : nullptr;
+      unpack_lane_group(type, RL, L, src + g * L.group_bytes, rows);
+    }
+  });
+#endif
+  return out;
+}
+
 at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int64_t type, int64_t N, int64_t K,
                               std::optional<int64_t> second_thread_weights) {
   check_lanes_built();

@@ -29,6 +29,8 @@ at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, i
 // The blocks of pack_blocks' layout (any format quant_linear reads) laid out again with one output column
 // per vector lane (quant_linear_lanes.h), for quant_linear_lanes; needs the VNNI loops (quant_vnni_compiled()).
 at::Tensor quant_pack_lanes(const at::Tensor& blocks, int64_t type, int64_t N, int64_t K);
+// Its inverse: quant_pack_lanes' layout back in pack_blocks' row layout, byte for byte.
+at::Tensor quant_unpack_lanes(const at::Tensor& lanes, int64_t type, int64_t N, int64_t K);
 
 // quant_linear over quant_pack_lanes' layout: the same x rounding, each output summed in the lanes
 // layout's own fixed order (a float32 rounding from the row layout's).

@@ -136,6 +136,75 @@ inline void pack_lane_group(int64_t type, const RowLayout& RL, const LaneLayout&
   }
 }
 
+// The inverse of pack_lane_group: the rows of one group back in the row layout (rows[r] nullptr past N),
+// byte for byte; each row's bytes must be zero before (the row layout's padding block, if any, stays zero).
+// Every bit of the row layout has its place in a record, so nothing is lost: quant_unpack_lanes.
+inline void unpack_lane_group(int64_t type, const RowLayout& RL, const LaneLayout& L, const uint8_t* group,
+                              uint8_t* const* rows) {
+  for (int64_t b = 0; b < L.blocks; ++b) {
+    const uint8_t* rec = group + L.record(b);
+    const uint8_t* head = group + L.header(b);
+    for (int64_t r = 0; r < LANES; ++r) {
+      uint8_t* row = rows[r];
+      if (row == nullptr) continue;
+      auto byte_at = [&](int j) { return rec[64 * (j / 4) + 4 * r + j % 4]; };  // put_bytes' place of weight j
+      auto nibble_at = [&](int j) {                                             // put_nibbles' place of weight j
+        const uint8_t byte = rec[64 * (j / 8) + 4 * r + j % 4];
+        return j % 8 < 4 ? byte & 0xF : byte >> 4;
+      };
+      if (type == kQ4_K || type == kQ6_K) {
+        uint8_t* blk = row + b / 8 * (type == kQ4_K ? 144 : 210);
+        const int sub = static_cast<int>(b % 8);
+        if (type == kQ4_K) {
+          for (int j = 0; j < 32; ++j) {  // q4k_at's byte and nibble of weight sub * 32 + j
+            const int w = sub * 32 + j;
+            blk[16 + (w / 64) * 32 + w % 32] |= static_cast<uint8_t>(nibble_at(j) << ((w % 64) < 32 ? 0 : 4));
+          }
+          // k_scales_mins backwards: sc and m of sub-blocks 0..3 in the low 6 bits of bytes 0..3 and 4..7, those
+          // of 4..7 split into a low nibble in bytes 8..11 and their top two bits on top of bytes 0..7
+          const uint8_t sc = rec[L.scales + r], m = rec[L.scales + LANES + r];
+          uint8_t* s = blk + 4;
+          if (sub < 4) {
+            s[sub] |= sc, s[sub + 4] |= m;
+          } else {
+            s[sub - 4] |= static_cast<uint8_t>((sc >> 4) << 6), s[sub] |= static_cast<uint8_t>((m >> 4) << 6);
+            s[sub + 4] |= static_cast<uint8_t>((sc & 0xF) | ((m & 0xF) << 4));
+          }
+          std::memcpy(blk, head + 2 * r, 2);                  // d
+          std::memcpy(blk + 2, head + 2 * LANES + 2 * r, 2);  // dmin
+        } else {
+          for (int j = 0; j < 32; ++j) {  // q6_at's low nibble and high two bits of weight sub * 32 + j
+            const int w = sub * 32 + j, h = w / 128, part = (w % 128) / 32, l = w % 32, q = byte_at(j);
+            blk[h * 64 + (part & 1) * 32 + l] |= static_cast<uint8_t>((q & 0xF) << (part < 2 ? 0 : 4));
+            blk[128 + h * 32 + l] |= static_cast<uint8_t>((q >> 4) << (2 * part));
+          }
+          blk[192 + 2 * sub] = rec[L.scales + r];
+          blk[192 + 2 * sub + 1] = rec[L.scales + LANES + r];
+          std::memcpy(blk + 208, head + 2 * r, 2);  // d
+        }
+        continue;
+      }
+      if (type == kQ8_0) {
+        for (int j = 0; j < QK; ++j) row[b * QK + j] = static_cast<uint8_t>(byte_at(j) ^ 0x80);
+      } else {  // the file's byte t holds weight t in its low nibble and t + 16 in its high one
+        for (int t = 0; t < 16; ++t) row[b * 16 + t] = static_cast<uint8_t>(nibble_at(t) | (nibble_at(t + 16) << 4));
+      }
+      if (type == kQ5_0) {
+        uint32_t high = 0;
+        for (int v = 0; v < 4; ++v)
+          for (int half = 0; half < 2; ++half) {
+            uint64_t mask;
+            std::memcpy(&mask, rec + L.q_bytes + 16 * v + 8 * half, 8);
+            for (int i = 0; i < 4; ++i) high |= static_cast<uint32_t>((mask >> (4 * r + i)) & 1) << (8 * v + 4 * half + i);
+          }
+        std::memcpy(row + RL.m_offset + 4 * b, &high, 4);
+      }
+      std::memcpy(row + RL.d_offset + 2 * b, rec + L.scales + 2 * r, 2);
+      if (type == kQ4_1) std::memcpy(row + RL.m_offset + 2 * b, rec + L.scales + 2 * LANES + 2 * r, 2);
+    }
+  }
+}
+
 // 16 bytes of a record as 16 float32 lanes: unsigned (Q4_K's sc, m) or signed (Q6_K's scales).
 inline __m512 bytes_as_floats(const uint8_t* p, bool is_signed) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

@@ -9,8 +9,9 @@ directly (``csrc/cpu/quant_linear.cpp``). Generating one token reads every
 weight once; SmolLM2-135M's Q4_1 + Q8_0 file is 97 MB where its bfloat16
 weights are 270 MB, and at one sequence a decode step waits on those bytes.
 Where the kernel's AVX-512 VNNI loops are built, serving lays the blocks out
-once more with one output column per vector lane (``pack_lane_linears``), so
-they are read as one stream.
+again with one output column per vector lane (``pack_lane_linears``), so
+they are read as one stream; the lanes then replace the row layout, which they
+give back byte for byte when asked (``QuantizedLinear.row_blocks``).
 
 What stays the same: the embedding lookup, the norms and attention (dense,
 from the same load). What changes is the rounding: the kernel rounds each block
@@ -174,7 +175,8 @@ class QuantizedLinear(nn.Module):
     Memory: the layer holds a dense layer only while that can run. As loaded it has none (the
     loader never dequantizes the weights it replaces: ``gguf_loader``), nor in batch-invariant
     mode, the default, nor where the kernel is the faster at every row count (a bfloat16 model on
-    a CPU without a bfloat16 GEMM): then it holds the file's blocks (and their lanes), no more. The
+    a CPU without a bfloat16 GEMM): then it holds the file's blocks, in one layout (``blocks``, or
+    once laid out in lanes ``lane_blocks`` and ``blocks`` None), no more. The
     dense layer the mode off makes (``dense_from_blocks``) holds the weights the dense load would
     (the same formulas, bit for bit), and is let go again if the mode comes back on.
 
@@ -191,7 +193,7 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         if kind not in KERNEL_FORMATS:
             raise ValueError(f"block type {kind} is not one of {sorted(KERNEL_FORMATS)}")
-        self.register_buffer("blocks", blocks)
+        self.register_buffer("blocks", blocks)  # None once the lanes replace them (pack_lane_linears)
         self.kind, self.out_features, self.in_features = kind, out_features, in_features
         self.output_sizes = tuple(output_sizes or (out_features,))
         self.dense_dtype = dense_dtype
@@ -217,8 +219,25 @@ class QuantizedLinear(nn.Module):
                                                   self.in_features, SECOND_THREAD_WEIGHTS)
             return kernels.quant_linear(x, self.blocks, self.kind, self.out_features, self.in_features, "auto",
                                         SECOND_THREAD_WEIGHTS)
-        weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features).to(x.device)
+        weight = dequantize_blocks(self.row_blocks(), self.kind, self.out_features, self.in_features).to(x.device)
         return torch.nn.functional.linear(quantize_activations(x), weight).to(x.dtype)
+
+    def row_blocks(self) -> torch.Tensor:
+        """The blocks in the row layout (``pack_blocks``'): ``blocks``, or, once the lanes replaced them,
+        unpacked from the lanes (``quant_unpack_lanes``: the same bytes)."""
+        if self.blocks is not None:
+            return self.blocks
+        return load_cpu_kernels().quant_unpack_lanes(self.lane_blocks, self.kind, self.out_features, self.in_features)
+
+    def lay_out_in_lanes(self, kernels) -> None:
+        """Replace the row layout by the lanes layout (``kernels.quant_pack_lanes``), once."""
+        if self.lane_blocks is None:
+            self.lane_blocks = kernels.quant_pack_lanes(self.blocks, self.kind, self.out_features, self.in_features)
+            self.blocks = None
+
+    def lay_out_in_rows(self) -> None:
+        """Back to the row layout: the blocks from the lanes, the lanes let go."""
+        self.blocks, self.lane_blocks = self.row_blocks(), None
 
     def use_kernel_only(self, only: bool, weight: torch.Tensor | None = None) -> None:
         """Run the kernel at every row count (``only``), or hand batches of more than ``DENSE_ROWS``
@@ -240,7 +259,7 @@ class QuantizedLinear(nn.Module):
         with torch.device("meta"):  # no weight drawn at random only to be replaced
             dense = Linear(self.in_features, self.out_features, bias=False)
         if weight is None:
-            weight = dequantize_blocks(self.blocks, self.kind, self.out_features, self.in_features)
+            weight = dequantize_blocks(self.row_blocks(), self.kind, self.out_features, self.in_features)
             weight = nn.Parameter(weight.to(self.dense_dtype).contiguous(), requires_grad=False)
         dense.weight = weight
         return dense
@@ -260,20 +279,24 @@ class QuantizedLinear(nn.Module):
 
 def pack_lane_linears(model: nn.Module) -> int:
     """Give every ``QuantizedLinear`` of ``model`` its blocks laid out again with one output column per vector
-    lane (``lane_blocks``, ``csrc/cpu/quant_linear_lanes.h``), once; returns how many.
+    lane (``lane_blocks``, ``csrc/cpu/quant_linear_lanes.h``) in place of the row layout; returns how many.
 
     Only where the kernel's AVX-512 VNNI loops are built. At one or two rows of x a layer should be as
     fast as its weights arrive from memory (a decode step reads every layer once); in the row layout,
     summing each output across 16 lanes and adding them up at the end, SmolLM2's Q4_1 linears took
     9.6 ms at one row, in lanes 4.7 (Zen 4, ``python -m paged.bench quant_kernel --cold``,
     docs/benchmarks.md). The layout gives each output its own lane, so no sum crosses lanes.
-    The row layout stays (the plain loops and ``dequantize_blocks`` read it), under the same rule as the
-    other laid-out copies (``layers.second_copy_allowed``). The outputs are the row layout's up to float32
-    rounding (each sums the blocks in a fixed order of its own); a row's bits still do not depend on the
-    batch. Called by ``CausalLM.prepare_for_serving``."""
+    The lanes replace the row layout, one layer at a time (so the second copy is never more than one
+    layer's); what reads the row layout (the dense layer the mode off makes, ``dequantize_blocks``) gets
+    it back from the lanes, byte for byte (``QuantizedLinear.row_blocks``). Laying them out follows the
+    rule of the other laid-out copies (``layers.second_copy_allowed``: ``PAGED_PREPACK_WEIGHTS=0`` keeps
+    the row layout). The outputs are the row layout's up to float32 rounding (each sums the blocks in a
+    fixed order of its own); a row's bits still do not depend on the batch. Called by
+    ``CausalLM.prepare_for_serving``; again, it first puts every layer back in the row layout."""
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     for layer in layers:
-        layer.lane_blocks = None
+        if layer.lane_blocks is not None:
+            layer.lay_out_in_rows()
     kernels = load_cpu_kernels()
     layers = [m for m in layers if m.blocks.device.type == "cpu"]
     if not layers or kernels is None or not kernels.quant_vnni_compiled():
@@ -281,7 +304,7 @@ def pack_lane_linears(model: nn.Module) -> int:
     if not second_copy_allowed(sum(m.blocks.numel() for m in layers)):
         return 0
     for layer in layers:
-        layer.lane_blocks = kernels.quant_pack_lanes(layer.blocks, layer.kind, layer.out_features, layer.in_features)
+        layer.lay_out_in_lanes(kernels)
     return len(layers)
 
 

@@ -211,22 +211,50 @@ def test_the_torch_fallback_equals_the_kernel(ext, monkeypatch):
 
 def test_a_layer_given_lane_blocks_multiplies_by_them(ext, monkeypatch):
     """Bitwise: after ``pack_lane_linears`` a Q4_1 ``QuantizedLinear`` gives ``quant_linear_lanes``' bits (where
-    the VNNI loops are built; elsewhere it gets none), and with ``PAGED_PREPACK_WEIGHTS=0`` (no second copies)
-    it keeps none and gives ``quant_linear``'s. A Q4_K layer beside it is laid out too."""
+    the VNNI loops are built; elsewhere it gets none) and holds the lanes in place of the row layout, which
+    ``row_blocks`` gives back byte for byte; laid out again it is laid out once; with
+    ``PAGED_PREPACK_WEIGHTS=0`` (no laid-out copies) it is back in the row layout, the file's bytes, and gives
+    ``quant_linear``'s bits. A Q4_K layer beside it is laid out too."""
     kind, n, k = int(T.Q4_1), 40, 256
     _, packed = quantized(kind, n, k, 9)
-    layer = QuantizedLinear(packed, kind, n, k)
-    other = QuantizedLinear(k_quantized(int(T.Q4_K), n, k, 9), int(T.Q4_K), n, k)
+    k_packed = k_quantized(int(T.Q4_K), n, k, 9)
+    layer = QuantizedLinear(packed.clone(), kind, n, k)
+    other = QuantizedLinear(k_packed.clone(), int(T.Q4_K), n, k)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(9))
     model = torch.nn.Sequential(layer, other)
-    assert pack_lane_linears(model) == 2 * len(LANES) and (other.lane_blocks is not None) == bool(LANES)
+    for _ in range(2):
+        assert pack_lane_linears(model) == 2 * len(LANES) and (other.lane_blocks is not None) == bool(LANES)
+        assert (layer.blocks is None) == bool(LANES) and (other.blocks is None) == bool(LANES)
+        assert torch.equal(layer.row_blocks(), packed) and torch.equal(other.row_blocks(), k_packed)
     with torch.inference_mode():
         if LANES:
             assert torch.equal(layer.lane_blocks, ext.quant_pack_lanes(packed, kind, n, k))
             assert torch.equal(layer(x), ext.quant_linear_lanes(x, layer.lane_blocks, kind, n, k))
         monkeypatch.setenv("PAGED_PREPACK_WEIGHTS", "0")
         assert pack_lane_linears(model) == 0 and layer.lane_blocks is None is other.lane_blocks
+        assert torch.equal(layer.blocks, packed) and torch.equal(other.blocks, k_packed)
         assert torch.equal(layer(x), ext.quant_linear(x, packed, kind, n, k))
+
+
+@pytest.mark.skipif(not LANES, reason="the lanes layout is built only for a CPU with AVX-512 VNNI")
+@settings(max_examples=60)
+@given(kind=st.sampled_from(KINDS + (int(T.Q4_K), int(T.Q6_K))), n=st.integers(1, 40), blocks=st.integers(1, 11),
+       seed=st.integers(0, 2**31))
+def test_the_lanes_give_back_the_row_layout_byte_for_byte(ext, kind, n, blocks, seed):
+    """Bitwise: ``quant_unpack_lanes(quant_pack_lanes(b)) == b`` for every format the lanes hold, with every
+    byte of the file's blocks drawn at random (so every bit of q, the scales, Q4_1's offsets, Q5_0's fifth
+    bits, the K-quants' packed 6-bit scales and mins and Q6_K's split weights must find its way back), odd
+    block counts (the row layout's zero padding block) and ``n`` not a multiple of 16 (a partial group)."""
+    rng = np.random.default_rng(seed)
+    if kind in K_FORMATS:
+        k = 256 * (1 + blocks % 3)
+        raw = rng.integers(0, 256, (n, k // 256 * K_FORMATS[kind][1]), dtype=np.uint8)
+    else:
+        k = 32 * blocks
+        raw = rng.integers(0, 256, (n, blocks * BLOCK_FORMATS[kind][1]), dtype=np.uint8)
+    packed = pack_blocks(raw, kind, n, k)
+    lanes = ext.quant_pack_lanes(packed, kind, n, k)
+    assert torch.equal(ext.quant_unpack_lanes(lanes, kind, n, k), packed)
 
 
 @pytest.mark.parametrize("impl", IMPLS + LANES)

@@ -67,6 +67,7 @@ def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
     lanes = cpu.load().quant_vnni_compiled()
     assert traits.lane_linears == (len(linears) if lanes else 0)
     assert all((m.lane_blocks is not None) == lanes for m in linears)
+    assert all((m.blocks is None) == lanes for m in linears)  # the lanes replace the row layout: one copy
     want = _logits(_rounding_activations(load_model(path, dtype="float32").model, quant.model), PROMPT)
     got = _logits(quant.model, PROMPT)
     bound = 1e-4 * want.abs().max()
@@ -160,7 +161,8 @@ def test_a_quantized_layer_holds_a_dense_layer_only_where_it_runs(tmp_path, dtyp
     assert all(m.dense is None and m.dense_rows is None for m in linears.values())
     assert not any(ref() is not None for ref in held)
     assert traits.packed_linears == traits.pair_order_linears == 0  # every linear here is quantized
-    mode_off_is_the_dense_model()
+    assert all((m.blocks is None) == (m.lane_blocks is not None) for m in linears.values())  # one layout each
+    mode_off_is_the_dense_model()  # where the lanes replaced the blocks, the dense layers come from the lanes
 
 
 def test_serving_hands_the_freed_memory_back_after_the_layers_let_go(tmp_path, monkeypatch):
