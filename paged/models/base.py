@@ -118,9 +118,10 @@ class CausalLM(nn.Module):
             module.pad_one_row = batch_invariant and not module.fixed_order
             padded += module.pad_one_row
             fixed += module.fixed_order
+        return_freed_memory()  # what loading and the quantized layers let go, before the lay-outs below take more
         traits = ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self), fixed_order_linears=fixed,
                                pair_order_linears=pack_pair_order_linears(self), lane_linears=pack_lane_linears(self))
-        return_freed_memory()  # what loading and the quantized layers let go
+        return_freed_memory()  # the row layouts the lanes replaced
         return traits
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]

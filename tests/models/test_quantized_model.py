@@ -166,17 +166,19 @@ def test_a_quantized_layer_holds_a_dense_layer_only_where_it_runs(tmp_path, dtyp
 
 
 def test_serving_hands_the_freed_memory_back_after_the_layers_let_go(tmp_path, monkeypatch):
-    """Exact: ``prepare_for_serving`` calls ``return_freed_memory`` once, when no quantized layer holds a
-    dense layer any more (trimmed before, the allocator would keep those pages); the call itself runs here."""
+    """Exact: ``prepare_for_serving`` calls ``return_freed_memory`` when no quantized layer holds a dense layer
+    any more, before any layer is laid out in lanes (so the lay-outs reuse what loading freed instead of
+    adding to it: the peak), and again after (the row layouts they replaced); the calls themselves run here."""
     import paged.models.base as base
 
     quant = load_model(_gguf(tmp_path, T.Q4_1), dtype="float32", quantization="gguf").model
     linears = [m for m in quant.modules() if isinstance(m, QuantizedLinear)]
     seen = []
-    monkeypatch.setattr(base, "return_freed_memory",
-                        lambda: seen.append(sum(m.dense is not None for m in linears)) or layers.return_freed_memory())
-    quant.prepare_for_serving(batch_invariant=True)
-    assert seen == [0]
+    monkeypatch.setattr(base, "return_freed_memory", lambda: seen.append(
+        (sum(m.dense is not None for m in linears), sum(m.lane_blocks is not None for m in linears)))
+        or layers.return_freed_memory())
+    traits = quant.prepare_for_serving(batch_invariant=True)
+    assert seen == [(0, 0), (0, traits.lane_linears)]
 
 
 @pytest.mark.parametrize("has_bf16_gemm", [True, False])
