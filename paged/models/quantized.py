@@ -229,12 +229,6 @@ class QuantizedLinear(nn.Module):
             return self.blocks
         return load_cpu_kernels().quant_unpack_lanes(self.lane_blocks, self.kind, self.out_features, self.in_features)
 
-    def lay_out_in_lanes(self, kernels) -> None:
-        """Replace the row layout by the lanes layout (``kernels.quant_pack_lanes``), once."""
-        if self.lane_blocks is None:
-            self.lane_blocks = kernels.quant_pack_lanes(self.blocks, self.kind, self.out_features, self.in_features)
-            self.blocks = None
-
     def lay_out_in_rows(self) -> None:
         """Back to the row layout: the blocks from the lanes, the lanes let go."""
         self.blocks, self.lane_blocks = self.row_blocks(), None
@@ -286,9 +280,11 @@ def pack_lane_linears(model: nn.Module) -> int:
     summing each output across 16 lanes and adding them up at the end, SmolLM2's Q4_1 linears took
     9.6 ms at one row, in lanes 4.7 (Zen 4, ``python -m paged.bench quant_kernel --cold``,
     docs/benchmarks.md). The layout gives each output its own lane, so no sum crosses lanes.
-    The lanes replace the row layout, one layer at a time (so the second copy is never more than one
-    layer's); what reads the row layout (the dense layer the mode off makes, ``dequantize_blocks``) gets
-    it back from the lanes, byte for byte (``QuantizedLinear.row_blocks``). Laying them out follows the
+    The lanes replace the row layout: every layer is laid out, then the row layouts go, so the lanes take
+    fresh memory as they did beside the rows (replaced one layer at a time, each layer's lanes took the
+    pages the previous layer's rows freed, and one stream measured 0-9 % slower, within this machine's
+    spread between processes: not kept). What reads the row layout (the dense layer the mode off makes,
+    ``dequantize_blocks``) gets it back from the lanes, byte for byte (``QuantizedLinear.row_blocks``). Laying them out follows the
     rule of the other laid-out copies (``layers.second_copy_allowed``: ``PAGED_PREPACK_WEIGHTS=0`` keeps
     the row layout). The outputs are the row layout's up to float32 rounding (each sums the blocks in a
     fixed order of its own); a row's bits still do not depend on the batch. Called by
@@ -303,8 +299,9 @@ def pack_lane_linears(model: nn.Module) -> int:
         return 0
     if not second_copy_allowed(sum(m.blocks.numel() for m in layers)):
         return 0
-    for layer in layers:
-        layer.lay_out_in_lanes(kernels)
+    lanes = [kernels.quant_pack_lanes(m.blocks, m.kind, m.out_features, m.in_features) for m in layers]
+    for layer, lane_blocks in zip(layers, lanes):  # every layer laid out before any row layout goes: see above
+        layer.lane_blocks, layer.blocks = lane_blocks, None
     return len(layers)
 
 
