@@ -390,8 +390,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_dequantize", &paged::quant_dequantize, "a GGUF-quantized W [N, K] as float32",
         py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_pack_lanes", &paged::quant_pack_lanes,
-        "The blocks of a W [N, K] (pack_blocks' layout) laid out with one output column per vector lane",
-        py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
+        "The blocks of a W [N, K] (pack_blocks' layout) laid out with one output column per vector lane (in `into`, "
+        "quant_lanes_bytes long, when given)",
+        py::arg("blocks"), py::arg("type"), py::arg("n"), py::arg("k"), py::arg("into") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("quant_lanes_bytes", &paged::quant_lanes_bytes, "Bytes of quant_pack_lanes' layout of a W [N, K]",
+        py::arg("type"), py::arg("n"), py::arg("k"));
   m.def("quant_unpack_lanes", &paged::quant_unpack_lanes,
         "quant_pack_lanes' layout back in pack_blocks' row layout, byte for byte (its inverse)",
         py::arg("lanes"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());

@@ -729,14 +729,35 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
   return y;
 }
 
-at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, int64_t K) {
+int64_t quant_lanes_bytes(int64_t type, int64_t N, int64_t K) {
+  check_lanes_built();
+  int64_t bytes = 0;
+#if defined(PAGED_QUANT_VNNI)
+  check_shape(type, N, K);
+  const LaneLayout L(type, N, K);
+  bytes = L.groups * L.group_bytes;
+#endif
+  return bytes;
+}
+
+at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, int64_t K,
+                            const std::optional<at::Tensor>& into) {
   check_packed(packed, type, N, K);
   check_lanes_built();
   at::Tensor out;
 #if defined(PAGED_QUANT_VNNI)
   const RowLayout RL(type, K);
   const LaneLayout L(type, N, K);
-  out = at::zeros({L.groups * L.group_bytes}, packed.options());
+  if (into.has_value()) {  // a place given (one part of a larger allocation): zeroed here, as at::zeros would
+    out = *into;
+    TORCH_CHECK_TYPE(out.scalar_type() == at::kByte, "into must be uint8, got ", out.scalar_type());
+    TORCH_CHECK_VALUE(out.device().is_cpu() && out.is_contiguous() && out.numel() == L.groups * L.group_bytes,
+                      "into must be a contiguous CPU tensor of quant_lanes_bytes() = ", L.groups * L.group_bytes,
+                      " bytes, got ", out.numel());
+    out.zero_();
+  } else {
+    out = at::zeros({L.groups * L.group_bytes}, packed.options());
+  }
   const uint8_t* src = packed.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, L.groups, 16, [&](int64_t begin, int64_t end) {

@@ -28,7 +28,11 @@ at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, i
 
 // The blocks of pack_blocks' layout (any format quant_linear reads) laid out again with one output column
 // per vector lane (quant_linear_lanes.h), for quant_linear_lanes; needs the VNNI loops (quant_vnni_compiled()).
-at::Tensor quant_pack_lanes(const at::Tensor& blocks, int64_t type, int64_t N, int64_t K);
+// into: the tensor to write them in (quant_lanes_bytes(type, N, K) bytes), else a new one.
+at::Tensor quant_pack_lanes(const at::Tensor& blocks, int64_t type, int64_t N, int64_t K,
+                            const std::optional<at::Tensor>& into = std::nullopt);
+// The bytes of quant_pack_lanes' layout of a W [N, K] of that type.
+int64_t quant_lanes_bytes(int64_t type, int64_t N, int64_t K);
 // Its inverse: quant_pack_lanes' layout back in pack_blocks' row layout, byte for byte.
 at::Tensor quant_unpack_lanes(const at::Tensor& lanes, int64_t type, int64_t N, int64_t K);
 

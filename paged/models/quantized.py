@@ -44,7 +44,8 @@ from paged.kernels.cpu import load as load_cpu_kernels
 from paged.models.config import ModelLoadError
 from paged.models.gguf_names import hf_tensor_name, permuted_projections, unpermute_rows
 from paged.models.kquants import K_FORMATS, QK_K, dequantize_kquant
-from paged.models.layers import THREADS_SPIN, Linear, MergedLinear, cpu_has_bf16_gemm, second_copy_allowed
+from paged.models.layers import (THREADS_SPIN, Linear, MergedLinear, cpu_has_bf16_gemm, huge_page_parts,
+                                  second_copy_allowed)
 
 QUANTIZATIONS = ("gguf",)  # the values of LLM(quantization=...) besides None
 # ggml type number -> (name, bytes per block of 32 weights) for the 32-weight formats the kernel reads
@@ -280,11 +281,11 @@ def pack_lane_linears(model: nn.Module) -> int:
     summing each output across 16 lanes and adding them up at the end, SmolLM2's Q4_1 linears took
     9.6 ms at one row, in lanes 4.7 (Zen 4, ``python -m paged.bench quant_kernel --cold``,
     docs/benchmarks.md). The layout gives each output its own lane, so no sum crosses lanes.
-    The lanes replace the row layout: every layer is laid out, then the row layouts go, so the lanes take
-    fresh memory as they did beside the rows (replaced one layer at a time, each layer's lanes took the
-    pages the previous layer's rows freed, and one stream measured 0-9 % slower, within this machine's
-    spread between processes: not kept). What reads the row layout (the dense layer the mode off makes,
-    ``dequantize_blocks``) gets it back from the lanes, byte for byte (``QuantizedLinear.row_blocks``). Laying them out follows the
+    All the layers' lanes lie in one allocation on huge pages (``layers.huge_page_parts``): a decode step
+    streams them once each, and on ordinary pages one stream's speed varied with where they lay. The
+    lanes replace the row layout: every layer is laid out, then the row layouts go. What reads the row
+    layout (the dense layer the mode off makes, ``dequantize_blocks``) gets it back from the lanes, byte
+    for byte (``QuantizedLinear.row_blocks``). Laying them out follows the
     rule of the other laid-out copies (``layers.second_copy_allowed``: ``PAGED_PREPACK_WEIGHTS=0`` keeps
     the row layout). The outputs are the row layout's up to float32 rounding (each sums the blocks in a
     fixed order of its own); a row's bits still do not depend on the batch. Called by
@@ -299,9 +300,12 @@ def pack_lane_linears(model: nn.Module) -> int:
         return 0
     if not second_copy_allowed(sum(m.blocks.numel() for m in layers)):
         return 0
-    lanes = [kernels.quant_pack_lanes(m.blocks, m.kind, m.out_features, m.in_features) for m in layers]
-    for layer, lane_blocks in zip(layers, lanes):  # every layer laid out before any row layout goes: see above
-        layer.lane_blocks, layer.blocks = lane_blocks, None
+    places = huge_page_parts([kernels.quant_lanes_bytes(m.kind, m.out_features, m.in_features) for m in layers])
+    for layer, lanes in zip(layers, places):
+        layer.lane_blocks = kernels.quant_pack_lanes(layer.blocks, layer.kind, layer.out_features,
+                                                     layer.in_features, into=lanes)
+    for layer in layers:  # every layer laid out before any row layout goes
+        layer.blocks = None
     return len(layers)
 
 

@@ -226,6 +226,9 @@ def test_a_layer_given_lane_blocks_multiplies_by_them(ext, monkeypatch):
         assert pack_lane_linears(model) == 2 * len(LANES) and (other.lane_blocks is not None) == bool(LANES)
         assert (layer.blocks is None) == bool(LANES) and (other.blocks is None) == bool(LANES)
         assert torch.equal(layer.row_blocks(), packed) and torch.equal(other.row_blocks(), k_packed)
+        if LANES:  # both in one allocation, each on its own 4 KiB page (layers.huge_page_parts)
+            assert layer.lane_blocks.untyped_storage().data_ptr() == other.lane_blocks.untyped_storage().data_ptr()
+            assert layer.lane_blocks.data_ptr() % 4096 == 0 == other.lane_blocks.data_ptr() % 4096
     with torch.inference_mode():
         if LANES:
             assert torch.equal(layer.lane_blocks, ext.quant_pack_lanes(packed, kind, n, k))
@@ -234,6 +237,21 @@ def test_a_layer_given_lane_blocks_multiplies_by_them(ext, monkeypatch):
         assert pack_lane_linears(model) == 0 and layer.lane_blocks is None is other.lane_blocks
         assert torch.equal(layer.blocks, packed) and torch.equal(other.blocks, k_packed)
         assert torch.equal(layer(x), ext.quant_linear(x, packed, kind, n, k))
+
+
+@pytest.mark.skipif(not LANES, reason="the lanes layout is built only for a CPU with AVX-512 VNNI")
+def test_lanes_packed_into_a_given_place_are_the_new_tensors_bytes(ext):
+    """Bitwise: ``quant_pack_lanes(..., into=t)`` writes into ``t`` (``quant_lanes_bytes`` long) what it returns
+    in a new tensor, whatever ``t`` held before (the records of missing rows are zeroed); a place of another
+    size is refused, naming the size it must have."""
+    for kind, n, k in ((int(T.Q4_1), 40, 96), (int(T.Q6_K), 17, 256)):
+        packed = quantized(kind, n, k, 4)[1] if kind in KINDS else k_quantized(kind, n, k, 4)
+        want = ext.quant_pack_lanes(packed, kind, n, k)
+        into = torch.full((ext.quant_lanes_bytes(kind, n, k),), 0xA5, dtype=torch.uint8)
+        got = ext.quant_pack_lanes(packed, kind, n, k, into=into)
+        assert got.data_ptr() == into.data_ptr() and torch.equal(into, want)
+        with pytest.raises(ValueError, match=f"quant_lanes_bytes\\(\\) = {want.numel()}"):
+            ext.quant_pack_lanes(packed, kind, n, k, into=torch.zeros(want.numel() + 1, dtype=torch.uint8))
 
 
 @pytest.mark.skipif(not LANES, reason="the lanes layout is built only for a CPU with AVX-512 VNNI")

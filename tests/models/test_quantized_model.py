@@ -165,6 +165,25 @@ def test_a_quantized_layer_holds_a_dense_layer_only_where_it_runs(tmp_path, dtyp
     mode_off_is_the_dense_model()  # where the lanes replaced the blocks, the dense layers come from the lanes
 
 
+def test_huge_page_parts_lie_apart_in_one_allocation_asked_for_huge_pages(monkeypatch):
+    """Exact: the parts have their sizes, each starts on a 4 KiB boundary after the one before, the first on a
+    2 MiB one, all in one allocation, and that range (from the first part to the end of the last page) is
+    what ``madvise`` is asked to back with huge pages; written, each part reads back as written."""
+    asked = []
+    monkeypatch.setattr(layers, "_advise_huge_pages", lambda address, length: asked.append((address, length)))
+    sizes = [5000, 1, 4096, 300_000]
+    parts = layers.huge_page_parts(sizes)
+    assert [p.numel() for p in parts] == sizes and all(p.dtype == torch.uint8 for p in parts)
+    starts = [p.data_ptr() for p in parts]
+    assert starts[0] % layers.HUGE_PAGE == 0 and all(s % 4096 == 0 for s in starts)
+    assert [b - a for a, b in zip(starts, starts[1:])] == [8192, 4096, 4096]
+    assert len({p.untyped_storage().data_ptr() for p in parts}) == 1
+    assert asked == [(starts[0], 8192 + 4096 + 4096 + 303_104)]
+    for i, p in enumerate(parts):
+        p.fill_(i + 1)
+    assert all(bool((p == i + 1).all()) for i, p in enumerate(parts))
+
+
 def test_serving_hands_the_freed_memory_back_after_the_layers_let_go(tmp_path, monkeypatch):
     """Exact: ``prepare_for_serving`` calls ``return_freed_memory`` when no quantized layer holds a dense layer
     any more, before any layer is laid out in lanes (so the lay-outs reuse what loading freed instead of
