@@ -451,8 +451,7 @@ def pack_pair_order_linears(model: nn.Module) -> int:
     weight laid out for ``pair_order_linear`` (``pair_weight``), once; returns how many. The plain weight
     stays, as with ``prepack_linears``, under the same limit (``PREPACK_MAX_BYTES``,
     ``PAGED_PREPACK_WEIGHTS=1|0``); a layer left without the copy runs ``fixed_order_linear``, the other
-    fixed order. The copies lie in one allocation on huge pages (``huge_page_parts``), as the quantized
-    layers' lanes do. Called by ``CausalLM.prepare_for_serving`` after it chose the fixed-order layers."""
+    fixed order. Called by ``CausalLM.prepare_for_serving`` after it chose the fixed-order layers."""
     modules = [m for m in model.modules() if hasattr(m, "pad_one_row")]
     for module in modules:
         module.pair_weight = None
@@ -460,18 +459,9 @@ def pack_pair_order_linears(model: nn.Module) -> int:
     if not linears or not second_copy_allowed(_weight_bytes(linears)):
         return 0
     kernels = load_cpu_kernels()
-    shapes = [pair_weight_shape(*m.weight.shape) for m in linears]
-    places = huge_page_parts([math.prod(shape) * 2 for shape in shapes])  # bfloat16: 2 bytes
-    for module, shape, place in zip(linears, shapes, places):
-        pairs = kernels.pair_order_pack(module.weight.detach())
-        module.pair_weight = place.view(torch.bfloat16).view(shape).copy_(pairs)  # one layer's copy at a time
+    for module in linears:
+        module.pair_weight = kernels.pair_order_pack(module.weight.detach())
     return len(linears)
-
-
-def pair_weight_shape(n: int, k: int) -> tuple[int, int, int, int]:
-    """The shape of ``pair_order_pack``'s layout of an ``[n, k]`` weight: ``[ceil(n / 16), ceil(k / 2), 16, 2]``
-    (16 output columns a vector, ``k`` in pairs, zeros past ``n`` and ``k``)."""
-    return (-(-n // 16), -(-k // 2), 16, 2)
 
 
 def fixed_order_rows(weight: torch.Tensor, batch_invariant: bool) -> int | None:
