@@ -169,26 +169,6 @@ def test_gpu_check_gpu_commands():
     assert gpu_check.command("engine", False, 300, "py")[-2:] == ["--system-timeout-s", "115"]
 
 
-def test_gpu_check_gives_the_build_the_toolkit_a_wrapper_nvcc_runs(tmp_path, monkeypatch):
-    """Exact: ``nvcc`` on PATH a wrapper script (as ``/usr/local/bin/nvcc`` may be), the toolkit elsewhere:
-    the GPU parts get that toolkit as ``CUDA_HOME`` (torch's builder would guess the wrapper's parent, which
-    has no ``cuda_runtime.h``); a ``CUDA_HOME`` the user set is kept; the dry run sets none."""
-    toolkit = tmp_path / "cuda-13.0"
-    (toolkit / "bin").mkdir(parents=True)
-    wrapper = tmp_path / "wrappers" / "nvcc"
-    wrapper.parent.mkdir()
-    wrapper.write_text(f"#!/bin/sh\necho '#$ _NVVM_BRANCH_=nvvm' >&2\necho '#$ TOP={toolkit}/bin/..' >&2\n")
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    assert gpu_check.nvcc_toolkit() == str(toolkit)
-    assert gpu_check.child_env(dry_run=False, part="build")["CUDA_HOME"] == str(toolkit)
-    assert "CUDA_HOME" not in gpu_check.child_env(dry_run=True, part="build")
-    monkeypatch.setenv("CUDA_HOME", "/opt/mine")
-    assert gpu_check.child_env(dry_run=False, part="build")["CUDA_HOME"] == "/opt/mine"
-
-
 def test_gpu_check_site_makes_blocked_packages_absent():
     """Exact: with the dry run's sitecustomize, a blocked module fails to import and find_spec says None."""
     code = "import importlib.util, sys\ntry:\n    import csv\nexcept ModuleNotFoundError:\n    print('blocked')\n" \

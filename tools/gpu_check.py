@@ -135,9 +135,8 @@ def blocked_pytest_plugins() -> dict[str, str]:
 def child_env(dry_run: bool, part: str = "") -> dict:
     """The children's environment: the checkout importable, unbuffered output, Hugging Face libraries
     offline (a GPU machine may have no network: a lookup would wait for its timeout); in a dry run the
-    device's missing packages blocked; on the GPU the build's architecture from nvidia-smi, the
-    build in /tmp unless ``PAGED_EXTENSIONS_DIR`` says otherwise, and ``CUDA_HOME``, unless set, the
-    toolkit ``nvcc`` names (``nvcc_toolkit``)."""
+    device's missing packages blocked; on the GPU the build's architecture from nvidia-smi and the
+    build in /tmp unless ``PAGED_EXTENSIONS_DIR`` says otherwise."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     paths = [str(ROOT)] + ([str(BLOCKER)] if dry_run else []) + [p for p in [env.get("PYTHONPATH")] if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -146,30 +145,11 @@ def child_env(dry_run: bool, part: str = "") -> dict:
         env["PAGED_BLOCK_IMPORTS"] = ",".join(m for m in ABSENT_ON_DEVICE if m not in keep)
         return env
     env.setdefault("PAGED_EXTENSIONS_DIR", "/tmp/paged-gpu-check/torch_extensions")
-    if "CUDA_HOME" not in env and "CUDA_PATH" not in env:
-        home = nvcc_toolkit()
-        if home:
-            env["CUDA_HOME"] = home
     if "TORCH_CUDA_ARCH_LIST" not in env:
         cap = _query_gpu("compute_cap")
         if cap:
             env["TORCH_CUDA_ARCH_LIST"] = cap.splitlines()[0].strip()
     return env
-
-
-def nvcc_toolkit(nvcc: str = "nvcc") -> str | None:
-    """The CUDA toolkit folder the ``nvcc`` on PATH compiles with, as nvcc itself reports it (``--dryrun``'s
-    ``TOP``), or None. torch's extension builder, given no ``CUDA_HOME``, takes the folder above the folder of
-    ``nvcc``: where ``nvcc`` is a wrapper script (``/usr/local/bin/nvcc`` running the toolkit's) that folder has no
-    ``cuda_runtime.h`` and the build fails; the children get this folder as ``CUDA_HOME`` instead."""
-    if shutil.which(nvcc) is None:
-        return None
-    done = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
-    for line in done.stderr.splitlines():
-        if line.startswith("#$ TOP="):
-            return str(Path(line.split("=", 1)[1].strip()).resolve())
-    return None
 
 
 def _query_gpu(fields: str) -> str | None:
@@ -236,7 +216,9 @@ def environment(dry_run: bool) -> int:
     if shutil.which("nvcc"):
         version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.splitlines()
         info["nvcc"] = next((line.strip() for line in version if "release" in line), "?")
-        info["cuda_home"] = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or nvcc_toolkit()
+        from paged.kernels.cuda import toolkit_home
+
+        info["cuda_home"] = str(toolkit_home())  # the toolkit paged.kernels.cuda.load builds with
     import torch
 
     info.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())

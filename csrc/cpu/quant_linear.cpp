@@ -699,6 +699,18 @@ void check_lanes_built() {
                     "has not (quant_vnni_compiled() is False)");
 }
 
+#if defined(PAGED_QUANT_VNNI)
+// A tensor that holds (lanes) or is to hold (into) the lanes layout of a [N, K] weight: uint8, contiguous, on
+// the CPU, quant_lanes_bytes long.
+void check_lanes_tensor(const at::Tensor& t, const char* name, const LaneLayout& L, int64_t type, int64_t N,
+                        int64_t K) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte, name, " must be uint8, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.is_contiguous() && t.numel() == L.groups * L.group_bytes, name,
+                    " must be a contiguous CPU tensor of ", L.groups * L.group_bytes,
+                    " bytes (quant_lanes_bytes) for a [", N, ", ", K, "] weight of type ", type, ", got ", t.numel());
+}
+#endif
+
 }  // namespace
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t N, int64_t K,
@@ -750,10 +762,7 @@ at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, i
   const LaneLayout L(type, N, K);
   if (into.has_value()) {  // a place given (one part of a larger allocation): zeroed here, as at::zeros would
     out = *into;
-    TORCH_CHECK_TYPE(out.scalar_type() == at::kByte, "into must be uint8, got ", out.scalar_type());
-    TORCH_CHECK_VALUE(out.device().is_cpu() && out.is_contiguous() && out.numel() == L.groups * L.group_bytes,
-                      "into must be a contiguous CPU tensor of quant_lanes_bytes() = ", L.groups * L.group_bytes,
-                      " bytes, got ", out.numel());
+    check_lanes_tensor(out, "into", L, type, N, K);
     out.zero_();
   } else {
     out = at::zeros({L.groups * L.group_bytes}, packed.options());
@@ -778,10 +787,7 @@ at::Tensor quant_unpack_lanes(const at::Tensor& lanes, int64_t type, int64_t N, 
   check_shape(type, N, K);
   const RowLayout RL(type, K);
   const LaneLayout L(type, N, K);
-  TORCH_CHECK_TYPE(lanes.scalar_type() == at::kByte, "lanes must be uint8, got ", lanes.scalar_type());
-  TORCH_CHECK_VALUE(lanes.device().is_cpu() && lanes.is_contiguous() && lanes.numel() == L.groups * L.group_bytes,
-                    "lanes must be quant_pack_lanes' contiguous CPU tensor of ", L.groups * L.group_bytes,
-                    " bytes for a [", N, ", ", K, "] weight of type ", type, ", got ", lanes.numel());
+  check_lanes_tensor(lanes, "lanes", L, type, N, K);
   out = at::zeros({N * RL.row_bytes}, lanes.options());
   const uint8_t* src = lanes.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
@@ -803,10 +809,7 @@ at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int6
 #if defined(PAGED_QUANT_VNNI)
   check_shape(type, N, K);
   const LaneLayout L(type, N, K);
-  TORCH_CHECK_TYPE(lanes.scalar_type() == at::kByte, "lanes must be uint8, got ", lanes.scalar_type());
-  TORCH_CHECK_VALUE(lanes.device().is_cpu() && lanes.is_contiguous() && lanes.numel() == L.groups * L.group_bytes,
-                    "lanes must be quant_pack_lanes' contiguous CPU tensor of ", L.groups * L.group_bytes,
-                    " bytes for a [", N, ", ", K, "] weight of type ", type, ", got ", lanes.numel());
+  check_lanes_tensor(lanes, "lanes", L, type, N, K);
   check_x(x, K);
   y = at::empty({x.size(0), N}, x.options());
   if (x.size(0) == 0) return y;

@@ -36,6 +36,9 @@ range when they are given on the CPU.
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import subprocess
 import threading
 from pathlib import Path
 
@@ -67,6 +70,36 @@ def _build_dir() -> Path:
     return build_dir("paged_cuda", f"cuda{torch.version.cuda}", f"sm{major}{minor}", f"at{place_key(source_dir())}")
 
 
+def toolkit_home() -> Path | None:
+    """The CUDA toolkit's folder: ``CUDA_HOME`` or ``CUDA_PATH`` when set, else the one the ``nvcc`` on PATH
+    compiles with, as it reports it itself (``nvcc --dryrun``'s ``TOP``: ``nvcc`` may be a wrapper script,
+    ``/usr/local/bin/nvcc`` running the toolkit's); None without ``nvcc``."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return Path(home)
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    err = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull], capture_output=True, text=True,
+                         timeout=60).stderr
+    for line in err.splitlines():
+        if line.startswith("#$ TOP="):
+            return Path(line.split("=", 1)[1].strip()).resolve()
+    return Path(nvcc).resolve().parents[1]
+
+
+def point_builder_at_toolkit(cpp_extension) -> None:
+    """Give torch's extension builder (the module ``cpp_extension``) the toolkit ``toolkit_home`` finds when the
+    one it guessed has no ``include/cuda_runtime.h``: given no ``CUDA_HOME`` it takes the folder above the
+    folder of ``nvcc``, which for a wrapper script is not the toolkit, and the build fails there."""
+    guessed = cpp_extension.CUDA_HOME
+    if guessed is not None and (Path(guessed) / "include" / "cuda_runtime.h").is_file():
+        return
+    home = toolkit_home()
+    if home is not None and (home / "include" / "cuda_runtime.h").is_file():
+        cpp_extension.CUDA_HOME = str(home)
+
+
 def load(verbose: bool = False):
     """The compiled extension, building it on the first call (minutes with nvcc).
 
@@ -89,6 +122,7 @@ def load(verbose: bool = False):
         if _module is None:
             from torch.utils import cpp_extension
 
+            point_builder_at_toolkit(cpp_extension)
             src = source_dir()
             # cpp_extension rebuilds when the sources or the flags change; fold the
             # headers into the flags so that editing a header rebuilds too.

@@ -29,6 +29,8 @@ import pytest
 import torch
 from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
 
+from paged.kernels.cuda import point_builder_at_toolkit, toolkit_home
+
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc" / "cuda"
 NVCC = shutil.which("nvcc")
@@ -45,15 +47,7 @@ NVCC_FLAGS = ["-c", "-O3", "-std=c++17", "-Werror", "all-warnings", "-Xcompiler"
 
 
 def _cuda_include() -> Path:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home:
-        return Path(home) / "include"
-    # nvcc may be a wrapper script: ask it where its toolkit lives.
-    out = subprocess.run([NVCC, "--dryrun", "-c", "-x", "cu", os.devnull], capture_output=True, text=True).stderr
-    for line in out.splitlines():
-        if line.startswith("#$ TOP="):
-            return Path(line.split("TOP=", 1)[1].strip()).resolve() / "include"
-    return Path(NVCC).resolve().parents[1] / "include"
+    return toolkit_home() / "include"
 
 
 def _nvcc_command(source: Path, arch: str, out_dir: Path) -> list[str]:
@@ -163,3 +157,30 @@ def test_cuda_entry_points_reject_cpu_tensors():
         cuda.paged_attention_v1(torch.zeros(1, 1, 64), cache, cache, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), 0.125)
     with pytest.raises(ValueError, match="kv must be a CUDA tensor"):
         cuda.copy_blocks(torch.zeros(1, 2, 4, 8, 1, 64), torch.tensor([[0, 1]]))
+
+
+def test_the_builder_gets_the_toolkit_a_wrapper_nvcc_runs(tmp_path, monkeypatch):
+    """Exact: ``nvcc`` on PATH a wrapper script (as ``/usr/local/bin/nvcc`` may be), the toolkit elsewhere:
+    ``toolkit_home`` finds the toolkit from nvcc's own report, and torch's builder, whose guess (the wrapper's
+    parent) has no ``cuda_runtime.h``, is given it; a guess that has one, and a ``CUDA_HOME`` the user set,
+    are kept."""
+    from types import SimpleNamespace
+
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "include").mkdir(parents=True)
+    (toolkit / "include" / "cuda_runtime.h").write_text("")
+    wrapper = tmp_path / "wrappers" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\necho '#$ _NVVM_BRANCH_=nvvm' >&2\necho '#$ TOP={toolkit}/bin/..' >&2\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    assert toolkit_home() == toolkit
+    builder = SimpleNamespace(CUDA_HOME=str(tmp_path))  # torch's guess: the wrapper's parent's parent
+    point_builder_at_toolkit(builder)
+    assert builder.CUDA_HOME == str(toolkit)
+    point_builder_at_toolkit(builder)  # a guess with the header stays
+    assert builder.CUDA_HOME == str(toolkit)
+    monkeypatch.setenv("CUDA_HOME", "/opt/mine")
+    assert toolkit_home() == Path("/opt/mine")

@@ -209,7 +209,8 @@ def test_fused_llama_forward_equals_eager_float32(llama_float32, monkeypatch):
 
 
 def test_paged_fused_ops_0_in_the_environment_turns_the_fused_ops_off():
-    """The switch as a user sets it: the environment before ``paged`` is imported (read once, there)."""
+    """Exact (the printed flag): the switch as a user sets it, in the environment before ``paged`` is imported
+    (read once, there)."""
     code = "import paged.kernels.cpu as c; print(c.FUSED_OPS)"
     for value, expected in (("0", "False"), ("1", "True")):
         env = {**os.environ, "PAGED_FUSED_OPS": value}
