@@ -67,6 +67,7 @@ class CausalLM(nn.Module):
 
     packed_modules: dict[str, tuple[str, ...]] = {}
     tp_plan: dict[str, str] = {}
+    unrolled = None  # the forward pass as one loop of kernel calls, where prepare_for_serving made one (unrolled.py)
 
     config: ModelConfig
     model: nn.Module
@@ -79,7 +80,14 @@ class CausalLM(nn.Module):
         attention: Attention,
     ) -> torch.Tensor:  # [T, hidden]
         """Hidden states after the last layer (and final norm) for every new token."""
+        if self.unrolled is not None and self.unrolled.applies():  # the same calls, chosen once (unrolled.py)
+            return self.unrolled(input_ids, positions, attention)
         return self.model(input_ids, positions, attention)
+
+    def unroll(self):
+        """The forward pass as one loop of the kernel calls its modules make (``paged.models.unrolled``), for
+        a model made ready to serve; None where the model has none (this default) or it does not apply."""
+        return None
 
     def prepare_for_serving(self, batch_invariant: bool = False) -> ServingTraits:
         """Make the serving-time choices once, when the weights are final (the runner calls it before its
@@ -122,6 +130,7 @@ class CausalLM(nn.Module):
         traits = ServingTraits(padded_linears=padded, packed_linears=prepack_linears(self), fixed_order_linears=fixed,
                                pair_order_linears=pack_pair_order_linears(self), lane_linears=pack_lane_linears(self))
         return_freed_memory()  # the row layouts the lanes replaced
+        self.unrolled = self.unroll()  # after every choice above: it reads them
         return traits
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]

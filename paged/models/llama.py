@@ -148,6 +148,12 @@ class LlamaForCausalLM(CausalLM):
         """The token embedding module."""
         return self.model.embed_tokens
 
+    def unroll(self):
+        """``LlamaModel.forward`` as one loop of kernel calls (``paged.models.unrolled``), where it applies."""
+        from paged.models.unrolled import unroll
+
+        return unroll(self)
+
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3: the LLaMA layer, with ``qkv_proj`` and ``gate_up_proj`` fused in the checkpoint itself (so

@@ -1,0 +1,147 @@
+"""The forward pass unrolled: a LLaMA-family model's kernel calls in one flat loop, chosen once.
+
+Serving a small model on a CPU, a forward pass of one new token spends a third of its time
+in Python rather than in kernels. Each of SmolLM2's 121 linear layers, 61 norms and 30
+attention calls goes through ``nn.Module.__call__`` (hooks, tracing checks), then its
+module's ``forward``, which asks again at every call which path it takes (a fused op? a
+packed weight? the quantized kernel? how many rows?), and every attribute it reads goes
+through ``nn.Module.__getattr__``. A GPU engine removes the same kind of cost with CUDA
+graphs: vLLM records a decode step's kernel launches once and replays them. Here the
+answers are found once, when serving starts (``CausalLM.prepare_for_serving``): each linear
+becomes the one kernel call its ``forward`` would make (``linear_call``), the norms, RoPE
+and SiLU-and-mul their fused ops, and a layer a tuple that one loop reads.
+
+The calls are the modules' own, with the same inputs in the same order, so the hidden states
+are the same bits (``tests/models/test_unrolled.py``). ``llama.py`` stays the code to read;
+this is its fast path, entered only by ``CausalLM.forward`` (the one seam), only under
+``torch.inference_mode()`` and while no module has a hook; ``PAGED_UNROLLED=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+from torch import nn
+
+from paged.kernels import cpu as cpu_kernels
+from paged.models import layers, quantized
+from paged.models.attention import Attention, attention_options
+from paged.models.layers import SECOND_THREAD_BYTES, Linear, MergedLinear, RMSNorm
+from paged.models.quantized import SECOND_THREAD_WEIGHTS, QuantizedLinear
+
+UNROLLED = os.environ.get("PAGED_UNROLLED", "1") != "0"  # False: every forward pass through the modules
+
+
+def linear_call(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What ``layer(x)`` computes for a 2-D CPU ``x`` in the model's dtype, as the call its ``forward``
+    would choose, chosen now (after ``prepare_for_serving``, whose choices it reads):
+
+    * a ``QuantizedLinear`` in the lanes layout that never hands rows to a dense layer: the lanes kernel;
+    * a dense ``Linear`` whose every call takes the pair order or the fixed order (``layers.gemm``):
+      that kernel;
+    * anything else (a oneDNN-packed weight, a lone row padded to two, a tensor-parallel shard, a
+      ``forward`` replaced on the instance): the module's own ``forward``, minus ``nn.Module.__call__``.
+    """
+    if "forward" in vars(layer):
+        return layer.forward
+    # the kernels by the lookup the module's forward makes (its module's load_cpu_kernels)
+    if type(layer) is QuantizedLinear and layer.lane_blocks is not None and layer.dense_rows is None:
+        kernels = quantized.load_cpu_kernels()
+        if kernels is None:
+            return layer.forward
+        lanes, kind, n, k = layer.lane_blocks, layer.kind, layer.out_features, layer.in_features
+        lanes_linear = kernels.quant_linear_lanes
+        return lambda x: lanes_linear(x if x.stride(-1) == 1 else x.contiguous(), lanes, kind, n, k,
+                                      SECOND_THREAD_WEIGHTS)
+    if type(layer) in (Linear, MergedLinear) and layer.fixed_order and layer.fixed_order_rows is None:
+        kernels = layers.load_cpu_kernels()
+        n, bias = layer.weight.shape[0], layer.bias
+        if layer.pair_weight is not None:
+            pairs, pair_linear = layer.pair_weight, kernels.pair_order_linear
+            return lambda x: pair_linear(x, pairs, n, bias, SECOND_THREAD_BYTES)
+        weight, fixed_linear = layer.weight, kernels.fixed_order_linear
+        return lambda x: fixed_linear(x, weight, bias, SECOND_THREAD_BYTES)
+    return layer.forward
+
+
+class UnrolledLlama:
+    """``LlamaModel.forward`` (``llama.py``) for a model made ready to serve on a CPU, as one loop.
+
+    Built by ``unroll`` (None where it does not apply); called as the trunk is, ``(input_ids,
+    positions, attention) -> hidden``, by ``CausalLM.forward`` when ``applies()``.
+    """
+
+    def __init__(self, model: nn.Module, ops) -> None:
+        trunk = model.model
+        self.ops = ops
+        self.embed = trunk.embed_tokens.forward
+        self.rotary = trunk.rotary_emb  # its cos/sin tables are read at every pass (reset_table may replace them)
+        self.windowed = trunk.windowed
+        self.final = (trunk.norm.weight, trunk.norm.eps)
+        self.layers = []
+        for i, layer in enumerate(trunk.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                i, layer.input_layernorm.weight, layer.input_layernorm.eps,
+                linear_call(attn.qkv_proj), attn.qkv_proj.output_sizes,
+                attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale, attn.window,
+                linear_call(attn.o_proj),
+                layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
+                linear_call(mlp.gate_up_proj), linear_call(mlp.down_proj),
+            ))
+        self.modules = list(model.modules())
+
+    def applies(self) -> bool:
+        """Whether a pass may take this loop: under inference mode with the fused ops on (the modules'
+        condition for them) and while no module has a forward hook (the loop calls no module, so it would
+        run none)."""
+        if not (torch.is_inference_mode_enabled() and cpu_kernels.FUSED_OPS):
+            return False
+        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+            return False
+        return not any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
+        ops, t = self.ops, input_ids.shape[0]
+        cos, sin = self.rotary.cos, self.rotary.sin
+        longest = int(positions.max()) + 1 if self.windowed and len(positions) else 0
+        h, residual = self.embed(input_ids), None
+        for (i, in_weight, in_eps, qkv_proj, sizes, heads, kv_heads, head_dim, scale, window, o_proj,
+             post_weight, post_eps, gate_up_proj, down_proj) in self.layers:
+            if residual is None:  # layer 0: the norm of the embedding, which is the residual stream
+                x, residual = ops.add_rms_norm(h, None, in_weight, in_eps)[0], h
+            else:
+                x, residual = ops.add_rms_norm(h, residual, in_weight, in_eps)
+            q, k, v = qkv_proj(x).split(sizes, dim=-1)
+            q = q.reshape(t, heads, head_dim)
+            k = k.reshape(t, kv_heads, head_dim)
+            ops.rotary_(q, positions, cos, sin)  # in place, as RotaryEmbedding.forward on the CPU
+            ops.rotary_(k, positions, cos, sin)
+            out = attention(i, q, k, v.view(t, kv_heads, head_dim), scale,
+                            **attention_options(window, longest, None))
+            x, residual = ops.add_rms_norm(o_proj(out.reshape(t, heads * head_dim)), residual, post_weight, post_eps)
+            h = down_proj(ops.silu_and_mul(gate_up_proj(x)))
+        return ops.add_rms_norm(h, residual, *self.final)[0]
+
+
+def unroll(model: nn.Module) -> UnrolledLlama | None:
+    """The unrolled pass of a LLaMA-family ``model`` made ready to serve, or None where the loop would not
+    make the modules' calls: off the CPU, a dtype without fused ops (``paged.kernels.cpu``), no compiled
+    kernels, ``PAGED_FUSED_OPS=0`` or ``PAGED_UNROLLED=0``, per-head q/k norms (Qwen3), or norms that are
+    not ``RMSNorm``."""
+    if not (UNROLLED and cpu_kernels.FUSED_OPS):
+        return None
+    ops = cpu_kernels.load()
+    weight = model.model.embed_tokens.weight
+    if ops is None or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if attn.q_norm is not None or any(type(n) is not RMSNorm or "forward" in vars(n) for n in norms):
+            return None
+    if type(model.model.norm) is not RMSNorm:
+        return None
+    return UnrolledLlama(model, ops)
