@@ -9,9 +9,13 @@ output length (greedy, ignore_eos), and the JSON line reports what it says.
 
 import json
 
+import pytest
+
 from paged.bench.__main__ import main as bench_main
 from paged.bench.engine import BOS_ID, make_workload
 from paged.demo import DEFAULT_MODEL_PATH
+from paged.kernels import cpu
+from paged.models import unrolled
 
 
 def test_bench_engine_workload_is_the_seeded_draws():
@@ -33,3 +37,17 @@ def test_bench_engine_prints_one_json_line(capsys):
     assert result["output_tok_per_s"] > 0 and result["total_tok_per_s"] > result["output_tok_per_s"]
     assert result["peak_rss_gib"] > 0 and result["load_s"] > 0 and len(result["cores_used"]) == 1
     assert 0 < result["rss_gib"] <= result["peak_rss_gib"]  # resident now: never above the peak
+    # the default model (LLaMA-family) served with the compiled kernels runs the unrolled pass
+    assert result["unrolled"] is (cpu.load() is not None and unrolled.UNROLLED and cpu.FUSED_OPS)
+
+
+def test_bench_engine_compares_the_unrolled_pass_with_the_modules_in_one_process(capsys):
+    if not (cpu.load() is not None and unrolled.UNROLLED and cpu.FUSED_OPS):
+        pytest.skip("the unrolled pass needs the compiled CPU kernels")
+    argv = ["engine", "--model", str(DEFAULT_MODEL_PATH), "--dtype", "float32", "--num-requests", "2",
+            "--prompt-mean", "8", "--prompt-spread", "2", "--min-output", "3", "--max-output", "4",
+            "--repeats", "2", "--kv-cache-gib", "0.01", "--compare-unrolled"]
+    assert bench_main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["unrolled"] is True and len(result["modules_wall_s_all"]) == len(result["wall_s_all"]) == 2
+    assert result["modules_output_tok_per_s"] > 0 and result["unrolled_speedup"] > 0

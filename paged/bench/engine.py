@@ -19,6 +19,12 @@ wall seconds over the timed runs).
 
     python -m paged.bench engine --model path/to/checkpoint --dtype bfloat16
     python -m paged.bench engine --model model.gguf --workload one-stream --quantization gguf
+    python -m paged.bench engine --model model.gguf --workload one-stream --compare-unrolled
+
+``--compare-unrolled`` times each run twice in turn, through the modules and through the
+unrolled forward pass (``paged/models/unrolled.py``), in one process on the same weights:
+the machine's spread between processes (where the weights land in memory) does not enter
+the ratio.
 
 ``--workload`` sets the request options to one of the engine table's workloads
 (docs/benchmarks.md): ``batch`` (the default above), ``prefill`` (32 requests,
@@ -78,6 +84,10 @@ def add_arguments(parser) -> None:
                         help="batch-invariant mode on (1) or off (0); default: the engine's")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=None,
                         help="most prompt tokens a sequence computes in an iteration; default: the engine's")
+    parser.add_argument("--compare-unrolled", action="store_true",
+                        help="alternate the timed runs with and without the unrolled forward pass "
+                             "(paged/models/unrolled.py), in this process on the same weights; the line adds "
+                             "the runs through the modules (modules_*) and the ratio")
 
 
 def make_workload(num_requests, prompt_mean, prompt_spread, min_output, max_output, vocab, seed):
@@ -147,7 +157,17 @@ def run(args) -> int:
     requests = make_workload(args.num_requests, args.prompt_mean, args.prompt_spread, args.min_output,
                              args.max_output, llm.model.config.vocab_size, args.seed)
     first = timed_generate(llm, [(requests[0][0], 8)])  # warm-up: the first request after load
-    runs = [timed_generate(llm, requests) for _ in range(args.repeats)]
+    model, modules = llm.model.model, []
+    if args.compare_unrolled and model.unrolled is None:
+        raise SystemExit("--compare-unrolled: this model is not unrolled here (paged/models/unrolled.py says where "
+                         "it applies; PAGED_UNROLLED=0 turns it off)")
+    runs = []
+    for _ in range(args.repeats):
+        if args.compare_unrolled:  # a run through the modules, then one through the loop: the same memory
+            loop, model.unrolled = model.unrolled, None
+            modules.append(timed_generate(llm, requests))
+            model.unrolled = loop
+        runs.append(timed_generate(llm, requests))
     median = statistics.median(r["wall_s"] for r in runs)
     run0 = runs[0]
     rss = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
@@ -179,9 +199,15 @@ def run(args) -> int:
         "batch_invariant": llm.engine.batch_invariant,
         "long_prefill_token_threshold": getattr(llm.engine, "long_prefill_token_threshold", None),
         "fused_ops": FUSED_OPS,
+        "unrolled": llm.model.model.unrolled is not None,  # the forward pass as one loop (paged/models/unrolled.py)
         "cpu": _cpu_model(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
+    if modules:
+        plain = statistics.median(r["wall_s"] for r in modules)
+        result["modules_wall_s_all"] = [round(r["wall_s"], 3) for r in modules]
+        result["modules_output_tok_per_s"] = round(run0["output_tokens"] / plain, 1)
+        result["unrolled_speedup"] = round(plain / median, 3)  # modules' median time / the loop's
     print(json.dumps(result), flush=True)
     return 0
