@@ -28,6 +28,7 @@ from paged.models.base import CausalLM
 from paged.kernels.cpu import fused_ops
 from paged.models.config import ModelConfig
 from paged.models.layers import Embedding, Linear, MergedLinear, RotaryEmbedding, gelu_and_mul
+from paged.models.unrolled import UnrolledGemma, fused_kernels
 
 
 class GemmaRMSNorm(nn.Module):
@@ -170,6 +171,19 @@ class GemmaForCausalLM(CausalLM):
     def get_input_embeddings(self) -> nn.Embedding:
         """The token embedding module."""
         return self.model.embed_tokens
+
+    def unroll(self) -> UnrolledGemma | None:
+        """``GemmaModel.forward`` as one loop of kernel calls (``paged.models.unrolled``), where the kernels
+        allow it and every norm is a ``GemmaRMSNorm`` as defined here."""
+        ops = fused_kernels(self)
+        norms = [self.model.norm]
+        for layer in self.model.layers:
+            norms += [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                      layer.post_feedforward_layernorm]
+            norms += [n for n in (layer.self_attn.q_norm, layer.self_attn.k_norm) if n is not None]
+        if ops is None or any(type(n) is not GemmaRMSNorm or "forward" in vars(n) for n in norms):
+            return None
+        return UnrolledGemma(self, ops)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
         logits = self.lm_head(hidden)

@@ -25,6 +25,7 @@ from paged.models.attention import Attention, attention_options
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
 from paged.models.layers import Embedding, Linear, MergedLinear, RMSNorm, RotaryEmbedding, silu_and_mul
+from paged.models.unrolled import UnrolledLlama, fused_kernels
 
 
 class LlamaAttention(nn.Module):
@@ -148,11 +149,17 @@ class LlamaForCausalLM(CausalLM):
         """The token embedding module."""
         return self.model.embed_tokens
 
-    def unroll(self):
-        """``LlamaModel.forward`` as one loop of kernel calls (``paged.models.unrolled``), where it applies."""
-        from paged.models.unrolled import unroll
-
-        return unroll(self)
+    def unroll(self) -> UnrolledLlama | None:
+        """``LlamaModel.forward`` as one loop of kernel calls (``paged.models.unrolled``), where the kernels
+        allow it and the layers are the ones the loop stands for: ``RMSNorm``s, no per-head q/k norms (Qwen3)."""
+        ops = fused_kernels(self)
+        norms = [self.model.norm] + [n for layer in self.model.layers
+                                     for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        if ops is None or any(type(n) is not RMSNorm or "forward" in vars(n) for n in norms):
+            return None
+        if any(layer.self_attn.q_norm is not None for layer in self.model.layers):
+            return None
+        return UnrolledLlama(self, ops)
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):

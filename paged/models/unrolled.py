@@ -1,4 +1,4 @@
-"""The forward pass unrolled: a LLaMA-family model's kernel calls in one flat loop, chosen once.
+"""The forward pass unrolled: a model's kernel calls in one flat loop, chosen once (LLaMA family, Gemma).
 
 Serving a small model on a CPU, a forward pass of one new token spends a third of its time
 in Python rather than in kernels. Each of SmolLM2's 121 linear layers, 61 norms and 30
@@ -12,8 +12,8 @@ becomes the one kernel call its ``forward`` would make (``linear_call``), the no
 and SiLU-and-mul their fused ops, and a layer a tuple that one loop reads.
 
 The calls are the modules' own, with the same inputs in the same order, so the hidden states
-are the same bits (``tests/models/test_unrolled.py``). ``llama.py`` stays the code to read;
-this is its fast path, entered only by ``CausalLM.forward`` (the one seam), only under
+are the same bits (``tests/models/test_unrolled.py``). ``llama.py`` and ``gemma.py`` stay the
+code to read; this is their fast path, entered only by ``CausalLM.forward`` (the one seam), only under
 ``torch.inference_mode()`` and while no module has a hook; ``PAGED_UNROLLED=0`` turns it off.
 """
 
@@ -28,7 +28,7 @@ from torch import nn
 from paged.kernels import cpu as cpu_kernels
 from paged.models import layers, quantized
 from paged.models.attention import Attention, attention_options
-from paged.models.layers import SECOND_THREAD_BYTES, Linear, MergedLinear, RMSNorm
+from paged.models.layers import SECOND_THREAD_BYTES, Linear, MergedLinear, gelu_and_mul
 from paged.models.quantized import SECOND_THREAD_WEIGHTS, QuantizedLinear
 
 UNROLLED = os.environ.get("PAGED_UNROLLED", "1") != "0"  # False: every forward pass through the modules
@@ -66,16 +66,35 @@ def linear_call(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     return layer.forward
 
 
-class UnrolledLlama:
+class Unrolled:
+    """What every unrolled pass shares: where it may run (``applies``). A model's ``unroll`` builds its own
+    (``UnrolledLlama``, ``UnrolledGemma``), once its modules are ready to serve."""
+
+    def __init__(self, model: nn.Module, ops) -> None:
+        self.ops = ops
+        self.modules = list(model.modules())
+
+    def applies(self) -> bool:
+        """Whether a pass may take this loop: under inference mode with the fused ops on (the modules'
+        condition for them) and while no module has a forward hook (the loop calls no module, so it would
+        run none)."""
+        if not (torch.is_inference_mode_enabled() and cpu_kernels.FUSED_OPS):
+            return False
+        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+            return False
+        return not any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
+
+
+class UnrolledLlama(Unrolled):
     """``LlamaModel.forward`` (``llama.py``) for a model made ready to serve on a CPU, as one loop.
 
-    Built by ``unroll`` (None where it does not apply); called as the trunk is, ``(input_ids,
+    Built by ``LlamaForCausalLM.unroll`` where it applies; called as the trunk is, ``(input_ids,
     positions, attention) -> hidden``, by ``CausalLM.forward`` when ``applies()``.
     """
 
     def __init__(self, model: nn.Module, ops) -> None:
+        super().__init__(model, ops)
         trunk = model.model
-        self.ops = ops
         self.embed = trunk.embed_tokens.forward
         self.rotary = trunk.rotary_emb  # its cos/sin tables are read at every pass (reset_table may replace them)
         self.windowed = trunk.windowed
@@ -91,17 +110,6 @@ class UnrolledLlama:
                 layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
                 linear_call(mlp.gate_up_proj), linear_call(mlp.down_proj),
             ))
-        self.modules = list(model.modules())
-
-    def applies(self) -> bool:
-        """Whether a pass may take this loop: under inference mode with the fused ops on (the modules'
-        condition for them) and while no module has a forward hook (the loop calls no module, so it would
-        run none)."""
-        if not (torch.is_inference_mode_enabled() and cpu_kernels.FUSED_OPS):
-            return False
-        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
-            return False
-        return not any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
         ops, t = self.ops, input_ids.shape[0]
@@ -126,22 +134,62 @@ class UnrolledLlama:
         return ops.add_rms_norm(h, residual, *self.final)[0]
 
 
-def unroll(model: nn.Module) -> UnrolledLlama | None:
-    """The unrolled pass of a LLaMA-family ``model`` made ready to serve, or None where the loop would not
-    make the modules' calls: off the CPU, a dtype without fused ops (``paged.kernels.cpu``), no compiled
-    kernels, ``PAGED_FUSED_OPS=0`` or ``PAGED_UNROLLED=0``, per-head q/k norms (Qwen3), or norms that are
-    not ``RMSNorm``."""
+class UnrolledGemma(Unrolled):
+    """``GemmaModel.forward`` (``gemma.py``: Gemma 2 and 3) for a model made ready to serve on a CPU, as one
+    loop: four norms a layer (``gemma_rms_norm``, ``1 + w``; the two after the blocks add the residual),
+    Gemma 3's per-head q/k norms, each layer's own RoPE table, window and soft-cap."""
+
+    def __init__(self, model: nn.Module, ops) -> None:
+        super().__init__(model, ops)
+        trunk = model.model
+        self.embed = trunk.embed_tokens.forward
+        self.normalizer = trunk.normalizer
+        self.windowed = trunk.windowed
+        self.final = (trunk.norm.weight, trunk.norm.eps)
+        self.layers = []
+        for i, layer in enumerate(trunk.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            norm = lambda n: (n.weight, n.eps)  # noqa: E731
+            self.layers.append((
+                i, norm(layer.input_layernorm), linear_call(attn.qkv_proj), attn.qkv_proj.output_sizes,
+                attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                None if attn.q_norm is None else (norm(attn.q_norm), norm(attn.k_norm)),
+                attn.rotary[0], attn.scale, attn.window, attn.softcap, linear_call(attn.o_proj),
+                norm(layer.post_attention_layernorm), norm(layer.pre_feedforward_layernorm),
+                linear_call(mlp.gate_up_proj), linear_call(mlp.down_proj), norm(layer.post_feedforward_layernorm),
+            ))
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
+        ops, t = self.ops, input_ids.shape[0]
+        longest = int(positions.max()) + 1 if self.windowed and len(positions) else 0
+        h = self.embed(input_ids)
+        h = h * torch.tensor(self.normalizer, dtype=h.dtype)  # as GemmaModel.forward: the factor rounded first
+        for (i, (in_weight, in_eps), qkv_proj, sizes, heads, kv_heads, head_dim, qk_norms, rotary, scale, window,
+             softcap, o_proj, post_attn, pre_ff, gate_up_proj, down_proj, post_ff) in self.layers:
+            q, k, v = qkv_proj(ops.gemma_rms_norm(h, None, in_weight, in_eps)).split(sizes, dim=-1)
+            q = q.reshape(t, heads, head_dim)
+            k = k.reshape(t, kv_heads, head_dim)
+            if qk_norms is not None:  # Gemma 3: each head normalised, as GemmaRMSNorm.forward takes rows
+                (qw, qe), (kw, ke) = qk_norms
+                q = ops.gemma_rms_norm(q.reshape(-1, head_dim), None, qw, qe).view(q.shape)
+                k = ops.gemma_rms_norm(k.reshape(-1, head_dim), None, kw, ke).view(k.shape)
+            ops.rotary_(q, positions, rotary.cos, rotary.sin)  # in place, as RotaryEmbedding.forward on the CPU
+            ops.rotary_(k, positions, rotary.cos, rotary.sin)
+            out = attention(i, q, k, v.reshape(t, kv_heads, head_dim), scale,
+                            **attention_options(window, longest, softcap))
+            h = ops.gemma_rms_norm(o_proj(out.reshape(t, heads * head_dim)), h, *post_attn)
+            x = gate_up_proj(ops.gemma_rms_norm(h, None, *pre_ff))
+            h = ops.gemma_rms_norm(down_proj(gelu_and_mul(x)), h, *post_ff)
+        return ops.gemma_rms_norm(h, None, *self.final)
+
+
+def fused_kernels(model: nn.Module):
+    """The compiled CPU kernels, if ``model``'s pass may be unrolled at all: on the CPU, in a dtype with fused
+    ops (``paged.kernels.cpu``), with the fused ops on and ``PAGED_UNROLLED`` not ``0``; else None. The model's
+    ``unroll`` then checks that its modules are the ones its loop stands for."""
     if not (UNROLLED and cpu_kernels.FUSED_OPS):
         return None
-    ops = cpu_kernels.load()
-    weight = model.model.embed_tokens.weight
-    if ops is None or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+    weight = model.get_input_embeddings().weight
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
         return None
-    for layer in model.model.layers:
-        attn = layer.self_attn
-        norms = (layer.input_layernorm, layer.post_attention_layernorm)
-        if attn.q_norm is not None or any(type(n) is not RMSNorm or "forward" in vars(n) for n in norms):
-            return None
-    if type(model.model.norm) is not RMSNorm:
-        return None
-    return UnrolledLlama(model, ops)
+    return cpu_kernels.load()

@@ -4,9 +4,11 @@
 modules' kernel calls with the same inputs in the same order, so every test here asks for the
 same bits (``torch.equal``), not a tolerance:
 
-* tiny random LLaMA-family checkpoints (biases, a tied embedding, a sliding window, Phi-3's fused
-  projections), float32 and bfloat16, both batch-invariance modes: the hidden states of a packed
-  pass of three prompts and of decode steps after it, unrolled and through ``model.model``;
+* tiny random checkpoints of the LLaMA family (biases, a tied embedding, a sliding window, Phi-3's
+  fused projections) and of Gemma 2 (soft-capped scores, windows on alternate layers) and Gemma 3
+  (per-head q/k norms, the sliding layers' own RoPE table), float32 and bfloat16, both
+  batch-invariance modes: the hidden states of a packed pass of three prompts and of decode steps
+  after it, unrolled and through ``model.model``;
 * the default model (SmolLM2-135M, Q4_1 GGUF), dense with batch invariance off and
   ``quantization="gguf"`` with it on (the lanes kernel's call, which the mode off leaves to the
   layer): the engine's greedy tokens and their logprobs over a batch of prompts, with the loop and
@@ -33,7 +35,7 @@ PROMPT_LENS = (7, 1, 40)
 DECODE_STEPS = 3
 
 
-@pytest.fixture(scope="module", params=["llama", "llama_tied_bias", "mistral", "qwen2", "phi3"])
+@pytest.fixture(scope="module", params=["llama", "llama_tied_bias", "mistral", "qwen2", "phi3", "gemma2", "gemma3"])
 def checkpoint(request, tmp_path_factory):
     kind = request.param
     hf = build_hf_model(kind, **({"sliding_window": 8} if kind == "mistral" else {})).float()
