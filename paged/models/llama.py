@@ -151,13 +151,13 @@ class LlamaForCausalLM(CausalLM):
 
     def unroll(self) -> UnrolledLlama | None:
         """``LlamaModel.forward`` as one loop of kernel calls (``paged.models.unrolled``), where the kernels
-        allow it and the layers are the ones the loop stands for: ``RMSNorm``s, no per-head q/k norms (Qwen3)."""
+        allow it and every norm is an ``RMSNorm`` as ``layers.py`` defines it."""
         ops = fused_kernels(self)
-        norms = [self.model.norm] + [n for layer in self.model.layers
-                                     for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        norms = [self.model.norm]
+        for layer in self.model.layers:
+            norms += [layer.input_layernorm, layer.post_attention_layernorm]
+            norms += [n for n in (layer.self_attn.q_norm, layer.self_attn.k_norm) if n is not None]
         if ops is None or any(type(n) is not RMSNorm or "forward" in vars(n) for n in norms):
-            return None
-        if any(layer.self_attn.q_norm is not None for layer in self.model.layers):
             return None
         return UnrolledLlama(self, ops)
 

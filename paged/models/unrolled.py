@@ -86,7 +86,8 @@ class Unrolled:
 
 
 class UnrolledLlama(Unrolled):
-    """``LlamaModel.forward`` (``llama.py``) for a model made ready to serve on a CPU, as one loop.
+    """``LlamaModel.forward`` (``llama.py``: Llama, Mistral, Qwen2, Qwen3, Phi-3) for a model made ready to
+    serve on a CPU, as one loop.
 
     Built by ``LlamaForCausalLM.unroll`` where it applies; called as the trunk is, ``(input_ids,
     positions, attention) -> hidden``, by ``CausalLM.forward`` when ``applies()``.
@@ -102,10 +103,12 @@ class UnrolledLlama(Unrolled):
         self.layers = []
         for i, layer in enumerate(trunk.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            qk_norms = None if attn.q_norm is None else ((attn.q_norm.weight, attn.q_norm.eps),
+                                                         (attn.k_norm.weight, attn.k_norm.eps))
             self.layers.append((
                 i, layer.input_layernorm.weight, layer.input_layernorm.eps,
                 linear_call(attn.qkv_proj), attn.qkv_proj.output_sizes,
-                attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale, attn.window,
+                attn.num_heads, attn.num_kv_heads, attn.head_dim, qk_norms, attn.scale, attn.window,
                 linear_call(attn.o_proj),
                 layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
                 linear_call(mlp.gate_up_proj), linear_call(mlp.down_proj),
@@ -116,7 +119,7 @@ class UnrolledLlama(Unrolled):
         cos, sin = self.rotary.cos, self.rotary.sin
         longest = int(positions.max()) + 1 if self.windowed and len(positions) else 0
         h, residual = self.embed(input_ids), None
-        for (i, in_weight, in_eps, qkv_proj, sizes, heads, kv_heads, head_dim, scale, window, o_proj,
+        for (i, in_weight, in_eps, qkv_proj, sizes, heads, kv_heads, head_dim, qk_norms, scale, window, o_proj,
              post_weight, post_eps, gate_up_proj, down_proj) in self.layers:
             if residual is None:  # layer 0: the norm of the embedding, which is the residual stream
                 x, residual = ops.add_rms_norm(h, None, in_weight, in_eps)[0], h
@@ -125,6 +128,10 @@ class UnrolledLlama(Unrolled):
             q, k, v = qkv_proj(x).split(sizes, dim=-1)
             q = q.reshape(t, heads, head_dim)
             k = k.reshape(t, kv_heads, head_dim)
+            if qk_norms is not None:  # Qwen3: each head normalised, as RMSNorm.forward takes rows
+                (qw, qe), (kw, ke) = qk_norms
+                q = ops.add_rms_norm(q.reshape(-1, head_dim), None, qw, qe)[0].view(q.shape)
+                k = ops.add_rms_norm(k.reshape(-1, head_dim), None, kw, ke)[0].view(k.shape)
             ops.rotary_(q, positions, cos, sin)  # in place, as RotaryEmbedding.forward on the CPU
             ops.rotary_(k, positions, cos, sin)
             out = attention(i, q, k, v.view(t, kv_heads, head_dim), scale,
