@@ -146,3 +146,15 @@ def test_iteration_figure_text_is_what_a_run_draws_today():
     committed = (TOOLS.parent / "docs" / "figures" / "step03_iterations.txt").read_text()
     assert committed == iteration_figure.render_text(record_runs.run_step03(record_runs.demo_model())), (
         "regenerate with: make iteration-figure")
+
+
+def test_docs_check_pictures_a_long_page_in_tiles_to_its_end(tmp_path):
+    """Exact: a page up to the limit is one image; a taller one is cut into images of at most the limit, one
+    below the other, the last ending at the page's end (nothing below 16 000 px is left unseen)."""
+    import docs_check  # noqa: E402  (tools/ is on the path above)
+    limit, shot = docs_check.MAX_SCREENSHOT_HEIGHT, tmp_path / "benchmarks.png"
+    assert docs_check.screenshot_tiles(shot, 8000) == [(shot, 0, 8000)]
+    assert docs_check.screenshot_tiles(shot, limit) == [(shot, 0, limit)]
+    tiles = docs_check.screenshot_tiles(shot, 2 * limit + 500)
+    assert [(p.name, top, h) for p, top, h in tiles] == [
+        ("benchmarks.png", 0, limit), ("benchmarks.2.png", limit, limit), ("benchmarks.3.png", 2 * limit, 500)]

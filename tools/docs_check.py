@@ -22,7 +22,8 @@ Each page's height at 1280 px wide is in the report (a learner page should stay
 under about 8 000 px).
 
 It writes one full-page screenshot per page (but the ``source/`` pages of repository
-files, each one code block) and ``report.txt`` into the output
+files, each one code block; a page taller than ``MAX_SCREENSHOT_HEIGHT`` in several,
+``name.png``, ``name.2.png``, ...: ``screenshot_tiles``) and ``report.txt`` into the output
 folder, prints the report, and exits 1 if any page has a problem. Chromium is
 driven through its DevTools protocol over a websocket (``websocket-client``).
 """
@@ -188,11 +189,22 @@ def check_page(tab: DevTools, url: str, screenshot: Path | None) -> tuple[list[s
               f"indented < 4 spaces?): {text!r}" for text in probe["swallowed"]]
     if screenshot is None:
         return found, probe["height"]
-    height = min(probe["height"], MAX_SCREENSHOT_HEIGHT)
-    shot = tab.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                    clip={"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1})
-    screenshot.write_bytes(base64.b64decode(shot["data"]))
+    for path, top, height in screenshot_tiles(screenshot, probe["height"]):
+        shot = tab.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                        clip={"x": 0, "y": top, "width": 1280, "height": height, "scale": 1})
+        path.write_bytes(base64.b64decode(shot["data"]))
     return found, probe["height"]
+
+
+def screenshot_tiles(screenshot: Path, page_height: int) -> list[tuple[Path, int, int]]:
+    """``(file, top, height)`` of each image of a page ``page_height`` px tall: one image up to
+    ``MAX_SCREENSHOT_HEIGHT``, below that the next (``name.2.png``, ``name.3.png``, ...), so the end of
+    a long page is looked at too."""
+    tiles = []
+    for part, top in enumerate(range(0, max(1, page_height), MAX_SCREENSHOT_HEIGHT)):
+        path = screenshot if part == 0 else screenshot.with_name(f"{screenshot.stem}.{part + 1}{screenshot.suffix}")
+        tiles.append((path, top, min(MAX_SCREENSHOT_HEIGHT, page_height - top) if page_height > 0 else 1))
+    return tiles
 
 
 def main(site: str = "site", out: str = "build/docs-check") -> int:
