@@ -8,6 +8,7 @@ output length (greedy, ignore_eos), and the JSON line reports what it says.
 """
 
 import json
+import statistics
 
 import pytest
 
@@ -50,4 +51,8 @@ def test_bench_engine_compares_the_unrolled_pass_with_the_modules_in_one_process
     assert bench_main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["unrolled"] is True and len(result["modules_wall_s_all"]) == len(result["wall_s_all"]) == 2
-    assert result["modules_output_tok_per_s"] > 0 and result["unrolled_speedup"] > 0
+    assert result["modules_output_tok_per_s"] > 0
+    # the ratio of the two medians, within what rounding allows: the times are printed to 0.5 ms, the ratio
+    # to 0.0005, and it is computed from the unrounded times
+    plain, loop, half = statistics.median(result["modules_wall_s_all"]), statistics.median(result["wall_s_all"]), 5e-4
+    assert (plain - half) / (loop + half) - half <= result["unrolled_speedup"] <= (plain + half) / (loop - half) + half

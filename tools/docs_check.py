@@ -200,11 +200,10 @@ def screenshot_tiles(screenshot: Path, page_height: int) -> list[tuple[Path, int
     """``(file, top, height)`` of each image of a page ``page_height`` px tall: one image up to
     ``MAX_SCREENSHOT_HEIGHT``, below that the next (``name.2.png``, ``name.3.png``, ...), so the end of
     a long page is looked at too."""
-    tiles = []
-    for part, top in enumerate(range(0, max(1, page_height), MAX_SCREENSHOT_HEIGHT)):
-        path = screenshot if part == 0 else screenshot.with_name(f"{screenshot.stem}.{part + 1}{screenshot.suffix}")
-        tiles.append((path, top, min(MAX_SCREENSHOT_HEIGHT, page_height - top) if page_height > 0 else 1))
-    return tiles
+    height = max(page_height, 1)  # an empty page is still one (1 px) image
+    return [(screenshot if part == 0 else screenshot.with_name(f"{screenshot.stem}.{part + 1}{screenshot.suffix}"),
+             top, min(MAX_SCREENSHOT_HEIGHT, height - top))
+            for part, top in enumerate(range(0, height, MAX_SCREENSHOT_HEIGHT))]
 
 
 def main(site: str = "site", out: str = "build/docs-check") -> int:

@@ -199,7 +199,7 @@ def run(args) -> int:
         "batch_invariant": llm.engine.batch_invariant,
         "long_prefill_token_threshold": getattr(llm.engine, "long_prefill_token_threshold", None),
         "fused_ops": FUSED_OPS,
-        "unrolled": llm.model.model.unrolled is not None,  # the forward pass as one loop (paged/models/unrolled.py)
+        "unrolled": model.unrolled is not None,  # the forward pass as one loop (paged/models/unrolled.py)
         "cpu": _cpu_model(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),

@@ -28,7 +28,7 @@ from paged.models.base import CausalLM
 from paged.kernels.cpu import fused_ops
 from paged.models.config import ModelConfig
 from paged.models.layers import Embedding, Linear, MergedLinear, RotaryEmbedding, gelu_and_mul
-from paged.models.unrolled import UnrolledGemma, fused_kernels
+from paged.models.unrolled import UnrolledGemma, fused_kernels, plain
 
 
 class GemmaRMSNorm(nn.Module):
@@ -181,7 +181,7 @@ class GemmaForCausalLM(CausalLM):
             norms += [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
                       layer.post_feedforward_layernorm]
             norms += [n for n in (layer.self_attn.q_norm, layer.self_attn.k_norm) if n is not None]
-        if ops is None or any(type(n) is not GemmaRMSNorm or "forward" in vars(n) for n in norms):
+        if ops is None or not plain(norms, GemmaRMSNorm):
             return None
         return UnrolledGemma(self, ops)
 

@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import sys
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +121,21 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         return gemm(self, x, self.bias)
+
+    def kernel_call(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The one call ``forward`` makes for every ``x``, bound now, where ``gemm``'s choice does not depend
+        on ``x``'s row count: the pair order or the fixed order at any row count. None otherwise (the stock
+        GEMM, a lone row padded, the fixed order up to some rows). Read by the unrolled pass
+        (``paged.models.unrolled``) after ``prepare_for_serving`` made the choices."""
+        kernels = load_cpu_kernels()
+        if not self.fixed_order or self.fixed_order_rows is not None or kernels is None:
+            return None
+        n, bias = self.weight.shape[0], self.bias
+        if self.pair_weight is not None:
+            pairs, pair_linear = self.pair_weight, kernels.pair_order_linear
+            return lambda x: pair_linear(x, pairs, n, bias, SECOND_THREAD_BYTES)
+        weight, fixed_linear = self.weight, kernels.fixed_order_linear
+        return lambda x: fixed_linear(x, weight, bias, SECOND_THREAD_BYTES)
 
 
 class MergedLinear(Linear):

@@ -25,7 +25,7 @@ from paged.models.attention import Attention, attention_options
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
 from paged.models.layers import Embedding, Linear, MergedLinear, RMSNorm, RotaryEmbedding, silu_and_mul
-from paged.models.unrolled import UnrolledLlama, fused_kernels
+from paged.models.unrolled import UnrolledLlama, fused_kernels, plain
 
 
 class LlamaAttention(nn.Module):
@@ -157,7 +157,7 @@ class LlamaForCausalLM(CausalLM):
         for layer in self.model.layers:
             norms += [layer.input_layernorm, layer.post_attention_layernorm]
             norms += [n for n in (layer.self_attn.q_norm, layer.self_attn.k_norm) if n is not None]
-        if ops is None or any(type(n) is not RMSNorm or "forward" in vars(n) for n in norms):
+        if ops is None or not plain(norms, RMSNorm):
             return None
         return UnrolledLlama(self, ops)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -222,6 +223,18 @@ class QuantizedLinear(nn.Module):
                                         SECOND_THREAD_WEIGHTS)
         weight = dequantize_blocks(self.row_blocks(), self.kind, self.out_features, self.in_features).to(x.device)
         return torch.nn.functional.linear(quantize_activations(x), weight).to(x.dtype)
+
+    def kernel_call(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The one call ``forward`` makes for every 2-D CPU ``x`` in float32 or bfloat16, bound now, once the
+        layer always takes the lanes kernel (its blocks laid out in lanes, no dense layer for many rows);
+        None otherwise. Read by the unrolled pass (``paged.models.unrolled``)."""
+        kernels = load_cpu_kernels()
+        if self.lane_blocks is None or self.dense_rows is not None or kernels is None:
+            return None
+        lanes, kind, n, k, lanes_linear = (self.lane_blocks, self.kind, self.out_features, self.in_features,
+                                           kernels.quant_linear_lanes)
+        return lambda x: lanes_linear(x if x.stride(-1) == 1 else x.contiguous(), lanes, kind, n, k,
+                                      SECOND_THREAD_WEIGHTS)
 
     def row_blocks(self) -> torch.Tensor:
         """The blocks in the row layout (``pack_blocks``'): ``blocks``, or, once the lanes replaced them,

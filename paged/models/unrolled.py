@@ -26,44 +26,27 @@ import torch
 from torch import nn
 
 from paged.kernels import cpu as cpu_kernels
-from paged.models import layers, quantized
 from paged.models.attention import Attention, attention_options
-from paged.models.layers import SECOND_THREAD_BYTES, Linear, MergedLinear, gelu_and_mul
-from paged.models.quantized import SECOND_THREAD_WEIGHTS, QuantizedLinear
+from paged.models.layers import Linear, gelu_and_mul
+from paged.models.quantized import QuantizedLinear
 
 UNROLLED = os.environ.get("PAGED_UNROLLED", "1") != "0"  # False: every forward pass through the modules
 
 
 def linear_call(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """What ``layer(x)`` computes for a 2-D CPU ``x`` in the model's dtype, as the call its ``forward``
-    would choose, chosen now (after ``prepare_for_serving``, whose choices it reads):
+    """What ``layer(x)`` computes, as one call chosen now (after ``prepare_for_serving``): a ``Linear``'s or a
+    ``QuantizedLinear``'s ``kernel_call`` where the layer has one (the kernel its ``forward`` takes at
+    every row count); else the module's own ``forward``, minus ``nn.Module.__call__`` (a oneDNN-packed
+    weight, a lone row padded to two, a tensor-parallel shard, a subclass or an instance with a
+    ``forward`` of its own)."""
+    own = type(layer).forward in (Linear.forward, QuantizedLinear.forward) and "forward" not in vars(layer)
+    return (layer.kernel_call() if own else None) or layer.forward
 
-    * a ``QuantizedLinear`` in the lanes layout that never hands rows to a dense layer: the lanes kernel;
-    * a dense ``Linear`` whose every call takes the pair order or the fixed order (``layers.gemm``):
-      that kernel;
-    * anything else (a oneDNN-packed weight, a lone row padded to two, a tensor-parallel shard, a
-      ``forward`` replaced on the instance): the module's own ``forward``, minus ``nn.Module.__call__``.
-    """
-    if "forward" in vars(layer):
-        return layer.forward
-    # the kernels by the lookup the module's forward makes (its module's load_cpu_kernels)
-    if type(layer) is QuantizedLinear and layer.lane_blocks is not None and layer.dense_rows is None:
-        kernels = quantized.load_cpu_kernels()
-        if kernels is None:
-            return layer.forward
-        lanes, kind, n, k = layer.lane_blocks, layer.kind, layer.out_features, layer.in_features
-        lanes_linear = kernels.quant_linear_lanes
-        return lambda x: lanes_linear(x if x.stride(-1) == 1 else x.contiguous(), lanes, kind, n, k,
-                                      SECOND_THREAD_WEIGHTS)
-    if type(layer) in (Linear, MergedLinear) and layer.fixed_order and layer.fixed_order_rows is None:
-        kernels = layers.load_cpu_kernels()
-        n, bias = layer.weight.shape[0], layer.bias
-        if layer.pair_weight is not None:
-            pairs, pair_linear = layer.pair_weight, kernels.pair_order_linear
-            return lambda x: pair_linear(x, pairs, n, bias, SECOND_THREAD_BYTES)
-        weight, fixed_linear = layer.weight, kernels.fixed_order_linear
-        return lambda x: fixed_linear(x, weight, bias, SECOND_THREAD_BYTES)
-    return layer.forward
+
+def plain(modules: list[nn.Module], cls: type) -> bool:
+    """Whether every module is exactly a ``cls`` with that class's ``forward``: what a model's loop repeats
+    (its ``unroll`` asks it of its norms)."""
+    return all(type(m) is cls and "forward" not in vars(m) for m in modules)
 
 
 class Unrolled:
@@ -156,9 +139,12 @@ class UnrolledGemma(Unrolled):
         self.windowed = trunk.windowed
         self.final = (trunk.norm.weight, trunk.norm.eps)
         self.layers = []
+
+        def norm(n):
+            return n.weight, n.eps
+
         for i, layer in enumerate(trunk.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            norm = lambda n: (n.weight, n.eps)  # noqa: E731
             self.layers.append((
                 i, norm(layer.input_layernorm), linear_call(attn.qkv_proj), attn.qkv_proj.output_sizes,
                 attn.num_heads, attn.num_kv_heads, attn.head_dim,
