@@ -6,8 +6,9 @@ OpenAI publishes its API as one OpenAPI 3.1 document (the ``openai-openapi``
 repository). This script runs the server in-process on the demo model, sends
 one request of each kind the new endpoints answer — chat with forced tool
 calls (whole and streamed, every chunk), ``/v1/responses`` with text, with a
-JSON schema and with tool calls (whole and streamed, every event), the model
-list — and validates each answer against the document's own schema for it
+JSON schema and with tool calls (whole and streamed, every event), a
+background response (queued, polled, its stream again, one cancelled), the
+model list — and validates each answer against the document's own schema for it
 (``CreateChatCompletionResponse``, ``CreateChatCompletionStreamResponse``,
 ``Response``, ``ResponseStreamEvent``, ``ListModelsResponse``) with
 ``jsonschema`` (JSON Schema 2020-12, which OpenAPI 3.1 schemas are). It prints
@@ -80,10 +81,22 @@ def answers():
             yield "Response", c.post("/v1/responses", json=body).json()
             for event in events(c, "/v1/responses", {**body, "stream": True}):
                 yield "ResponseStreamEvent", event
+        # a background response: queued, polled to its end, its stream again; and one cancelled
+        body = {"input": "def f():", "max_output_tokens": 12, "background": True}
+        queued = c.post("/v1/responses", json=body).json()
+        yield "Response", queued
+        while (polled := c.get(f"/v1/responses/{queued['id']}").json())["status"] in ("queued", "in_progress"):
+            yield "Response", polled
+        yield "Response", polled
+        for event in events(c, f"/v1/responses/{queued['id']}?stream=true", None):
+            yield "ResponseStreamEvent", event
+        running = c.post("/v1/responses", json={**body, "max_output_tokens": 500}).json()
+        yield "Response", c.post(f"/v1/responses/{running['id']}/cancel", json={}).json()
 
 
-def events(c, path: str, body: dict) -> list[dict]:
-    text = c.post(path, json=body).text
+def events(c, path: str, body: dict | None) -> list[dict]:
+    """A stream's events: ``POST`` with ``body``, else ``GET``."""
+    text = (c.post(path, json=body) if body is not None else c.get(path)).text
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 

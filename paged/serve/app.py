@@ -7,7 +7,8 @@ them:
 =========================================  ======================================================
 ``POST /v1/completions``                   ``completions.py``
 ``POST /v1/chat/completions``              ``chat.py``
-``POST /v1/responses``, ``GET /v1/...``    ``responses.py`` (OpenAI's Responses API, over the chat path)
+``POST /v1/responses``, ``GET /v1/...``    ``responses.py`` (OpenAI's Responses API, over the chat path;
+                                           ``response_store.py``: what it keeps, background ones)
 ``GET /v1/models``, ``/v1/models/{name}``  ``models.py``
 ``POST /tokenize``, ``/detokenize``,       ``tokenize.py``
 ``GET /tokenizer_info``
@@ -35,6 +36,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI
 
 from paged.serve import chat, completions, health, index, kv_view, metrics, models, responses, tokenize
+from paged.serve.response_store import ResponseStore
 from paged.serve.async_engine import AsyncEngine
 from paged.serve.errors import install_handlers
 from paged.serve.generation import Generator
@@ -83,6 +85,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     async def lifespan(app):
         engine.start()
         yield
+        await app.state.response_store.close()  # background responses still running are cancelled
         engine.shutdown()
         work.shutdown()
 
@@ -97,7 +100,7 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     models.install(app, served)
     completions.install(app, served, generator)
     chat.install(app, served, generator)
-    app.state.response_store = responses.ResponseStore(served.options.response_store)
+    app.state.response_store = ResponseStore(served.options.response_store)
     responses.install(app, served, generator, app.state.response_store)
     metrics.install(app, server_metrics)
     tokenize.install(app, served)  # /tokenize, /detokenize, /tokenizer_info (vLLM's)

@@ -211,7 +211,8 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--max-logprobs", type=int, default=DEFAULT_MAX_LOGPROBS, help=f"the most logprobs a request "
                    f"may ask for (default {DEFAULT_MAX_LOGPROBS})")
     a.add_argument("--response-store", type=int, default=DEFAULT_RESPONSE_STORE, metavar="N",
-                   help=f"responses /v1/responses keeps for previous_response_id (default {DEFAULT_RESPONSE_STORE})")
+                   help=f"responses /v1/responses keeps for previous_response_id (default {DEFAULT_RESPONSE_STORE}); as many "
+                        "may run in the background, a quarter of them one client's")
     a.add_argument("--disable-fastapi-docs", action="store_true", help="serve no /docs page and no /openapi.json")
     a.add_argument("--root-path", default="", help="the path prefix a proxy serves this server under")
     a.add_argument("--allowed-origins", type=_json_list, metavar="JSON", help="CORS: origins that may read "

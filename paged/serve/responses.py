@@ -1,5 +1,5 @@
-"""``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``: OpenAI's
-Responses API over the chat path.
+"""``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, ``POST
+/v1/responses/{id}/cancel``: OpenAI's Responses API over the chat path.
 
 A Responses request is a chat request in other clothes: ``responses_protocol``
 turns it into one (instructions, the previous response's conversation, the
@@ -17,15 +17,16 @@ responses it gave (in memory, for its lifetime, or until ``DELETE
 each with its conversation (without its instructions, as OpenAI's API does),
 so a client can send only the new input, and the items its request gave
 (``input_items``, a page at a time). An id the server no longer keeps is a
-404 naming the field.
+404 naming the field. ``background: true``: the response runs with no
+connection held, polled, streamed again from any event, or cancelled
+(``response_store.py``).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections import OrderedDict
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from fastapi import Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -39,7 +40,9 @@ from paged.serve.extensions import BUILT_HERE
 from paged.serve.openapi import error_responses, request_body
 from paged.serve.responses_protocol import (EXPECTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
                                             ResponsesRequest)
-from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, FunctionCallOut,
+from paged.serve.generation import client_address
+from paged.serve.response_store import RUNNING, Background, ResponseStore, event_text
+from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, ErrorInfo, FunctionCallOut,
                                            FunctionCallOutputOut, IncompleteDetails, InputItemOut, InputMessage,
                                            InputText, InputTokensDetails, ItemEvent, MessageOut, OutputText,
                                            OutputTokensDetails, PartEvent, ReasoningDeltaEvent, ReasoningDoneEvent,
@@ -47,49 +50,6 @@ from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEve
                                            ResponseItemList, ResponseObject, ResponseUsage, TextDeltaEvent,
                                            TextDoneEvent)
 from paged.serve.schemas import ErrorResponse
-
-MAX_STORED_CHARS = 64 * 2**20  # the store's conversations together, as JSON text: the oldest go first past it
-
-
-class Kept(NamedTuple):
-    """A response the server keeps: itself, the conversation it ends (chat messages, for a follow-up) and the
-    items its request gave (for ``input_items``); ``size``: the two, as text."""
-
-    response: ResponseObject
-    conversation: list[dict]
-    inputs: list[InputItemOut]
-    size: int
-
-
-class ResponseStore:
-    """The newest responses and their conversations, bounded in count and in size (oldest evicted first)."""
-
-    def __init__(self, capacity: int, max_chars: int = MAX_STORED_CHARS) -> None:
-        self.capacity, self.max_chars = capacity, max_chars
-        self.entries: OrderedDict[str, Kept] = OrderedDict()
-        self.chars = 0
-
-    def put(self, response: ResponseObject, conversation: list[dict], inputs: list[InputItemOut]) -> None:
-        size = len(str(conversation)) + sum(len(str(item)) for item in inputs)
-        if self.capacity == 0 or size > self.max_chars:
-            return
-        self.entries[response.id] = Kept(response, conversation, inputs, size)
-        self.chars += size
-        while len(self.entries) > self.capacity or self.chars > self.max_chars:
-            self.chars -= self.entries.popitem(last=False)[1].size
-
-    def get(self, response_id: str, param: str = "previous_response_id") -> Kept:
-        if response_id not in self.entries:
-            raise APIError(f"response {response_id[:80]!r} is not kept by this server (it keeps the newest "
-                           f"{self.capacity} it gave, with store not false, since it started, until deleted)", 404,
-                           param=param, code="not_found")
-        return self.entries[response_id]
-
-    def delete(self, response_id: str) -> None:
-        """Forget a response and its conversation (a 404, as ``get``, if it is not kept)."""
-        self.get(response_id, param="response_id")
-        self.chars -= self.entries.pop(response_id).size
-
 
 def input_items(req: ResponsesRequest) -> list[InputItemOut]:
     """The items ``req.input`` gave, as OpenAI lists them: each with its id (the client's, else a new one),
@@ -147,6 +107,9 @@ class ResponseBuilder:
         self.open: object | None = None  # the item text goes into now
         self.calls: dict[int, FunctionCallOut] = {}
         self.seq = 0
+        self.status = "queued" if req.background else "in_progress"  # the response's, as it stands
+        self.error: ErrorInfo | None = None
+        self.usage: ResponseUsage | None = None
 
     def _event(self, cls, **fields):
         event = cls(sequence_number=self.seq, **fields)
@@ -154,9 +117,30 @@ class ResponseBuilder:
         return event
 
     def start(self) -> list:
-        snapshot = self.response("in_progress")
+        """The first two events: ``response.created`` and ``response.in_progress`` (a background response's:
+        ``response.created`` and ``response.queued``; its ``progress`` comes at its first token)."""
+        snapshot = self.response(self.status)
         return [self._event(ResponseEvent, type=t, response=snapshot) for t in ("response.created",
-                                                                              "response.in_progress")]
+                                                                              f"response.{self.status}")]
+
+    def progress(self) -> list:
+        """A queued response's ``response.in_progress``, once the engine has begun it (else nothing)."""
+        if self.status != "queued":
+            return []
+        self.status = "in_progress"
+        return [self._event(ResponseEvent, type="response.in_progress", response=self.response(self.status))]
+
+    def fail(self, message: str) -> list:
+        """The response failed (the engine's error, ``message``): ``response.failed``, with its ``error``."""
+        self._close()
+        self.status, self.error = "failed", ErrorInfo(code="server_error", message=message)
+        return [self._event(ResponseEvent, type="response.failed", response=self.response(self.status))]
+
+    def cancel(self) -> None:
+        """The response was cancelled: what it said so far stays, the item it was writing ``incomplete``."""
+        if self.open is not None and self.open.status == "in_progress":
+            self.open.status = "incomplete"
+        self.open, self.status = None, "cancelled"
 
     def _close(self) -> list:
         item, self.open = self.open, None
@@ -222,25 +206,27 @@ class ResponseBuilder:
     def finish(self, reason: str | None, usage: ResponseUsage | None) -> tuple[list, ResponseObject]:
         """Close the open item; the last event and the Response (``incomplete`` when cut by length)."""
         events = self._close()
-        status = "incomplete" if reason == "length" else "completed"
-        final = self.response(status, usage)
+        status = self.status = "incomplete" if reason == "length" else "completed"
+        self.usage = usage
+        final = self.response(status)
         return events + [self._event(ResponseEvent, type=f"response.{status}", response=final)], final
 
-    def response(self, status: str, usage: ResponseUsage | None = None) -> ResponseObject:
+    def response(self, status: str) -> ResponseObject:
+        """The Response as it stands at ``status`` (its output once it is no longer queued or in progress)."""
         req = self.req
         tools = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
                   "strict": t.strict} for t in req.function_tools()]
         choice = req.tool_choice
         fmt = req.text.format.model_dump(exclude_none=True, by_alias=True) if req.text and req.text.format else None
         return ResponseObject(
-            id=self.id, created_at=self.created, status=status, model=self.model,
-            output=[i.model_copy(deep=True) for i in self.items] if status != "in_progress" else [],
+            id=self.id, created_at=self.created, status=status, background=req.background, error=self.error,
+            model=self.model, output=[i.model_copy(deep=True) for i in self.items] if status not in RUNNING else [],
             incomplete_details=IncompleteDetails() if status == "incomplete" else None,
             instructions=req.instructions, max_output_tokens=req.max_output_tokens,
             parallel_tool_calls=req.parallel_tool_calls is not False, previous_response_id=req.previous_response_id,
             store=req.store, temperature=req.temperature, top_p=req.top_p, tools=tools,
             tool_choice=(choice.model_dump() if hasattr(choice, "model_dump") else choice) or "auto",
-            text={"format": fmt or {"type": "text"}}, usage=usage)
+            text={"format": fmt or {"type": "text"}}, usage=self.usage)
 
     def output_message(self) -> dict:
         """The reply as the assistant message the next response's conversation holds."""
@@ -292,17 +278,19 @@ def as_chat(req: ResponsesRequest, conversation: list[dict]) -> tuple[dict, Chat
     return body, ChatCompletionRequest.model_validate(body, context=BUILT_HERE)
 
 
-def sse(event) -> str:
-    return f"event: {event.type}\n{streaming.sse(event)}"
-
-
 def install(app, served, generator, store: ResponseStore) -> None:
-    """Add ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{response_id}`` and ``GET
-    /v1/responses/{response_id}/input_items`` to ``app``."""
+    """Add ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{response_id}``, ``GET
+    /v1/responses/{response_id}/input_items`` and ``POST /v1/responses/{response_id}/cancel`` to ``app``."""
     errors = error_responses(400, 401, 413, 415, 421, 500, _404="the model, or previous_response_id, is not here",
+                             _429="background: too many background responses are running",
                              _503="the engine failed, or the server is stopping")
     stream_doc = {"text/event-stream": {"schema": {"type": "object", "properties": {"event": {"type": "string"},
                                                                                     "data": {"type": "string"}}}}}
+    not_kept = "not kept (the newest --response-store are)"
+
+    def event_stream(texts) -> StreamingResponse:
+        return StreamingResponse(texts, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.post("/v1/responses", tags=["OpenAI API"], summary="Create a response (OpenAI's Responses API)",
               response_model=None, openapi_extra=request_body(ResponsesRequest),
@@ -310,7 +298,12 @@ def install(app, served, generator, store: ResponseStore) -> None:
                                "description": "the response; with stream: true, its events"}, **errors})
     async def create(raw: Request):
         req = await parse_body(raw, ResponsesRequest, served.work, EXPECTED)
-        conversation = store.get(req.previous_response_id).conversation if req.previous_response_id else []
+        if req.background and not req.store:
+            raise APIError("background: true needs store: true (a background response is fetched later, so the "
+                           "server keeps it)", param="background", code="invalid_value")
+        conversation = store.conversation(req.previous_response_id) if req.previous_response_id else []
+        if req.background:
+            store.admit(client_address(raw))
         builder = ResponseBuilder(req, served.name)
         try:
             items = len(conversation) + (len(req.input) if isinstance(req.input, list) else 1)
@@ -322,10 +315,19 @@ def install(app, served, generator, store: ResponseStore) -> None:
             raise in_responses_terms(e) from None
         history = body["messages"][1:] if req.instructions else body["messages"]
         inputs = await served.work.run(items, input_items, req) if req.store else []
+        if req.background:
+            try:  # again: another may have taken the room while this one was checked (then nothing is kept)
+                store.admit(client_address(raw))
+            except APIError:
+                run.abort_unfinished({})
+                raise
+            job = Background(builder, client_address(raw), history, inputs, abort=lambda: run.abort_unfinished({}))
+            store.start(job, response_events(run, builder, served))
+            if req.stream:
+                return event_stream(job.follow(None))
+            return Response(job.response().model_dump_json(), media_type="application/json")
         if req.stream:
-            return StreamingResponse(events(run, builder, served, store, history, inputs),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return event_stream(streamed(run, builder, served, store, history, inputs))
         try:
             finals = await generator.collect(run, raw)
         except APIError as e:  # the request failed while it ran
@@ -343,13 +345,22 @@ def install(app, served, generator, store: ResponseStore) -> None:
         return Response(final.model_dump_json(), media_type="application/json")
 
     @app.get("/v1/responses/{response_id}", tags=["OpenAI API"], summary="A response this server keeps",
-             responses=error_responses(401, _404="not kept (the newest --response-store are)"))
-    async def retrieve(response_id: str) -> ResponseObject:
-        return store.get(response_id, param="response_id").response
+             response_model=ResponseObject,
+             responses={200: {"content": stream_doc, "description": "the response; with stream=true (a background "
+                              "response), its events"}, **error_responses(400, 401, _404=not_kept)})
+    async def retrieve(
+            response_id: str,
+            stream: bool = Query(False, description="a background response's events, as it runs or as it ran"),
+            starting_after: int | None = Query(None, ge=0, description="with stream: the events after this "
+                                               "sequence_number (a dropped stream's last)"),
+    ):
+        if stream:
+            return event_stream(store.follow(response_id, starting_after))
+        return store.response(response_id)
 
     @app.get("/v1/responses/{response_id}/input_items", tags=["OpenAI API"],
              summary="The items a kept response was given (its input), a page at a time",
-             responses=error_responses(400, 401, _404="not kept (the newest --response-store are)"))
+             responses=error_responses(400, 401, _404=not_kept))
     async def list_input_items(
             response_id: str,
             limit: int = Query(20, ge=1, le=100, description="items on the page"),
@@ -358,34 +369,43 @@ def install(app, served, generator, store: ResponseStore) -> None:
             before: str | None = Query(None, description="the page ends before this item id"),
             include: list[str] | None = Query(None, description="accepted and ignored: no item has more to add"),
     ) -> ResponseItemList:
-        return page(store.get(response_id, param="response_id").inputs, limit, order, after, before)
+        return page(store.inputs(response_id), limit, order, after, before)
 
-    @app.delete("/v1/responses/{response_id}", tags=["OpenAI API"], summary="Forget a response this server keeps",
-                responses=error_responses(401, _404="not kept (the newest --response-store are)"))
+    @app.post("/v1/responses/{response_id}/cancel", tags=["OpenAI API"],
+              summary="Cancel a background response (a finished one is returned as it is)",
+              responses=error_responses(400, 401, 415, _404=not_kept))
+    async def cancel(response_id: str) -> ResponseObject:
+        return await store.cancel(response_id)
+
+    @app.delete("/v1/responses/{response_id}", tags=["OpenAI API"],
+                summary="Forget a response this server keeps (a running background one is cancelled first)",
+                responses=error_responses(401, _404=not_kept))
     async def delete(response_id: str) -> ResponseDeleted:
+        if response_id in store.running:
+            await store.cancel(response_id)
         store.delete(response_id)
         return ResponseDeleted(id=response_id)
 
 
-async def events(run, builder: ResponseBuilder, served, store: ResponseStore, history: list[dict],
-                 inputs: list[InputItemOut]):
-    """The Responses events of a streamed run, from the chat chunks ``streaming.events`` builds."""
+async def response_events(run, builder: ResponseBuilder, served):
+    """The Responses events of a run (event models), from the chat chunks ``streaming.events`` builds; an error
+    ends them with an ``ErrorEvent``."""
     for event in builder.start():
-        yield sse(event)
+        yield event
     reason, reasoning = None, ""
     async for chunk in streaming.events(run):
+        if run.timing.tokens:  # the engine has begun it: a background response is no longer queued
+            for event in builder.progress():
+                yield event
         if isinstance(chunk, ErrorResponse):
             err = in_responses_terms(APIError(chunk.error.message, param=chunk.error.param, code=chunk.error.code))
-            yield sse(builder._event(ErrorEvent, code=err.code, message=err.message, param=err.param))
+            yield builder._event(ErrorEvent, code=err.code, message=err.message, param=err.param)
             return
         if isinstance(chunk, str):  # [DONE]
             continue
         if not chunk.choices:  # the usage chunk: the last one
-            closing, final = builder.finish(reason, usage_of(chunk.usage, served, reasoning))
-            for event in closing:
-                yield sse(event)
-            if builder.req.store:
-                store.put(final, history + [builder.output_message()], inputs)
+            for event in builder.finish(reason, usage_of(chunk.usage, served, reasoning))[0]:
+                yield event
             continue
         choice = chunk.choices[0]
         delta = choice.delta
@@ -393,4 +413,14 @@ async def events(run, builder: ResponseBuilder, served, store: ResponseStore, hi
         reasoning += delta.reasoning_content or ""
         calls = [(c.index, c.id, c.function.name, c.function.arguments) for c in delta.tool_calls or []]
         for event in builder.feed(delta.reasoning_content, delta.content, calls):
-            yield sse(event)
+            yield event
+
+
+async def streamed(run, builder: ResponseBuilder, served, store: ResponseStore, history: list[dict],
+                   inputs: list[InputItemOut]):
+    """A streamed response's event texts; kept (``store``) as its last event is made, so a client that reads
+    it can fetch or continue it at once."""
+    async for event in response_events(run, builder, served):
+        if builder.req.store and event.type in ("response.completed", "response.incomplete"):
+            store.put(event.response, history + [builder.output_message()], inputs)
+        yield event_text(event)

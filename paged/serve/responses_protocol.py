@@ -167,6 +167,8 @@ class ResponsesRequest(RequestModel):
     text: TextConfig | None = None
     stream: StrictBool = False
     store: StrictBool = True
+    background: StrictBool = Field(False, description="answer at once (queued) and run with no connection held: "
+                                   "poll, stream again or cancel it by its id (needs store)")
     seed: StrictInt | None = Field(None, description="vLLM's: this request's own generator")
     priority: StrictInt = Field(0, description="vLLM's: the smaller goes first (--scheduling-policy priority)")
     reasoning: Any = None
@@ -194,11 +196,12 @@ class ResponsesRequest(RequestModel):
 
     def chat_body(self, history: list[dict]) -> dict:
         """The chat request this one is: ``history`` (the previous response's conversation), ``instructions``
-        first, then ``input``; ``stream`` with the usage at the end, so the last event can report it."""
+        first, then ``input``; ``stream`` (also for ``background``) with the usage at the end, so the last event can report it."""
         messages = ([{"role": "system", "content": self.instructions}] if self.instructions else []) + history
         messages += input_messages(self.input)
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": self.stream}
-        if self.stream:
+        streamed = self.stream or self.background  # a background response is made from the stream's chunks
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": streamed}
+        if streamed:
             body["stream_options"] = {"include_usage": True}
         tools = self.function_tools()
         if tools:

@@ -10,7 +10,10 @@ streamed Response is a sequence of typed events, each numbered
 item ``response.output_item.added``, its parts' and text's
 ``...added`` / ``...delta`` / ``...done``, ``response.output_item.done``, and
 last ``response.completed`` (or ``response.incomplete`` when
-``max_output_tokens`` cut it) with the whole Response.
+``max_output_tokens`` cut it) with the whole Response. A background response
+(``background: true``) opens with ``response.created`` and ``response.queued``,
+has its ``response.in_progress`` at its first token, and may end ``failed``
+(``response.failed``, with its ``error``) or ``cancelled``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-Status = Literal["completed", "in_progress", "incomplete", "failed"]
+Status = Literal["completed", "in_progress", "incomplete", "failed"]  # an output item's
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 
 
 class OutputText(BaseModel):
@@ -95,7 +99,8 @@ class ResponseObject(BaseModel):
     id: str
     object: Literal["response"] = "response"
     created_at: float
-    status: Status
+    status: ResponseStatus
+    background: bool = False
     error: ErrorInfo | None = None
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None
@@ -168,11 +173,11 @@ class _Event(BaseModel):
 
 
 class ResponseEvent(_Event):
-    """``response.created``, ``response.in_progress``, ``response.completed``, ``response.incomplete``,
-    ``response.failed``: the whole Response as it stands."""
+    """``response.created``, ``response.queued``, ``response.in_progress``, ``response.completed``,
+    ``response.incomplete``, ``response.failed``: the whole Response as it stands."""
 
-    type: Literal["response.created", "response.in_progress", "response.completed", "response.incomplete",
-                  "response.failed"]
+    type: Literal["response.created", "response.queued", "response.in_progress", "response.completed",
+                  "response.incomplete", "response.failed"]
     response: ResponseObject
 
 

@@ -1,0 +1,251 @@
+"""What the server keeps of its Responses: the finished ones, and the background ones as they run.
+
+A finished response is kept (``store`` not false) with the conversation it ends,
+so the next request can send only its new input (``previous_response_id``), and
+with the items its request gave (``input_items``): the newest
+``--response-store`` of them, 64 MiB at most, the oldest going first.
+
+**Background responses.** ``background: true`` answers at once, with the
+response ``queued``; the generation goes on with no connection held
+(``Background``), and the client polls ``GET /v1/responses/{id}``: ``queued``
+until the engine has given its first token, then ``in_progress``, then
+``completed`` or ``incomplete`` (or ``failed``, or ``cancelled`` by ``POST
+/v1/responses/{id}/cancel``). Every event it makes is written down, so a
+stream of it (``stream: true`` with ``background: true``, or ``GET
+/v1/responses/{id}?stream=true&starting_after=N`` after a dropped connection)
+can be followed from any event on, by any number of readers, and closing one
+stops nothing. A connection no longer bounds such requests, so the store does:
+at most ``--response-store`` run at once, and one client (its address, as the
+fair order counts it) at most a quarter of them; past either, a 429 before
+anything reaches the engine. Cancelling (or deleting) a running one aborts its
+engine request, which frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import AsyncIterator, Callable, NamedTuple
+
+from paged.serve.errors import APIError
+from paged.serve.responses_schemas import ErrorEvent, InputItemOut, ResponseObject
+from paged.serve.streaming import sse
+
+MAX_STORED_CHARS = 64 * 2**20  # the store's conversations together, as JSON text: the oldest go first past it
+CLIENT_SHARE = 4  # one client may have a quarter of the store's background responses running
+RUNNING = ("queued", "in_progress")
+CONTINUABLE = ("completed", "incomplete")  # a response a follow-up can continue (previous_response_id)
+
+
+def first_after(after: int | None) -> int:
+    """The index of the first event a stream resumed after event ``after`` sends (None: from the start); an
+    event's index is its ``sequence_number``."""
+    return 0 if after is None else after + 1
+
+
+def event_text(event) -> str:
+    """One Responses event as the stream sends it: its type, then its data."""
+    return f"event: {event.type}\n{sse(event)}"
+
+
+class Kept(NamedTuple):
+    """A finished response the server keeps: itself, the conversation it ends (chat messages, for a follow-up;
+    None when it failed or was cancelled), the items its request gave (for ``input_items``), a background
+    response's events (else None), and ``size``: those, as text."""
+
+    response: ResponseObject
+    conversation: list[dict] | None
+    inputs: list[InputItemOut]
+    events: list[str] | None
+    size: int
+
+
+class Background:
+    """A response that runs with no connection: its builder (``responses.ResponseBuilder``), the events so far
+    as stream text, and the task that makes them.
+
+    Args:
+        builder: the response's builder; its ``status`` is the response's.
+        client: who asked (``generation.client_address``), for the per-client bound.
+        history, inputs: what the store keeps with it when it ends (its conversation before the reply; the
+            items its request gave).
+        abort: ends its engine request; called if it is cancelled before its task began (the task's own
+            stream aborts it otherwise).
+    """
+
+    def __init__(self, builder, client: str, history: list[dict], inputs: list[InputItemOut],
+                 abort: Callable[[], None]) -> None:
+        self.builder, self.client, self.history, self.inputs, self.abort = builder, client, history, inputs, abort
+        self.events: list[str] = []
+        self.grew = asyncio.Event()  # set (and replaced) at each new event, and at the end
+        self.task: asyncio.Task | None = None
+        self.began = self.ended = False
+
+    def response(self) -> ResponseObject:
+        return self.builder.response(self.builder.status)
+
+    def _add(self, events) -> None:
+        self.events += [event_text(e) for e in events]
+        self.grew.set()
+        self.grew = asyncio.Event()
+
+    async def drive(self, events: AsyncIterator) -> None:
+        """Write down ``events`` (``responses.response_events`` of its run) as they come; an error event is
+        followed by ``response.failed``. A cancel (``task.cancel``) stops it where it is."""
+        self.began = True
+        try:
+            async for event in events:
+                self._add([event])
+                if isinstance(event, ErrorEvent):
+                    self._add(self.builder.fail(event.message))
+        except asyncio.CancelledError:
+            pass
+
+    async def follow(self, after: int | None) -> AsyncIterator[str]:
+        """The stream text of its events after the one numbered ``after`` (None: all), as they come, until the
+        last."""
+        i = first_after(after)
+        while True:
+            grew = self.grew
+            while i < len(self.events):
+                yield self.events[i]
+                i += 1
+            if self.ended:
+                return
+            await grew.wait()
+
+
+class ResponseStore:
+    """The newest finished responses and their conversations, bounded in count and in size (oldest evicted
+    first), and the background responses that run (``running``), bounded in count (see the module)."""
+
+    def __init__(self, capacity: int, max_chars: int = MAX_STORED_CHARS) -> None:
+        self.capacity, self.max_chars = capacity, max_chars
+        self.entries: OrderedDict[str, Kept] = OrderedDict()
+        self.chars = 0
+        self.running: dict[str, Background] = {}
+
+    def put(self, response: ResponseObject, conversation: list[dict] | None, inputs: list[InputItemOut],
+            events: list[str] | None = None) -> None:
+        size = len(str(conversation)) + sum(len(str(item)) for item in inputs) + sum(map(len, events or ()))
+        if self.capacity == 0 or size > self.max_chars:
+            return
+        self.entries[response.id] = Kept(response, conversation, inputs, events, size)
+        self.chars += size
+        while len(self.entries) > self.capacity or self.chars > self.max_chars:
+            self.chars -= self.entries.popitem(last=False)[1].size
+
+    def _missing(self, response_id: str, param: str) -> APIError:
+        return APIError(f"response {response_id[:80]!r} is not kept by this server (it keeps the newest "
+                        f"{self.capacity} it gave, with store not false, since it started, until deleted)", 404,
+                        param=param, code="not_found")
+
+    def get(self, response_id: str, param: str = "response_id") -> Kept:
+        """A finished response (a 404 naming ``param`` if it is not kept; a 400 if it is still running)."""
+        if response_id in self.running:
+            status = self.running[response_id].builder.status
+            raise APIError(f"{param}: response {response_id[:80]!r} is still {status} (a background response); "
+                           "wait until it is done", param=param, code="invalid_value")
+        if response_id not in self.entries:
+            raise self._missing(response_id, param)
+        return self.entries[response_id]
+
+    def conversation(self, response_id: str) -> list[dict]:
+        """The conversation a follow-up continues (``previous_response_id``): a completed or incomplete
+        response's; another is a 400 naming the field."""
+        kept = self.get(response_id, "previous_response_id")
+        if kept.conversation is None:
+            raise APIError(f"previous_response_id: response {response_id[:80]!r} {kept.response.status}; only a "
+                           f"{' or '.join(CONTINUABLE)} response can be continued", param="previous_response_id",
+                           code="invalid_value")
+        return kept.conversation
+
+    def response(self, response_id: str) -> ResponseObject:
+        """A response as it stands: a running one's status, or a kept one (a 404 if neither)."""
+        if response_id in self.running:
+            return self.running[response_id].response()
+        return self.get(response_id).response
+
+    def inputs(self, response_id: str) -> list[InputItemOut]:
+        """The items a response's request gave, running or kept (a 404 if neither)."""
+        if response_id in self.running:
+            return self.running[response_id].inputs
+        return self.get(response_id).inputs
+
+    def delete(self, response_id: str) -> None:
+        """Forget a response and its conversation (a 404, as ``get``, if it is not kept)."""
+        self.get(response_id)
+        self.chars -= self.entries.pop(response_id).size
+
+    # --- background responses
+
+    def admit(self, client: str) -> None:
+        """Room for one more background response from ``client``, else an error (nothing has started)."""
+        if self.capacity == 0:
+            raise APIError("background: this server keeps no responses (--response-store 0), so it runs none in "
+                           "the background", param="background", code="invalid_value")
+        share = max(1, self.capacity // CLIENT_SHARE)
+        mine = sum(job.client == client for job in self.running.values())
+        if len(self.running) >= self.capacity or mine >= share:
+            whose = f"this client's {mine} (at most {share}: a quarter of --response-store {self.capacity})" \
+                if mine >= share else f"{len(self.running)} (at most --response-store {self.capacity})"
+            raise APIError(f"background: {whose} background responses are running; wait for one to end or "
+                           "cancel one (POST /v1/responses/{id}/cancel)", 429, param="background",
+                           code="rate_limit_exceeded", headers={"Retry-After": "1"})
+
+    def start(self, job: Background, events: AsyncIterator) -> None:
+        """Run ``job`` on ``events``, kept as running until its task ends (then as a finished response)."""
+        self.running[job.builder.id] = job
+        job.task = asyncio.get_running_loop().create_task(job.drive(events))
+        job.task.add_done_callback(lambda _: self._ended(job))
+
+    def _ended(self, job: Background) -> None:
+        """Move an ended job (finished, failed or cancelled) from ``running`` to the kept responses."""
+        if job.ended:
+            return
+        if not job.began:  # cancelled before its task ran: its engine request was never followed
+            job.abort()
+        if job.builder.status in RUNNING:
+            job.builder.cancel()
+        job.ended = True
+        job.grew.set()
+        del self.running[job.builder.id]
+        status = job.builder.status
+        conversation = job.history + [job.builder.output_message()] if status in CONTINUABLE else None
+        self.put(job.response(), conversation, job.inputs, job.events)
+
+    def follow(self, response_id: str, after: int | None) -> AsyncIterator[str]:
+        """A background response's stream text after event ``after``: as it runs, or as it was."""
+        if response_id in self.running:
+            return self.running[response_id].follow(after)
+        kept = self.get(response_id)
+        if kept.events is None:
+            raise APIError(f"stream: response {response_id[:80]!r} was not made in the background; only a "
+                           "background response's events are kept to stream again", param="stream",
+                           code="invalid_value")
+
+        async def replay():
+            for text in kept.events[first_after(after):]:
+                yield text
+        return replay()
+
+    async def cancel(self, response_id: str) -> ResponseObject:
+        """Cancel a running background response (its engine request aborted) and return it; a finished
+        background one is returned as it is; one made without ``background`` is a 400."""
+        job = self.running.get(response_id)
+        if job is not None:
+            job.task.cancel()
+            await asyncio.wait({job.task})
+            self._ended(job)
+        kept = self.get(response_id)
+        if kept.events is None:
+            raise APIError(f"response {response_id[:80]!r} was not made in the background; only a background "
+                           "response can be cancelled", param="response_id", code="invalid_value")
+        return kept.response
+
+    async def close(self) -> None:
+        """Cancel every background response still running (the server stops)."""
+        for job in list(self.running.values()):
+            job.task.cancel()
+        if self.running:
+            await asyncio.wait({job.task for job in self.running.values()})
