@@ -88,7 +88,9 @@ def answers():
         while (polled := c.get(f"/v1/responses/{queued['id']}").json())["status"] in ("queued", "in_progress"):
             yield "Response", polled
         yield "Response", polled
-        for event in events(c, f"/v1/responses/{queued['id']}?stream=true", None):
+        streamed = events(c, "/v1/responses", {**body, "stream": True})
+        for event in streamed + events(c, f"/v1/responses/{streamed[0]['response']['id']}?stream=true&"
+                                           "starting_after=3", None):
             yield "ResponseStreamEvent", event
         running = c.post("/v1/responses", json={**body, "max_output_tokens": 500}).json()
         yield "Response", c.post(f"/v1/responses/{running['id']}/cancel", json={}).json()

@@ -10,11 +10,12 @@ response ``queued``; the generation goes on with no connection held
 (``Background``), and the client polls ``GET /v1/responses/{id}``: ``queued``
 until the engine has given its first token, then ``in_progress``, then
 ``completed`` or ``incomplete`` (or ``failed``, or ``cancelled`` by ``POST
-/v1/responses/{id}/cancel``). Every event it makes is written down, so a
-stream of it (``stream: true`` with ``background: true``, or ``GET
-/v1/responses/{id}?stream=true&starting_after=N`` after a dropped connection)
-can be followed from any event on, by any number of readers, and closing one
-stops nothing. A connection no longer bounds such requests, so the store does:
+/v1/responses/{id}/cancel``). Asked for as a stream as well (``stream:
+true``), every event it makes is written down, so the stream can be followed
+from any event on (``GET /v1/responses/{id}?stream=true&starting_after=N``
+after a dropped connection), by any number of readers, and closing one stops
+nothing; polled only, it keeps no events (a long answer's events weigh about
+250 bytes a token). A connection no longer bounds such requests, so the store does:
 at most ``--response-store`` run at once, and one client (its address, as the
 fair order counts it) at most a quarter of them; past either, a 429 before
 anything reaches the engine. Cancelling (or deleting) a running one aborts its
@@ -51,7 +52,7 @@ def event_text(event) -> str:
 class Kept(NamedTuple):
     """A finished response the server keeps: itself, the conversation it ends (chat messages, for a follow-up;
     None when it failed or was cancelled), the items its request gave (for ``input_items``), a background
-    response's events (else None), and ``size``: those, as text."""
+    and streamed response's events (else None), and ``size``: those, as text."""
 
     response: ResponseObject
     conversation: list[dict] | None
@@ -76,7 +77,7 @@ class Background:
     def __init__(self, builder, client: str, history: list[dict], inputs: list[InputItemOut],
                  abort: Callable[[], None]) -> None:
         self.builder, self.client, self.history, self.inputs, self.abort = builder, client, history, inputs, abort
-        self.events: list[str] = []
+        self.events: list[str] | None = [] if builder.req.stream else None  # written down only for a stream
         self.grew = asyncio.Event()  # set (and replaced) at each new event, and at the end
         self.task: asyncio.Task | None = None
         self.began = self.ended = False
@@ -85,7 +86,8 @@ class Background:
         return self.builder.response(self.builder.status)
 
     def _add(self, events) -> None:
-        self.events += [event_text(e) for e in events]
+        if self.events is not None:
+            self.events += [event_text(e) for e in events]
         self.grew.set()
         self.grew = asyncio.Event()
 
@@ -215,17 +217,18 @@ class ResponseStore:
         self.put(job.response(), conversation, job.inputs, job.events)
 
     def follow(self, response_id: str, after: int | None) -> AsyncIterator[str]:
-        """A background response's stream text after event ``after``: as it runs, or as it was."""
-        if response_id in self.running:
-            return self.running[response_id].follow(after)
-        kept = self.get(response_id)
-        if kept.events is None:
-            raise APIError(f"stream: response {response_id[:80]!r} was not made in the background; only a "
-                           "background response's events are kept to stream again", param="stream",
+        """A background stream's text after event ``after``: as it runs, or as it was."""
+        job = self.running.get(response_id)
+        events = job.events if job is not None else self.get(response_id).events
+        if events is None:
+            raise APIError(f"stream: response {response_id[:80]!r} was not made with background: true and stream: "
+                           "true; only such a response's events are kept to stream again", param="stream",
                            code="invalid_value")
+        if job is not None:
+            return job.follow(after)
 
         async def replay():
-            for text in kept.events[first_after(after):]:
+            for text in events[first_after(after):]:
                 yield text
         return replay()
 
@@ -238,7 +241,7 @@ class ResponseStore:
             await asyncio.wait({job.task})
             self._ended(job)
         kept = self.get(response_id)
-        if kept.events is None:
+        if not kept.response.background:
             raise APIError(f"response {response_id[:80]!r} was not made in the background; only a background "
                            "response can be cancelled", param="response_id", code="invalid_value")
         return kept.response

@@ -146,13 +146,7 @@ def test_a_dropped_stream_resumes_after_its_last_event(s):
     c, client, gate, engine = s
     whole_body = {**BODY, "background": True, "stream": True}
     gate.close()
-    seen = []
-    with c.stream("POST", "/v1/responses", json=whole_body) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                seen.append(json.loads(line[6:]))
-                if len(seen) == 2:
-                    break  # created, queued: the reader goes away
+    seen = first_events(c, whole_body, 2)  # created, queued: then the reader goes away
     assert [e["type"] for e in seen] == ["response.created", "response.queued"]
     rid = seen[0]["response"]["id"]
     gate.open()
@@ -169,12 +163,28 @@ def test_a_dropped_stream_resumes_after_its_last_event(s):
     assert again == events[11:]
     # a stream resumed while the response runs follows it to its end
     gate.close()
-    second = client.responses.create(**BODY, background=True)
-    follower = client.responses.retrieve(second.id, stream=True, starting_after=0)
+    second = first_events(c, whole_body, 1)[0]["response"]["id"]
+    follower = client.responses.retrieve(second, stream=True, starting_after=0)
     gate.open()
     followed = [(e.sequence_number, e.type) for e in follower]
     assert followed[:2] == [(1, "response.queued"), (2, "response.in_progress")]
-    assert followed[-1][1] == f"response.{until(client, second.id, finished).status}"
+    assert followed[-1][1] == f"response.{until(client, second, finished).status}"
+    # one polled only keeps no events: streaming it again is a 400 naming stream
+    polled = client.responses.create(**BODY, background=True)
+    with pytest.raises(openai.BadRequestError, match="background: true and stream: true"):
+        list(client.responses.retrieve(polled.id, stream=True))
+
+
+def first_events(c, body: dict, n: int) -> list[dict]:
+    """The first ``n`` events of a stream, then the connection closed."""
+    seen = []
+    with c.stream("POST", "/v1/responses", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                seen.append(json.loads(line[6:]))
+                if len(seen) == n:
+                    return seen
+    return seen
 
 
 def test_cancel_aborts_the_engine_request_and_keeps_what_was_said(s):
@@ -200,7 +210,7 @@ def test_cancel_aborts_the_engine_request_and_keeps_what_was_said(s):
         client.responses.cancel(at_once.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.cancel("resp_nope")
-    with pytest.raises(openai.BadRequestError, match="not made in the background"):
+    with pytest.raises(openai.BadRequestError, match="not made with background"):
         list(client.responses.retrieve(at_once.id, stream=True))
 
 
@@ -262,11 +272,11 @@ def test_an_engine_failure_fails_the_response_with_its_error():
     app = build_app(llm, "m", options=ServeOptions(response_store=4))
     with TestClient(app) as c:
         client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=c, max_retries=0)
-        r = client.responses.create(**BODY, background=True)
-        failed = strict(until(client, r.id, finished))
+        rid = first_events(c, {**BODY, "background": True, "stream": True}, 1)[0]["response"]["id"]
+        failed = strict(until(client, rid, finished))
         assert failed.status == "failed" and failed.error.code == "server_error"
         assert "a broken step" in failed.error.message
-        kinds = [e.type for e in client.responses.retrieve(r.id, stream=True)]
+        kinds = [e.type for e in client.responses.retrieve(rid, stream=True)]
         assert kinds == ["response.created", "response.queued", "error", "response.failed"]
 
 
