@@ -1,4 +1,4 @@
-"""The forward pass unrolled: a model's kernel calls in one flat loop, chosen once (LLaMA family, Gemma).
+"""The forward pass unrolled: a model's kernel calls in one flat loop, chosen once (LLaMA family, Gemma, OPT).
 
 Serving a small model on a CPU, a forward pass of one new token spends a third of its time
 in Python rather than in kernels. Each of SmolLM2's 121 linear layers, 61 norms and 30
@@ -12,7 +12,7 @@ becomes the one kernel call its ``forward`` would make (``linear_call``), the no
 and SiLU-and-mul their fused ops, and a layer a tuple that one loop reads.
 
 The calls are the modules' own, with the same inputs in the same order, so the hidden states
-are the same bits (``tests/models/test_unrolled.py``). ``llama.py`` and ``gemma.py`` stay the
+are the same bits (``tests/models/test_unrolled.py``). ``llama.py``, ``gemma.py`` and ``opt.py`` stay the
 code to read; this is their fast path, entered only by ``CausalLM.forward`` (the one seam), only under
 ``torch.inference_mode()`` and while no module has a hook; ``PAGED_UNROLLED=0`` turns it off.
 """
@@ -23,6 +23,7 @@ import os
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from paged.kernels import cpu as cpu_kernels
@@ -176,6 +177,50 @@ class UnrolledGemma(Unrolled):
             x = gate_up_proj(ops.gemma_rms_norm(h, None, *pre_ff))
             h = ops.gemma_rms_norm(down_proj(gelu_and_mul(x)), h, *post_ff)
         return ops.gemma_rms_norm(h, None, *self.final)
+
+
+class UnrolledOPT(Unrolled):
+    """``OPTDecoder.forward`` (``opt.py``: the paper's model) for a model made ready to serve on a CPU, as one
+    loop: learned positions, LayerNorms before the blocks (pre-LN, 125m-style) or after them (post-LN, 350m),
+    a ReLU MLP, biases. Its norms are torch's ``nn.LayerNorm``, called as its ``forward`` calls them."""
+
+    def __init__(self, model: nn.Module, ops, position_offset: int) -> None:
+        super().__init__(model, ops)
+        decoder = model.model.decoder
+        self.position_offset = position_offset  # OPT's table starts at row 2 (opt.POSITION_OFFSET)
+        self.embed, self.embed_positions = decoder.embed_tokens.forward, decoder.embed_positions.forward
+        self.project_in = None if decoder.project_in is None else linear_call(decoder.project_in)
+
+        def norm(n):
+            return n.normalized_shape, n.weight, n.bias, n.eps
+
+        self.final = None if decoder.final_layer_norm is None else norm(decoder.final_layer_norm)
+        self.layers = []
+        for i, layer in enumerate(decoder.layers):
+            attn = layer.self_attn
+            self.layers.append((
+                i, layer.pre_norm, norm(layer.self_attn_layer_norm), linear_call(attn.qkv_proj),
+                attn.qkv_proj.output_sizes, attn.num_heads, attn.head_dim, attn.scale, linear_call(attn.out_proj),
+                norm(layer.final_layer_norm), linear_call(layer.fc1), linear_call(layer.fc2),
+            ))
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
+        t = input_ids.shape[0]
+        x = self.embed(input_ids)
+        if self.project_in is not None:
+            x = self.project_in(x)
+        h = x + self.embed_positions(positions + self.position_offset)
+        for i, pre, attn_norm, qkv_proj, sizes, heads, head_dim, scale, out_proj, mlp_norm, fc1, fc2 in self.layers:
+            x = F.layer_norm(h, *attn_norm) if pre else h
+            q, k, v = (p.view(t, heads, head_dim) for p in qkv_proj(x).split(sizes, dim=-1))
+            h = h + out_proj(attention(i, q, k, v, scale).reshape(t, heads * head_dim))
+            if not pre:
+                h = F.layer_norm(h, *attn_norm)
+            x = F.layer_norm(h, *mlp_norm) if pre else h
+            h = h + fc2(F.relu(fc1(x)))
+            if not pre:
+                h = F.layer_norm(h, *mlp_norm)
+        return F.layer_norm(h, *self.final) if self.final is not None else h
 
 
 def fused_kernels(model: nn.Module):

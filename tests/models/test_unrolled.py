@@ -5,8 +5,9 @@ modules' kernel calls with the same inputs in the same order, so every test here
 same bits (``torch.equal``), not a tolerance:
 
 * tiny random checkpoints of the LLaMA family (biases, a tied embedding, a sliding window, Qwen3's
-  per-head q/k norms, Phi-3's fused projections) and of Gemma 2 (soft-capped scores, windows on alternate layers) and Gemma 3
-  (per-head q/k norms, the sliding layers' own RoPE table), float32 and bfloat16, both
+  per-head q/k norms, Phi-3's fused projections), of Gemma 2 (soft-capped scores, windows on alternate layers) and
+  Gemma 3 (per-head q/k norms, the sliding layers' own RoPE table), and of OPT (pre-LN 125m-style; post-LN
+  350m-style with ``project_in`` / ``project_out``), float32 and bfloat16, both
   batch-invariance modes: the hidden states of a packed pass of three prompts and of decode steps
   after it, unrolled and through ``model.model``;
 * the default model (SmolLM2-135M, Q4_1 GGUF), dense with batch invariance off and
@@ -36,7 +37,7 @@ DECODE_STEPS = 3
 
 
 @pytest.fixture(scope="module", params=["llama", "llama_tied_bias", "mistral", "qwen2", "qwen3", "phi3", "gemma2",
-                                                      "gemma3"])
+                                        "gemma3", "opt", "opt_350m"])
 def checkpoint(request, tmp_path_factory):
     kind = request.param
     hf = build_hf_model(kind, **({"sliding_window": 8} if kind == "mistral" else {})).float()
