@@ -2,7 +2,8 @@
 
 A finished response is kept (``store`` not false) with the conversation it ends,
 so the next request can send only its new input (``previous_response_id``), and
-with the items its request gave (``input_items``): the newest
+with the items that made it (``input_items``: a follow-up's are the earlier
+response's, its output, then its own input): the newest
 ``--response-store`` of them, 64 MiB at most, the oldest going first.
 
 **Background responses.** ``background: true`` answers at once, with the
@@ -51,7 +52,7 @@ def event_text(event) -> str:
 
 class Kept(NamedTuple):
     """A finished response the server keeps: itself, the conversation it ends (chat messages, for a follow-up;
-    None when it failed or was cancelled), the items its request gave (for ``input_items``), a background
+    None when it failed or was cancelled), the items it was made from (for ``input_items``), a background
     and streamed response's events (else None), and ``size``: those, as text."""
 
     response: ResponseObject
@@ -69,7 +70,7 @@ class Background:
         builder: the response's builder; its ``status`` is the response's.
         client: who asked (``generation.client_address``), for the per-client bound.
         history, inputs: what the store keeps with it when it ends (its conversation before the reply; the
-            items its request gave).
+            items it was made from).
         abort: ends its engine request; called if it is cancelled before its task began (the task's own
             stream aborts it otherwise).
     """
@@ -152,15 +153,16 @@ class ResponseStore:
             raise self._missing(response_id, param)
         return self.entries[response_id]
 
-    def conversation(self, response_id: str) -> list[dict]:
-        """The conversation a follow-up continues (``previous_response_id``): a completed or incomplete
-        response's; another is a 400 naming the field."""
+    def continued(self, response_id: str) -> tuple[list[dict], list[InputItemOut]]:
+        """What a follow-up continues (``previous_response_id``): the conversation, as chat messages, and as the
+        items that made it (the response's own input items, then its output). Only a completed or incomplete
+        response can be continued; another is a 400 naming the field."""
         kept = self.get(response_id, "previous_response_id")
         if kept.conversation is None:
             raise APIError(f"previous_response_id: response {response_id[:80]!r} {kept.response.status}; only a "
                            f"{' or '.join(CONTINUABLE)} response can be continued", param="previous_response_id",
                            code="invalid_value")
-        return kept.conversation
+        return kept.conversation, kept.inputs + kept.response.output
 
     def response(self, response_id: str) -> ResponseObject:
         """A response as it stands: a running one's status, or a kept one (a 404 if neither)."""

@@ -15,8 +15,8 @@ two agree item for item.
 responses it gave (in memory, for its lifetime, or until ``DELETE
 /v1/responses/{id}``; ``store: false`` keeps none),
 each with its conversation (without its instructions, as OpenAI's API does),
-so a client can send only the new input, and the items its request gave
-(``input_items``, a page at a time). An id the server no longer keeps is a
+so a client can send only the new input, and the items used to make it
+(``input_items``, a page at a time: a follow-up's begin with the conversation's). An id the server no longer keeps is a
 404 naming the field. ``background: true``: the response runs with no
 connection held, polled, streamed again from any event, or cancelled
 (``response_store.py``).
@@ -37,18 +37,18 @@ from paged.serve.body import parse_body
 from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.errors import APIError, from_validation_error, lead_with
 from paged.serve.extensions import BUILT_HERE
+from paged.serve.generation import client_address
 from paged.serve.openapi import error_responses, request_body
+from paged.serve.response_store import RUNNING, Background, ResponseStore, event_text
 from paged.serve.responses_protocol import (EXPECTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
                                             ResponsesRequest)
-from paged.serve.generation import client_address
-from paged.serve.response_store import RUNNING, Background, ResponseStore, event_text
-from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, ErrorInfo, FunctionCallOut,
-                                           FunctionCallOutputOut, IncompleteDetails, InputItemOut, InputMessage,
-                                           InputText, InputTokensDetails, ItemEvent, MessageOut, OutputText,
-                                           OutputTokensDetails, PartEvent, ReasoningDeltaEvent, ReasoningDoneEvent,
-                                           ReasoningOut, ReasoningText, ResponseDeleted, ResponseEvent,
-                                           ResponseItemList, ResponseObject, ResponseUsage, TextDeltaEvent,
-                                           TextDoneEvent)
+from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, ErrorInfo,
+                                           FunctionCallOut, FunctionCallOutputOut, IncompleteDetails, InputItemOut,
+                                           InputMessage, InputText, InputTokensDetails, ItemEvent, MessageOut,
+                                           OutputText, OutputTokensDetails, PartEvent, ReasoningDeltaEvent,
+                                           ReasoningDoneEvent, ReasoningOut, ReasoningText, ResponseDeleted,
+                                           ResponseEvent, ResponseItemList, ResponseObject, ResponseUsage,
+                                           TextDeltaEvent, TextDoneEvent)
 from paged.serve.schemas import ErrorResponse
 
 def input_items(req: ResponsesRequest) -> list[InputItemOut]:
@@ -301,7 +301,7 @@ def install(app, served, generator, store: ResponseStore) -> None:
         if req.background and not req.store:
             raise APIError("background: true needs store: true (a background response is fetched later, so the "
                            "server keeps it)", param="background", code="invalid_value")
-        conversation = store.conversation(req.previous_response_id) if req.previous_response_id else []
+        conversation, earlier = store.continued(req.previous_response_id) if req.previous_response_id else ([], [])
         if req.background:
             store.admit(client_address(raw))
         builder = ResponseBuilder(req, served.name)
@@ -314,7 +314,7 @@ def install(app, served, generator, store: ResponseStore) -> None:
         except APIError as e:
             raise in_responses_terms(e) from None
         history = body["messages"][1:] if req.instructions else body["messages"]
-        inputs = await served.work.run(items, input_items, req) if req.store else []
+        inputs = earlier + await served.work.run(items, input_items, req) if req.store else []
         if req.background:
             try:  # again: another may have taken the room while this one was checked (then nothing is kept)
                 store.admit(client_address(raw))
@@ -359,7 +359,8 @@ def install(app, served, generator, store: ResponseStore) -> None:
         return store.response(response_id)
 
     @app.get("/v1/responses/{response_id}/input_items", tags=["OpenAI API"],
-             summary="The items a kept response was given (its input), a page at a time",
+             summary="The items a kept response was made from (a follow-up's: the conversation's, then its input), "
+                     "a page at a time",
              responses=error_responses(400, 401, _404=not_kept))
     async def list_input_items(
             response_id: str,

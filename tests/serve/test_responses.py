@@ -289,13 +289,16 @@ def test_a_deleted_response_is_forgotten(c):
     assert client.responses.delete(other.id) is None and other.id not in store.entries  # the client's own call
 
 
-def test_input_items_lists_what_the_request_gave_a_page_at_a_time(c):
-    """The official client's ``responses.input_items.list``: every item of the request's ``input`` (not the
-    kept conversation before it, nor the instructions), in order (exact), the client's ids kept, a call's
-    output as its text; pages of ``limit`` chained by ``after``, newest first by default; a cursor the
-    response lacks, or a limit past 100, is a 400 naming the parameter; a response not kept, a 404."""
+def test_input_items_lists_what_made_the_response_a_page_at_a_time(c):
+    """The official client's ``responses.input_items.list``: the items the response was made from, in order
+    (exact) — a follow-up's begin with the earlier response's items and its output (not its instructions),
+    then every item of its own ``input`` — the client's ids kept, a call's output as its text; pages of
+    ``limit`` chained by ``after``, newest first by default; a cursor the response lacks, or a limit past
+    100, is a 400 naming the parameter; a response not kept, a 404."""
     client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=c, max_retries=0)
-    first = create(c, input="Say hi.", max_output_tokens=1)
+    first = create(c, input="Say hi.", max_output_tokens=1, instructions="Not listed.")
+    text = client.responses.input_items.list(first["id"]).data
+    assert [(i.type, i.role, i.content[0].text) for i in text] == [("message", "user", "Say hi.")]
     given = [{"role": "system", "content": "Be brief."},
              {"type": "message", "role": "assistant", "id": "msg_mine", "content": [{"type": "output_text",
                                                                                      "text": "Earlier."}]},
@@ -304,24 +307,28 @@ def test_input_items_lists_what_the_request_gave_a_page_at_a_time(c):
              {"role": "user", "content": [{"type": "input_text", "text": "And "}, {"type": "input_text",
                                                                                   "text": "now?"}]}]
     kept = create(c, input=given, previous_response_id=first["id"], instructions="Be kind.", max_output_tokens=1)
-    every = list(client.responses.input_items.list(kept["id"], order="asc", limit=2))  # three pages, followed
-    assert [(i.type, getattr(i, "role", None)) for i in every] == [
+    every = list(client.responses.input_items.list(kept["id"], order="asc", limit=2))  # pages, followed
+    earlier, own = every[:-5], every[-5:]
+    assert [i.model_dump(mode="json", exclude_none=True) for i in earlier] == \
+        [text[0].model_dump(mode="json", exclude_none=True)] + first["output"]  # the first's input, its output
+    assert [(i.type, getattr(i, "role", None)) for i in own] == [
         ("message", "system"), ("message", "assistant"), ("function_call", None), ("function_call_output", None),
         ("message", "user")]
-    assert every[0].content[0].text == "Be brief." and every[0].content[0].type == "input_text"
-    assert every[1].id == "msg_mine" and every[1].content[0].type == "output_text"
-    assert (every[2].call_id, every[2].name, every[2].arguments) == ("call_1", "get_weather", '{"city": "Oslo"}')
-    assert every[3].output == "sun" and every[4].content[0].text == "And now?"
-    assert len({i.id for i in every}) == 5
+    assert own[0].content[0].text == "Be brief." and own[0].content[0].type == "input_text"
+    assert own[1].id == "msg_mine" and own[1].content[0].type == "output_text"
+    assert (own[2].call_id, own[2].name, own[2].arguments) == ("call_1", "get_weather", '{"city": "Oslo"}')
+    assert own[3].output == "sun" and own[4].content[0].text == "And now?"
+    assert len({i.id for i in every}) == len(every)
     newest = c.get(f"/v1/responses/{kept['id']}/input_items", params={"limit": 2}).json()
-    assert [i["id"] for i in newest["data"]] == [every[4].id, every[3].id] and newest["has_more"] is True
-    assert (newest["first_id"], newest["last_id"], newest["object"]) == (every[4].id, every[3].id, "list")
-    rest = c.get(f"/v1/responses/{kept['id']}/input_items", params={"after": every[3].id}).json()
-    assert [i["id"] for i in rest["data"]] == [i.id for i in every[2::-1]] and rest["has_more"] is False
-    before = c.get(f"/v1/responses/{kept['id']}/input_items", params={"order": "asc", "before": every[2].id}).json()
-    assert [i["id"] for i in before["data"]] == [every[0].id, every[1].id] and before["has_more"] is False
-    text = client.responses.input_items.list(first["id"]).data
-    assert [(i.type, i.role, i.content[0].text) for i in text] == [("message", "user", "Say hi.")]
+    assert [i["id"] for i in newest["data"]] == [own[4].id, own[3].id] and newest["has_more"] is True
+    assert (newest["first_id"], newest["last_id"], newest["object"]) == (own[4].id, own[3].id, "list")
+    rest = c.get(f"/v1/responses/{kept['id']}/input_items", params={"after": own[3].id}).json()
+    assert [i["id"] for i in rest["data"]] == [i.id for i in every[-3::-1]] and rest["has_more"] is False
+    before = c.get(f"/v1/responses/{kept['id']}/input_items", params={"order": "asc", "before": own[1].id}).json()
+    assert [i["id"] for i in before["data"]] == [i.id for i in earlier + own[:1]] and before["has_more"] is False
+    third = create(c, input="Thanks.", previous_response_id=kept["id"], max_output_tokens=1)
+    chained = [i.id for i in client.responses.input_items.list(third["id"], order="asc", limit=100).data]
+    assert chained == [i.id for i in every] + [item["id"] for item in kept["output"]] + chained[-1:]
     for params, param in [({"after": "msg_nope"}, "after"), ({"limit": 101}, "limit"), ({"limit": 0}, "limit"),
                           ({"order": "up"}, "order")]:
         r = c.get(f"/v1/responses/{kept['id']}/input_items", params=params)

@@ -241,7 +241,8 @@ def test_background_bounds_refuse_before_the_engine(s):
     r = c.post("/v1/responses", json={**BODY, "background": True})
     assert r.status_code == 429 and r.headers["Retry-After"] == "1", r.text
     assert r.json()["error"]["param"] == "background" and "at most 2" in r.json()["error"]["message"]
-    assert len(c.app.fastapi.state.response_store.running) == c.app.fastapi.state.engine.num_streams == STORE // 4  # none added
+    state = c.app.fastapi.state
+    assert len(state.response_store.running) == state.engine.num_streams == STORE // 4  # none added
     for one in running:
         assert client.responses.cancel(one.id).status == "cancelled"
     assert client.responses.create(**BODY, background=True).status == "queued"  # room again
