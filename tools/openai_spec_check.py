@@ -92,6 +92,9 @@ def answers():
         for event in streamed + events(c, f"/v1/responses/{streamed[0]['response']['id']}?stream=true&"
                                            "starting_after=3", None):
             yield "ResponseStreamEvent", event
+        long = [{"role": "user", "content": f"Turn {i}: " + "more " * 300} for i in range(4)]
+        yield "Response", c.post("/v1/responses", json={"input": long, "max_output_tokens": 4,
+                                                        "truncation": "auto"}).json()
         running = c.post("/v1/responses", json={**body, "max_output_tokens": 500}).json()
         yield "Response", c.post(f"/v1/responses/{running['id']}/cancel", json={}).json()
 

@@ -47,10 +47,9 @@ def template_variables(req: ChatCompletionRequest) -> dict:
     return variables
 
 
-async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, generator: Generator,
-                 start_only: bool = False, tag: str | None = None):
-    """Answer one parsed chat request (the stream, or the whole response); ``start_only``: submit it and
-    return the ``generation.Run`` (the Responses API answers it its own way, its engine ids ``tag``)."""
+async def render(req: ChatCompletionRequest, served: ServedModel):
+    """The prompt a chat request makes: ``(plan, messages, text, ids)``, its tool plan (a forced call's schema
+    set on ``req``), the messages as the template takes them, and the rendered text and token ids."""
     served.check(req.model)
     if served.chat is None:
         raise APIError(f"{served.no_chat}; use /v1/completions instead", param="messages",
@@ -64,6 +63,14 @@ async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, 
                                          req.add_special_tokens, template_variables(req), plan.tools)
     if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
         text, ids = None, ids[-req.truncate_prompt_tokens:]
+    return plan, messages, text, ids
+
+
+async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, generator: Generator,
+                 start_only: bool = False, tag: str | None = None):
+    """Answer one parsed chat request (the stream, or the whole response); ``start_only``: submit it and
+    return the ``generation.Run`` (the Responses API answers it its own way, its engine ids ``tag``)."""
+    plan, messages, text, ids = await render(req, served)
     # vLLM's chat echo: a reply that continues the last message (same role) starts with that message
     echo = [messages[-1]["content"]] if req.echo and messages[-1]["role"] == "assistant" else None
     max_tokens = req.requested_max_tokens

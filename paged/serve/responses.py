@@ -19,7 +19,8 @@ so a client can send only the new input, and the items used to make it
 (``input_items``, a page at a time: a follow-up's begin with the conversation's). An id the server no longer keeps is a
 404 naming the field. ``background: true``: the response runs with no
 connection held, polled, streamed again from any event, or cancelled
-(``response_store.py``).
+(``response_store.py``). ``truncation: "auto"``: a conversation past the
+context loses its oldest turns instead of being refused (``fit_context``).
 """
 
 from __future__ import annotations
@@ -226,7 +227,7 @@ class ResponseBuilder:
             parallel_tool_calls=req.parallel_tool_calls is not False, previous_response_id=req.previous_response_id,
             store=req.store, temperature=req.temperature, top_p=req.top_p, tools=tools,
             tool_choice=(choice.model_dump() if hasattr(choice, "model_dump") else choice) or "auto",
-            text={"format": fmt or {"type": "text"}}, usage=self.usage)
+            text={"format": fmt or {"type": "text"}}, truncation=req.truncation or "disabled", usage=self.usage)
 
     def output_message(self) -> dict:
         """The reply as the assistant message the next response's conversation holds."""
@@ -278,6 +279,35 @@ def as_chat(req: ResponsesRequest, conversation: list[dict]) -> tuple[dict, Chat
     return body, ChatCompletionRequest.model_validate(body, context=BUILT_HERE)
 
 
+async def fit_context(req: ResponsesRequest, body: dict, served, weight: int) -> tuple[dict, ChatCompletionRequest]:
+    """``truncation: "auto"`` for a prompt past the context: the chat request with the conversation's oldest
+    turns dropped — after its leading system messages (the instructions), whole turns, each from a user
+    message on, so a call and its output go together — the fewest that make the prompt and
+    ``max_output_tokens`` fit the model's context (a binary search over the turns, each try rendered); all
+    but the last turn when even that does not fit (its 400 follows)."""
+    messages = body["messages"]
+    head = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), len(messages))
+    cuts = [i for i in range(head + 1, len(messages)) if messages[i]["role"] == "user"]  # where a turn begins
+    room = served.max_model_len - (req.max_output_tokens or 1)  # the longest prompt that fits
+
+    async def without_turns_before(cut: int) -> tuple[dict, ChatCompletionRequest]:
+        trial = {**body, "messages": messages[:head] + messages[cut:]}
+        return trial, await served.work.run(weight, lambda: ChatCompletionRequest.model_validate(trial,
+                                                                                          context=BUILT_HERE))
+
+    lo, hi = 0, len(cuts) - 1
+    if hi < 0:  # one turn only: nothing to drop
+        return await without_turns_before(head)
+    while lo < hi:  # the first cut that fits (the more dropped, the shorter)
+        mid = (lo + hi) // 2
+        _, trial = await without_turns_before(cuts[mid])
+        if len((await chat.render(trial, served))[3]) <= room:
+            hi = mid
+        else:
+            lo = mid + 1
+    return await without_turns_before(cuts[lo])
+
+
 def install(app, served, generator, store: ResponseStore) -> None:
     """Add ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{response_id}``, ``GET
     /v1/responses/{response_id}/input_items`` and ``POST /v1/responses/{response_id}/cancel`` to ``app``."""
@@ -308,7 +338,13 @@ def install(app, served, generator, store: ResponseStore) -> None:
         try:
             items = len(conversation) + (len(req.input) if isinstance(req.input, list) else 1)
             body, chat_req = await served.work.run(items, as_chat, req, conversation)
-            run = await chat.answer(chat_req, raw, served, generator, start_only=True, tag=builder.id)
+            try:
+                run = await chat.answer(chat_req, raw, served, generator, start_only=True, tag=builder.id)
+            except APIError as e:  # refused before the engine saw it: with truncation "auto", drop old turns
+                if req.truncation != "auto" or e.code != "context_length_exceeded":
+                    raise
+                body, chat_req = await fit_context(req, body, served, items)
+                run = await chat.answer(chat_req, raw, served, generator, start_only=True, tag=builder.id)
         except ValidationError as e:
             raise in_responses_terms(from_validation_error(e)) from None
         except APIError as e:

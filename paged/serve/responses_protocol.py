@@ -175,7 +175,8 @@ class ResponsesRequest(RequestModel):
     include: Any = None
     metadata: Any = None
     user: Any = None
-    truncation: Any = None
+    truncation: Literal["auto", "disabled"] | None = Field(None, description="auto: past the context, the oldest "
+                                                         "turns are dropped until the prompt fits")
 
     def function_tools(self) -> list[FunctionTool]:
         tools = [t for t in self.tools or [] if isinstance(t, FunctionTool)]

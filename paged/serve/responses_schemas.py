@@ -115,7 +115,7 @@ class ResponseObject(BaseModel):
     tool_choice: str | dict
     tools: list[dict]
     top_p: float | None = None
-    truncation: Literal["disabled"] = "disabled"
+    truncation: Literal["auto", "disabled"] = "disabled"
     usage: ResponseUsage | None = Field(None, exclude_if=lambda value: value is None,
                                         description="once the response is done")
     metadata: dict = Field(default_factory=dict)

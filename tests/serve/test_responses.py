@@ -379,3 +379,31 @@ def test_the_chat_body_a_responses_request_becomes_is_not_walked_for_unknown_fie
     assert walked == ["ResponsesRequest"] and len(chat.messages) == 2
     ChatCompletionRequest.model_validate(body)
     assert walked == ["ResponsesRequest", "ChatCompletionRequest"]
+
+
+def test_truncation_auto_drops_the_oldest_turns_until_the_prompt_fits(c):
+    """Past the context (the demo model's 1 024 tokens), ``truncation: "auto"`` answers as the same request
+    with its oldest whole turns dropped, the fewest that fit (exact: the same greedy text and input tokens as
+    that shorter request sent as it is, and one turn more does not fit); ``"disabled"`` (the default) is the
+    400 it was; a last turn that alone does not fit stays a 400."""
+    turns = []
+    for i in range(6):  # six turns of about 230 tokens each: about 1 400 in all
+        turns += [{"role": "user", "content": f"Question {i}: " + "tell me more " * 70},
+                  {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"Answer {i}."}]}]
+    turns.append({"role": "user", "content": "And now?"})
+    body = dict(input=turns, instructions="Be brief.", max_output_tokens=8)
+    r = c.post("/v1/responses", json={**body, "temperature": 0})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    cut = create(c, **body, truncation="auto")
+    assert cut["truncation"] == "auto" and cut["usage"]["input_tokens"] + 8 <= 1024
+    kept = next(k for k in range(0, len(turns), 2)
+                if c.post("/v1/responses", json={**body, "input": turns[k:], "temperature": 0}).status_code == 200)
+    assert kept > 0
+    same = create(c, **{**body, "input": turns[kept:]})
+    assert (text_of(cut), cut["usage"]["input_tokens"]) == (text_of(same), same["usage"]["input_tokens"])
+    assert same["truncation"] == "disabled"
+    exact = 1024 - same["usage"]["input_tokens"]  # the prompt and the answer fill the context to its last token
+    edge = create(c, **{**body, "max_output_tokens": exact}, truncation="auto")
+    assert edge["usage"]["input_tokens"] == same["usage"]["input_tokens"]
+    alone = c.post("/v1/responses", json={"input": "word " * 1100, "truncation": "auto", "max_output_tokens": 2})
+    assert alone.status_code == 400 and alone.json()["error"]["param"] == "input", alone.text
