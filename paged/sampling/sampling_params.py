@@ -85,6 +85,10 @@ class SamplingParams:
             ends this request with its error; the rest of the batch is not touched.
         allowed_token_ids: only these tokens may be drawn (a mask applied as the first
             logits processor).
+        cache_salt: the prefix cache shares this request's prompt blocks only with requests of the
+            same salt (the salt is mixed into its first block's hash, step04): a tenant's prompts can
+            then not be found, nor timed, by another's. vLLM takes it with the prompt; here it rides
+            with the rest of the request's settings. At most ``MAX_SALT_CHARS`` characters.
 
     vLLM's keywords that shape the returned text rather than the tokens are honoured by
     ``LLM.generate`` (the engine always detokenizes the same way): ``include_stop_str_in_output``
@@ -132,10 +136,12 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     output_kind: Any = None
     extra_args: dict | None = None
+    cache_salt: str | None = None
 
     MAX_LOGPROBS = 20
     MAX_LOGIT_BIAS = 100.0
     MAX_ADDITIVE_PENALTY = 2.0
+    MAX_SALT_CHARS = 256  # cache_salt: a key, not a document
     MAX_INT64 = 2**63 - 1  # seed and top_k: what a torch generator and an index tensor hold (vLLM's seed bound)
     MAX_LENGTH_PENALTY = 10.0  # |length_penalty|: length ** 10 stays finite for any context
     MAX_STOP = 64
@@ -188,6 +194,9 @@ class SamplingParams:
         if len(self.stop_token_ids) > self.MAX_LIST:
             raise RequestError(f"stop_token_ids has {len(self.stop_token_ids)} entries; at most {self.MAX_LIST} "
                                "are allowed", param="stop_token_ids", bound=self.MAX_LIST)
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str)
+                                            or not 1 <= len(self.cache_salt) <= self.MAX_SALT_CHARS):
+            bad("cache_salt", self.cache_salt, f"None or a string of 1 to {self.MAX_SALT_CHARS} characters")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not 0 <= self.seed <= self.MAX_INT64):
             bad("seed", self.seed, f"None or a non-negative integer <= {self.MAX_INT64} (2**63 - 1)",

@@ -41,6 +41,7 @@ from pydantic import (
     model_validator,
 )
 
+from paged.sampling import SamplingParams
 from paged.serve.errors import APIError
 
 logger = logging.getLogger("paged.serve")
@@ -140,7 +141,6 @@ REFUSED = {
     "structural_tag": "structured output takes a JSON schema, a JSON object, a regex, a choice or a grammar",
     "guided_whitespace_pattern": "the JSON automaton's whitespace is fixed",
     "logits_processors": "a request cannot load code into the server",
-    "cache_salt": "the prefix cache is not salted, so a salt would promise an isolation it does not give",
     "prompt_embeds": "prompts are text or token ids",
     "kv_transfer_params": "there is no disaggregated prefill here",
     "chat_template": "the chat template is the checkpoint's own; a request cannot replace it",
@@ -177,7 +177,7 @@ class _Extensions(RequestModel):
     structural_tag: Any = None
     guided_whitespace_pattern: Any = None
     logits_processors: Any = None
-    cache_salt: Any = None
+    cache_salt: StrictStr | None = Field(None, **_bounds(minLength=1, maxLength=SamplingParams.MAX_SALT_CHARS))
     kv_transfer_params: Any = None
 
     @model_validator(mode="after")

@@ -205,7 +205,7 @@ class _Sampling(OpenAIModel):
             prompt_logprobs=prompt_logprobs, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             logit_bias=self._token_biases(), bad_words=self.bad_words,
-            structured_outputs=self._structured_outputs(),
+            structured_outputs=self._structured_outputs(), cache_salt=self.cache_salt,
         )
 
     def _token_biases(self) -> dict[int, float] | None:

@@ -30,9 +30,12 @@ class CowBlockTable(BlockTable):
     ``pending_copies`` until the engine takes it (``take_copies``).
     ``reuse_cached`` False makes the prefix cache map none of its prompt's
     blocks (a request that wants prompt logprobs needs every prompt row computed).
+    ``salt`` (its request's ``cache_salt``, else None) is the parent of its first
+    block's prefix-cache name, so only tables of the same salt share cached blocks.
     """
 
     reuse_cached = True
+    salt: str | None = None
 
     def __init__(self, allocator, block_size: int) -> None:
         super().__init__(allocator, block_size)

@@ -48,11 +48,13 @@ class SharingKVManager(KVManager):
 
     def new_table(self, req=None, reuse_cached: bool | None = None) -> CowBlockTable:
         """An empty table. Its prompt maps no cached block when ``reuse_cached`` is False — by default,
-        for a request that wants prompt logprobs (cached blocks have no logits)."""
+        for a request that wants prompt logprobs (cached blocks have no logits); its blocks are named
+        with its request's ``cache_salt`` (shared only with requests of the same salt)."""
         table = CowBlockTable(self.allocator, self.block_size)
         if reuse_cached is None:
             reuse_cached = req is None or req.params.prompt_logprobs is None
         table.reuse_cached = reuse_cached
+        table.salt = None if req is None else req.params.cache_salt
         return table
 
     # -- the scheduler's questions -------------------------------------------------
@@ -63,7 +65,7 @@ class SharingKVManager(KVManager):
         for seq, n in work:
             table = seq.block_table
             if table.num_tokens == 0:
-                need += self.blocks_needed_for_prompt(seq.token_ids, n, table.reuse_cached)
+                need += self.blocks_needed_for_prompt(seq.token_ids, n, table.reuse_cached, table.salt)
             else:
                 need += table.slots_for(n)
         return need
@@ -88,8 +90,11 @@ class SharingKVManager(KVManager):
             self.register_full_blocks(seq.block_table, seq.token_ids)
 
     def fork(self, seq: Sequence) -> CowBlockTable:
-        """A child table of ``seq``'s: the same blocks, each with one more reference; no K/V copied."""
-        return seq.block_table.fork()
+        """A child table of ``seq``'s: the same blocks, each with one more reference; no K/V copied. It names
+        its blocks under the same cache salt."""
+        child = seq.block_table.fork()
+        child.salt = seq.block_table.salt
+        return child
 
     # -- the prefix cache ----------------------------------------------------------
     def _cacheable_blocks(self, prompt: list[int]) -> int:
@@ -97,18 +102,18 @@ class SharingKVManager(KVManager):
         return (len(prompt) - 1) // self.block_size
 
     def blocks_needed_for_prompt(self, prompt: list[int], num_new: int | None = None,
-                                 reuse_cached: bool = True) -> int:
+                                 reuse_cached: bool = True, salt: str | None = None) -> int:
         """Free blocks ``allocate_prompt(…, num_new)`` would consume (hits on parked blocks count)
-        for a table whose ``reuse_cached`` is as given."""
-        hit_blocks = self._hits(prompt) if self.caching and reuse_cached else []
+        for a table whose ``reuse_cached`` and ``salt`` are as given."""
+        hit_blocks = self._hits(prompt, salt) if self.caching and reuse_cached else []
         cached = len(hit_blocks) * self.block_size
         upto = len(prompt) if num_new is None else min(len(prompt), cached + num_new)
         total = -(-upto // self.block_size)
         return total - sum(self.allocator.ref_count(b) > 0 for b in hit_blocks)
 
-    def _hits(self, prompt: list[int]) -> list[int]:
+    def _hits(self, prompt: list[int], salt: str | None) -> list[int]:
         """The cached blocks ``allocate_prompt`` would map, taking no reference."""
-        hits, parent, b = [], None, self.block_size
+        hits, parent, b = [], salt, self.block_size
         for i in range(self._cacheable_blocks(prompt)):
             block = self.allocator.peek(parent, tuple(prompt[i * b:(i + 1) * b]))
             if block is None:
@@ -126,7 +131,7 @@ class SharingKVManager(KVManager):
         All or nothing: out of blocks raises ``OutOfBlocksError`` with every
         reference taken here given back.
         """
-        hashes, parent, b = [], None, self.block_size
+        hashes, parent, b = [], table.salt, self.block_size  # the first block's parent: the salt, if any
         if self.caching and table.reuse_cached:
             for i in range(self._cacheable_blocks(prompt)):
                 tokens = tuple(prompt[i * b:(i + 1) * b])
@@ -163,7 +168,7 @@ class SharingKVManager(KVManager):
         hashes = table.hashes
         b = self.block_size
         for i in range(len(hashes), table.num_tokens // b):
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else table.salt
             hashes.append(self.allocator.register(table.blocks[i], parent, tuple(token_ids[i * b:(i + 1) * b])))
 
     def hit_rate(self) -> float:

@@ -11,6 +11,11 @@ it fills the cache, later ones hit.
 A hash can collide, so a hit also compares the stored token ids and parent:
 a collision is a miss, never wrong K/V.
 
+A request with a cache salt (vLLM's ``cache_salt``) names its first block with
+the salt as parent, so its whole chain differs from any other salt's or none:
+tenants who do not share a salt share no block, and cannot learn, by finding a
+block or by timing a prompt, what another one sent.
+
 When its last reference goes, a cached block is not forgotten: it waits in a
 least-recently-used list, still findable, and is evicted (its hash dropped)
 only when the pool has no never-cached free block left to give.
@@ -29,8 +34,9 @@ from collections import OrderedDict
 from paged.step01_allocator import BlockAllocator, OutOfBlocksError
 
 
-def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    """The name of a full block: its parent's name and its own token ids."""
+def block_hash(parent: int | str | None, tokens: tuple[int, ...]) -> int:
+    """The name of a full block: its parent's name (a first block's: None, or its request's cache salt) and
+    its own token ids."""
     return hash((parent, tokens))
 
 
@@ -87,7 +93,7 @@ class CachingBlockAllocator(BlockAllocator):
     # --8<-- [end:allocate]
 
     # --8<-- [start:lookup]
-    def lookup(self, parent: int | None, tokens: tuple[int, ...]) -> int | None:
+    def lookup(self, parent: int | str | None, tokens: tuple[int, ...]) -> int | None:
         """The block holding exactly ``tokens`` after ``parent``, taking a reference; or None."""
         self.queries += 1
         h = block_hash(parent, tokens)
@@ -102,7 +108,7 @@ class CachingBlockAllocator(BlockAllocator):
             self._ref_count[block] += 1
         return block
 
-    def peek(self, parent: int | None, tokens: tuple[int, ...]) -> int | None:
+    def peek(self, parent: int | str | None, tokens: tuple[int, ...]) -> int | None:
         """Like ``lookup`` but takes no reference and counts nothing."""
         block = self._by_hash.get(block_hash(parent, tokens))
         if block is None or self._key[block][1:] != (parent, tokens):
@@ -113,7 +119,7 @@ class CachingBlockAllocator(BlockAllocator):
         """The hash a cached block is known by."""
         return self._key[block][0]
 
-    def register(self, block: int, parent: int | None, tokens: tuple[int, ...]) -> int:
+    def register(self, block: int, parent: int | str | None, tokens: tuple[int, ...]) -> int:
         """Name a full, used block by its content; returns its hash (the next block's parent).
 
         If another block already holds the same content, that one stays the

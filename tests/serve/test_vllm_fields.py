@@ -266,3 +266,26 @@ def test_tokenizer_info_and_bad_input(server):
     assert post(server, "/tokenize", {"prompt": 5}).status_code == 400
     assert post(server, "/tokenize", {"prompt": "x", "model": "other"}).status_code == 404
     assert httpx.get(server.url + "/tokenizer_info").status_code == 401  # the API key guards them too
+
+
+# -- cache_salt ------------------------------------------------------------------------------
+def test_cache_salt_shares_the_prefix_cache_only_within_a_salt(server):
+    """Exact counts: a prompt of several blocks, sent again, reports its cached tokens only under the salt
+    that computed it (``usage.prompt_tokens_details.cached_tokens``; 0 under another salt and without one);
+    the greedy text is the same every time; a salt outside 1..256 characters is a 400 naming it."""
+    prompt = "def cache_salted(x):\n    " + "x = x + 1\n    " * 12
+
+    def cached(salt) -> tuple[int, str]:
+        body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, **({"cache_salt": salt} if salt else {})}
+        r = post(server, "/v1/completions", body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        return out["usage"]["prompt_tokens_details"]["cached_tokens"], out["choices"][0]["text"]
+
+    first = cached("tenant-a")
+    runs = [cached("tenant-a"), cached("tenant-b"), cached(None)]
+    assert first[0] == 0 and runs[0][0] > 0 and [n for n, _ in runs[1:]] == [0, 0]
+    assert len({text for _, text in [first] + runs}) == 1
+    for salt in ("", "s" * 257):
+        r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "cache_salt": salt})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text

@@ -140,6 +140,37 @@ def test_prefix_caching_on_equals_off(model):
     assert on.scheduler.kv.hit_rate() > 0
 
 
+def test_a_cache_salt_shares_prompt_blocks_only_within_its_salt(model):
+    """Exact counts: a prompt of 3 full blocks and a partial one, sent again, is found in the cache (12 tokens)
+    only under the salt it was computed with; another salt or none finds nothing, and neither does a salted
+    prompt that an unsalted one computed. The tokens are the same every time (greedy, bitwise: the cache
+    is transparent). ``n`` > 1 with a salt forks tables that keep naming their blocks under it."""
+    system = list(range(20, 33))  # 13 tokens, block size 4
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    engine = _engine(model)
+    runs = [("a1", "tenant-a"), ("a2", "tenant-a"), ("b1", "tenant-b"), ("n1", None), ("n2", None),
+            ("b2", "tenant-b")]
+    outs = {rid: drain(engine, [(rid, system, SamplingParams(**{**vars(greedy), "cache_salt": salt}))])[rid]
+            for rid, salt in runs}
+    assert {rid: out.num_cached_tokens for rid, out in outs.items()} == \
+        {"a1": 0, "a2": 12, "b1": 0, "n1": 0, "n2": 12, "b2": 12}
+    assert len({tuple(_tokens(out)[0]) for out in outs.values()}) == 1
+    # a 3-token prompt forks before any block is full: each sample's first block is named when its first
+    # token fills it, under the salt the fork kept
+    forked = SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=5, ignore_eos=True, cache_salt="tenant-c")
+    first = [7, 8, 9, drain(engine, [("c", [7, 8, 9], forked)])["c"].outputs[1].token_ids[0]]  # a forked one
+    found = {salt: drain(engine, [(f"c-{salt}", first + [1], SamplingParams(**{**vars(greedy), "cache_salt": salt}))])
+             [f"c-{salt}"].num_cached_tokens for salt in ("tenant-c", None)}
+    assert found == {"tenant-c": 4, None: 0}
+    # the scheduler's count of free blocks a prompt needs finds the hits of its own salt only
+    engine.add_request("held", system, SamplingParams(**{**vars(greedy), "cache_salt": "tenant-a"}))
+    engine.step()  # its prompt computed: its 3 full blocks in use
+    need = {salt: engine.scheduler.kv.blocks_needed_for_prompt(system, None, True, salt)
+            for salt in ("tenant-a", "tenant-b", None)}
+    assert need == {"tenant-a": 1, "tenant-b": 4, None: 4}  # a parked hit takes a free block all the same
+    drain(engine, [])
+
+
 def test_prefix_cache_evicted_then_recomputed_gives_same_output(model):
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompt = list(range(50, 63))
