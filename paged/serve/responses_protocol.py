@@ -171,6 +171,7 @@ class ResponsesRequest(RequestModel):
                                    "poll, stream again or cancel it by its id (needs store)")
     seed: StrictInt | None = Field(None, description="vLLM's: this request's own generator")
     priority: StrictInt = Field(0, description="vLLM's: the smaller goes first (--scheduling-policy priority)")
+    cache_salt: StrictStr | None = Field(None, description="vLLM's: the prefix cache is shared only within a salt")
     reasoning: Any = None
     include: Any = None
     metadata: Any = None
@@ -213,7 +214,7 @@ class ResponsesRequest(RequestModel):
             body["tool_choice"] = choice
         for ours, theirs in (("max_output_tokens", "max_completion_tokens"), ("temperature", "temperature"),
                              ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"), ("seed", "seed"),
-                             ("priority", "priority")):
+                             ("priority", "priority"), ("cache_salt", "cache_salt")):
             if getattr(self, ours) is not None:
                 body[theirs] = getattr(self, ours)
         fmt = self.text.format if self.text is not None else None
