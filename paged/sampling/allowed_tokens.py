@@ -20,6 +20,7 @@ class AllowedTokens:
 
     def __init__(self, token_ids: list[int]) -> None:
         self.token_ids = sorted(set(token_ids))
+        self.index = None  # the ids as a tensor on the logits' device, made at the first call
 
     def __call__(self, output_token_ids: list[int], logits):  # logits: [V]
         import torch
@@ -27,7 +28,8 @@ class AllowedTokens:
         if self.token_ids[-1] >= logits.shape[-1]:
             raise RequestError(f"allowed_token_ids holds {self.token_ids[-1]}, outside the vocabulary of "
                                f"{logits.shape[-1]} tokens", param="allowed_token_ids")
+        if self.index is None or self.index.device != logits.device:
+            self.index = torch.tensor(self.token_ids, device=logits.device)
         masked = torch.full_like(logits, float("-inf"))
-        index = torch.tensor(self.token_ids, device=logits.device)
-        masked[index] = logits[index]
+        masked[self.index] = logits[self.index]
         return masked

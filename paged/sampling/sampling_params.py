@@ -142,6 +142,7 @@ class SamplingParams:
     MAX_LOGIT_BIAS = 100.0
     MAX_ADDITIVE_PENALTY = 2.0
     MAX_SALT_CHARS = 256  # cache_salt: a key, not a document
+    MAX_ALLOWED_TOKENS = 262_144  # allowed_token_ids: Gemma 3's whole vocabulary
     MAX_INT64 = 2**63 - 1  # seed and top_k: what a torch generator and an index tensor hold (vLLM's seed bound)
     MAX_LENGTH_PENALTY = 10.0  # |length_penalty|: length ** 10 stays finite for any context
     MAX_STOP = 64
@@ -228,6 +229,9 @@ class SamplingParams:
             if not isinstance(allowed, list) or not allowed or any(
                     isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= self.MAX_INT64 for i in allowed):
                 bad("allowed_token_ids", allowed, "a non-empty list of token ids")
+            if len(allowed) > self.MAX_ALLOWED_TOKENS:
+                raise RequestError(f"allowed_token_ids has {len(allowed)} entries; at most {self.MAX_ALLOWED_TOKENS} "
+                                   "are allowed", param="allowed_token_ids", bound=self.MAX_ALLOWED_TOKENS)
             from paged.sampling.allowed_tokens import AllowedTokens
 
             self.logits_processors = [AllowedTokens(allowed), *(self.logits_processors or [])]

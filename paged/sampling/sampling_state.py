@@ -36,6 +36,10 @@ def check_against_model(params: SamplingParams, vocab_size: int, tokenizer, gram
     if outside:
         raise RequestError(f"logit_bias token ids must be in [0, {vocab_size}) (the model's vocabulary), "
                            f"got {outside[:5]}", param="logit_bias", bound=(0, vocab_size))
+    outside = [t for t in params.allowed_token_ids or () if t >= vocab_size]
+    if outside:
+        raise RequestError(f"allowed_token_ids must be in [0, {vocab_size}) (the model's vocabulary), "
+                           f"got {outside[:5]}", param="allowed_token_ids", bound=(0, vocab_size))
     outside = [t for t in params.stop_token_ids if t >= vocab_size]
     if outside:
         raise RequestError(f"stop_token_ids must be in [0, {vocab_size}) (the model's vocabulary), "

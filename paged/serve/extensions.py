@@ -137,7 +137,6 @@ IGNORED = {
 # refused with a 400: each asks for an output this engine cannot give
 REFUSED = {
     "prompt_logprobs": "the prompt's logprobs come with echo: true and logprobs on /v1/completions",
-    "allowed_token_ids": "restricting the vocabulary is not implemented; logit_bias or guided_choice may do",
     "structural_tag": "structured output takes a JSON schema, a JSON object, a regex, a choice or a grammar",
     "guided_whitespace_pattern": "the JSON automaton's whitespace is fixed",
     "logits_processors": "a request cannot load code into the server",
@@ -173,7 +172,8 @@ class _Extensions(RequestModel):
     modalities: Any = None
     verbosity: Any = None
     prompt_logprobs: Any = None
-    allowed_token_ids: Any = None
+    allowed_token_ids: list[StrictInt] | None = Field(None, **_bounds(
+        minItems=1, maxItems=SamplingParams.MAX_ALLOWED_TOKENS))
     structural_tag: Any = None
     guided_whitespace_pattern: Any = None
     logits_processors: Any = None

@@ -226,8 +226,9 @@ class Generator:
         request also carries ``req.priority`` (the engine refuses one other than 0 unless its order ranks by it)."""
         self.check_context(ids, max_tokens, rename)
         entries = self.check_answer_size(req, ids, max_tokens, logprobs, rename, echo is not None)
-        # a grammar is compiled while the params are built: off the loop
-        params = await self.work.run(INLINE_MAX if req.wants_grammar else 0, self.params, req, ids, max_tokens,
+        # a grammar is compiled while the params are built: off the loop (and a long allowed_token_ids checked)
+        weight = INLINE_MAX if req.wants_grammar else len(req.allowed_token_ids or ())
+        params = await self.work.run(weight, self.params, req, ids, max_tokens,
                                      logprobs, rename, prompt_logprobs)
         params.stop_token_ids += [t for t in stop_token_ids if t not in params.stop_token_ids]
         prefix = "chatcmpl" if kind == "chat" else "cmpl"

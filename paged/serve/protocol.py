@@ -206,6 +206,7 @@ class _Sampling(OpenAIModel):
             frequency_penalty=self.frequency_penalty,
             logit_bias=self._token_biases(), bad_words=self.bad_words,
             structured_outputs=self._structured_outputs(), cache_salt=self.cache_salt,
+            allowed_token_ids=self.allowed_token_ids,
         )
 
     def _token_biases(self) -> dict[int, float] | None:

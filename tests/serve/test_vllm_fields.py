@@ -289,3 +289,25 @@ def test_cache_salt_shares_the_prefix_cache_only_within_a_salt(server):
     for salt in ("", "s" * 257):
         r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "cache_salt": salt})
         assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
+
+
+# -- allowed_token_ids -----------------------------------------------------------------------
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": PROMPT}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]}),
+], ids=["completions", "chat"])
+def test_allowed_token_ids_are_the_only_tokens_drawn(server, path, body):
+    """Exact: every token of a sampled answer is one of the allowed ids (its logprobs name them); an id
+    outside the vocabulary, or an empty list, is a 400 naming the field before anything runs."""
+    allowed = [32, 33, 34, 35]
+    lp = {"logprobs": 1} if path == "/v1/completions" else {"logprobs": True, "top_logprobs": 1}
+    r = post(server, path, {**body, "max_tokens": 12, "ignore_eos": True, "temperature": 1.0, "seed": 3,
+                            "allowed_token_ids": allowed, "return_tokens_as_token_ids": True, **lp})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    tokens = choice["logprobs"]["tokens"] if path == "/v1/completions" else \
+        [t["token"] for t in choice["logprobs"]["content"]]
+    assert len(tokens) == 12 and {int(t.removeprefix("token_id:")) for t in tokens} <= set(allowed)
+    for bad in ([10**6], []):
+        r = post(server, path, {**body, "max_tokens": 2, "allowed_token_ids": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids", r.text

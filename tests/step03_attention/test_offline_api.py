@@ -127,6 +127,9 @@ def test_vllms_text_keywords(llm):
     assert out.prompt_token_ids == ids[-3:]
     with pytest.raises(RequestError):
         SamplingParams(spaces_between_special_tokens=False)
+    vocab = llm.model.config.vocab_size
+    with pytest.raises(RequestError, match=rf"allowed_token_ids must be in \[0, {vocab}\)"):  # before it runs
+        llm.engine.check_request([1, 2], SamplingParams(allowed_token_ids=[vocab]))
 
 
 def test_beam_search_is_generates_beam_search(llm):
