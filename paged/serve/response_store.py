@@ -171,7 +171,7 @@ class ResponseStore:
         return self.get(response_id).response
 
     def inputs(self, response_id: str) -> list[InputItemOut]:
-        """The items a response's request gave, running or kept (a 404 if neither)."""
+        """The items a response was made from, running or kept (a 404 if neither)."""
         if response_id in self.running:
             return self.running[response_id].inputs
         return self.get(response_id).inputs
