@@ -172,7 +172,7 @@ class _Extensions(RequestModel):
     modalities: Any = None
     verbosity: Any = None
     prompt_logprobs: Any = None
-    allowed_token_ids: list[StrictInt] | None = Field(None, **_bounds(
+    allowed_token_ids: Items[StrictInt] | None = Field(None, **_bounds(
         minItems=1, maxItems=SamplingParams.MAX_ALLOWED_TOKENS))
     structural_tag: Any = None
     guided_whitespace_pattern: Any = None
