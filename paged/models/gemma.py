@@ -28,7 +28,7 @@ from paged.models.base import CausalLM
 from paged.kernels.cpu import fused_ops
 from paged.models.config import ModelConfig
 from paged.models.layers import Embedding, Linear, MergedLinear, RotaryEmbedding, gelu_and_mul
-from paged.models.unrolled import UnrolledGemma, fused_kernels, plain
+from paged.models.unrolled import UnrolledGemma, unrolled
 
 
 class GemmaRMSNorm(nn.Module):
@@ -175,15 +175,12 @@ class GemmaForCausalLM(CausalLM):
     def unroll(self) -> UnrolledGemma | None:
         """``GemmaModel.forward`` as one loop of kernel calls (``paged.models.unrolled``), where the kernels
         allow it and every norm is a ``GemmaRMSNorm`` as defined here."""
-        ops = fused_kernels(self)
         norms = [self.model.norm]
         for layer in self.model.layers:
             norms += [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
                       layer.post_feedforward_layernorm]
             norms += [n for n in (layer.self_attn.q_norm, layer.self_attn.k_norm) if n is not None]
-        if ops is None or not plain(norms, GemmaRMSNorm):
-            return None
-        return UnrolledGemma(self, ops)
+        return unrolled(self, UnrolledGemma, norms, GemmaRMSNorm)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
         logits = self.lm_head(hidden)

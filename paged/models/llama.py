@@ -25,7 +25,7 @@ from paged.models.attention import Attention, attention_options
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
 from paged.models.layers import Embedding, Linear, MergedLinear, RMSNorm, RotaryEmbedding, silu_and_mul
-from paged.models.unrolled import UnrolledLlama, fused_kernels, plain
+from paged.models.unrolled import UnrolledLlama, unrolled
 
 
 class LlamaAttention(nn.Module):
@@ -152,14 +152,11 @@ class LlamaForCausalLM(CausalLM):
     def unroll(self) -> UnrolledLlama | None:
         """``LlamaModel.forward`` as one loop of kernel calls (``paged.models.unrolled``), where the kernels
         allow it and every norm is an ``RMSNorm`` as ``layers.py`` defines it."""
-        ops = fused_kernels(self)
         norms = [self.model.norm]
         for layer in self.model.layers:
             norms += [layer.input_layernorm, layer.post_attention_layernorm]
             norms += [n for n in (layer.self_attn.q_norm, layer.self_attn.k_norm) if n is not None]
-        if ops is None or not plain(norms, RMSNorm):
-            return None
-        return UnrolledLlama(self, ops)
+        return unrolled(self, UnrolledLlama, norms, RMSNorm)
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):

@@ -20,7 +20,7 @@ from paged.models.attention import Attention
 from paged.models.base import CausalLM
 from paged.models.config import ModelConfig
 from paged.models.layers import Embedding, Linear, MergedLinear
-from paged.models.unrolled import UnrolledOPT, fused_kernels, plain
+from paged.models.unrolled import UnrolledOPT, unrolled
 
 POSITION_OFFSET = 2  # OPT's learned position table starts at row 2
 
@@ -138,12 +138,10 @@ class OPTForCausalLM(CausalLM):
     def unroll(self) -> UnrolledOPT | None:
         """``OPTDecoder.forward`` as one loop of kernel calls (``paged.models.unrolled``), where the kernels
         allow it and every norm is torch's own ``nn.LayerNorm``."""
-        ops, decoder = fused_kernels(self), self.model.decoder
+        decoder = self.model.decoder
         norms = [n for layer in decoder.layers for n in (layer.self_attn_layer_norm, layer.final_layer_norm)]
         norms += [decoder.final_layer_norm] if decoder.final_layer_norm is not None else []
-        if ops is None or not plain(norms, nn.LayerNorm):
-            return None
-        return UnrolledOPT(self, ops, POSITION_OFFSET)
+        return unrolled(self, UnrolledOPT, norms, nn.LayerNorm, POSITION_OFFSET)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T', hidden] -> [T', V]
         project_out = self.model.decoder.project_out

@@ -52,7 +52,8 @@ def plain(modules: list[nn.Module], cls: type) -> bool:
 
 class Unrolled:
     """What every unrolled pass shares: where it may run (``applies``). A model's ``unroll`` builds its own
-    (``UnrolledLlama``, ``UnrolledGemma``), once its modules are ready to serve."""
+    (``UnrolledLlama``, ``UnrolledGemma``, ``UnrolledOPT``; through ``unrolled``), once its modules are ready
+    to serve."""
 
     def __init__(self, model: nn.Module, ops) -> None:
         self.ops = ops
@@ -223,10 +224,19 @@ class UnrolledOPT(Unrolled):
         return F.layer_norm(h, *self.final) if self.final is not None else h
 
 
+def unrolled(model: nn.Module, cls: type, norms: list[nn.Module], norm_class: type, *args) -> Unrolled | None:
+    """``cls(model, ops, *args)``, a model's unrolled pass, where one may be built: the pass may be unrolled
+    at all (``fused_kernels``) and every norm the loop repeats is exactly a ``norm_class`` (``plain``); else
+    None. What each model's ``unroll`` returns, given its norms."""
+    ops = fused_kernels(model)
+    if ops is None or not plain(norms, norm_class):
+        return None
+    return cls(model, ops, *args)
+
+
 def fused_kernels(model: nn.Module):
     """The compiled CPU kernels, if ``model``'s pass may be unrolled at all: on the CPU, in a dtype with fused
-    ops (``paged.kernels.cpu``), with the fused ops on and ``PAGED_UNROLLED`` not ``0``; else None. The model's
-    ``unroll`` then checks that its modules are the ones its loop stands for."""
+    ops (``paged.kernels.cpu``), with the fused ops on and ``PAGED_UNROLLED`` not ``0``; else None."""
     if not (UNROLLED and cpu_kernels.FUSED_OPS):
         return None
     weight = model.get_input_embeddings().weight

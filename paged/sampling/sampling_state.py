@@ -32,18 +32,13 @@ def check_against_model(params: SamplingParams, vocab_size: int, tokenizer, gram
     """What ``SamplingParams`` cannot check alone: token ids in the vocabulary, a tokenizer when
     needed, and a grammar that compiles against this tokenizer (``grammars()``: the engine's
     ``GrammarCompiler``), so that nothing fails once the request runs."""
-    outside = [t for t in (params.logit_bias or {}) if t >= vocab_size]
-    if outside:
-        raise RequestError(f"logit_bias token ids must be in [0, {vocab_size}) (the model's vocabulary), "
-                           f"got {outside[:5]}", param="logit_bias", bound=(0, vocab_size))
-    outside = [t for t in params.allowed_token_ids or () if t >= vocab_size]
-    if outside:
-        raise RequestError(f"allowed_token_ids must be in [0, {vocab_size}) (the model's vocabulary), "
-                           f"got {outside[:5]}", param="allowed_token_ids", bound=(0, vocab_size))
-    outside = [t for t in params.stop_token_ids if t >= vocab_size]
-    if outside:
-        raise RequestError(f"stop_token_ids must be in [0, {vocab_size}) (the model's vocabulary), "
-                           f"got {outside[:5]}", param="stop_token_ids", bound=(0, vocab_size))
+    for name, ids, what in (("logit_bias", params.logit_bias or {}, "logit_bias token ids"),
+                            ("allowed_token_ids", params.allowed_token_ids or (), "allowed_token_ids"),
+                            ("stop_token_ids", params.stop_token_ids, "stop_token_ids")):
+        outside = [t for t in ids if t >= vocab_size]
+        if outside:
+            raise RequestError(f"{what} must be in [0, {vocab_size}) (the model's vocabulary), got {outside[:5]}",
+                               param=name, bound=(0, vocab_size))
     for name in ("bad_words", "guided_decoding"):
         if getattr(params, name) and tokenizer is None:
             raise RequestError(f"{name} needs the model's tokenizer (tokenizer.json), and this model has none",

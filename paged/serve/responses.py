@@ -16,8 +16,9 @@ responses it gave (in memory, for its lifetime, or until ``DELETE
 /v1/responses/{id}``; ``store: false`` keeps none),
 each with its conversation (without its instructions, as OpenAI's API does),
 so a client can send only the new input, and the items used to make it
-(``input_items``, a page at a time: a follow-up's begin with the conversation's). An id the server no longer keeps is a
-404 naming the field. ``background: true``: the response runs with no
+(``input_items``, a page at a time: a follow-up's begin with the
+conversation's). An id the server no longer keeps is a 404 naming the
+field. ``background: true``: the response runs with no
 connection held, polled, streamed again from any event, or cancelled
 (``response_store.py``). ``truncation: "auto"``: a conversation past the
 context loses its oldest turns instead of being refused (``fit_context``).

@@ -198,7 +198,8 @@ class ResponsesRequest(RequestModel):
 
     def chat_body(self, history: list[dict]) -> dict:
         """The chat request this one is: ``history`` (the previous response's conversation), ``instructions``
-        first, then ``input``; ``stream`` (also for ``background``) with the usage at the end, so the last event can report it."""
+        first, then ``input``; ``stream`` (also for ``background``) with the usage at the end, so the last event
+        can report it."""
         messages = ([{"role": "system", "content": self.instructions}] if self.instructions else []) + history
         messages += input_messages(self.input)
         streamed = self.stream or self.background  # a background response is made from the stream's chunks
