@@ -13,13 +13,13 @@ fields are strict and unknown ones are accepted and logged once.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import Field, StrictBool, StrictInt, StrictStr, Tag, model_validator
 
 from paged.serve.errors import APIError
-from paged.serve.extensions import ChatExtensions, Items, OpenAIModel
-from paged.serve.protocol import MAX_LOGPROBS, _Sampling, bounds
+from paged.serve.extensions import ChatExtensions, Items, OpenAIModel, by_type
+from paged.serve.protocol import EXPECTED, MAX_LOGPROBS, _Sampling, bounds
 
 MAX_TOOLS = 128  # OpenAI's bound on the functions of one request
 TOOL_NAME = r"^[a-zA-Z0-9_.:-]{1,64}$"  # OpenAI's function names (vLLM also lets '.' and ':' through)
@@ -115,6 +115,29 @@ class NamedToolChoice(OpenAIModel):
     function: ChosenFunction
 
 
+class AllowedTools(OpenAIModel):
+    mode: Literal["auto", "required"]
+    tools: Items[NamedToolChoice] = Field(min_length=1, max_length=MAX_TOOLS,
+                                          description='the functions the model may call: {"type": "function", '
+                                          '"function": {"name"}} each')
+
+
+class AllowedToolsChoice(OpenAIModel):
+    """``tool_choice`` allowing a subset of ``tools``: every tool still reaches the template (so the prompt,
+    and its cached blocks, stay the same from request to request); only the allowed ones can be called,
+    ``auto`` (the model decides) or ``required`` (at least one call)."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+# a string, or an object by its type (none given: a function, as vLLM reads it)
+ToolChoice = Annotated[Annotated[Literal["none", "auto", "required"], Tag("str")]
+                       | Annotated[NamedToolChoice, Tag("NamedToolChoice")]
+                       | Annotated[AllowedToolsChoice, Tag("AllowedToolsChoice")],
+                       by_type(EXPECTED["tool_choice"], NamedToolChoice, allowed_tools=AllowedToolsChoice)]
+
+
 class ChatCompletionRequest(_Sampling, ChatExtensions):
     """``POST /v1/chat/completions``: messages rendered into one prompt (see ``chat_template.py``)."""
 
@@ -124,7 +147,7 @@ class ChatCompletionRequest(_Sampling, ChatExtensions):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, **bounds(minimum=0, maximum=MAX_LOGPROBS))
     tools: Items[Tool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = Field(None, description="more than one call in a reply "
                                                    "(default true)")
     include_reasoning: StrictBool = Field(True, description="with a --reasoning-parser: return the reasoning "

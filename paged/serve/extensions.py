@@ -33,6 +33,7 @@ from typing import Annotated, Any
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StrictBool,
     StrictInt,
@@ -88,6 +89,22 @@ class Items:
 
     def __class_getitem__(cls, kind):
         return Annotated[list[kind], Field(fail_fast=True)]
+
+
+def by_type(expected: str, other: type, **kinds: type) -> Discriminator:
+    """Which member of a union an object is checked as, by its ``type``: ``kinds[type]`` when named there, else
+    ``other`` (so a bad field of an object that says its type is that type's own error, never a list of every
+    member's); a string is checked as the member tagged ``"str"``. Each member is tagged with its class name
+    (``Tag``); a value no member could be (a number; a string where none is taken) is told ``expected``."""
+    def member(value) -> str | None:
+        if isinstance(value, str):
+            return "str"
+        if not isinstance(value, (dict, BaseModel)):
+            return None
+        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+        return kinds.get(kind, other).__name__
+    return Discriminator(member, custom_error_type="wrong_kind",
+                         custom_error_message=f"Input should be {expected}")
 
 
 class OpenAIModel(BaseModel):

@@ -77,7 +77,8 @@ class ServeOptions:
         reasoning = REASONING_PARSERS.get(self.reasoning_parser) if self.reasoning_parser else None
         if reasoning is not None and structured and reasoning().implicit_start:
             reasoning = None
-        tools = {"auto": TOOL_PARSERS.get(self.tool_call_parser), "required": CallListParser,
+        auto = TOOL_PARSERS.get(self.tool_call_parser)
+        tools = {"auto": auto and (lambda: auto(plan.allowed)), "required": CallListParser,
                  "named": lambda: NamedCallParser(plan.name)}.get(plan.mode)
         if reasoning is None and tools is None:
             return None

@@ -48,7 +48,8 @@ EXPECTED = {
     "prompt": "a string, a list of strings, a list of token ids, or a list of token-id lists",
     "stop": "a string or a list of strings",
     "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
-    "tool_choice": "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+    "tool_choice": "\"none\", \"auto\", \"required\", {\"type\": \"function\", \"function\": {\"name\": ...}} or "
+                   "{\"type\": \"allowed_tools\", \"allowed_tools\": {\"mode\", \"tools\"}}",
 }
 
 

@@ -4,7 +4,9 @@ A finished response is kept (``store`` not false) with the conversation it ends,
 so the next request can send only its new input (``previous_response_id``), and
 with the items that made it (``input_items``: a follow-up's are the earlier
 response's, its output, then its own input): the newest
-``--response-store`` of them, 64 MiB at most, the oldest going first.
+``--response-store`` of them, 64 MiB at most, the oldest going first. Any of
+those items, input or output, can be sent again by its id alone
+(``item_reference``), for as long as a kept response holds it.
 
 **Background responses.** ``background: true`` answers at once, with the
 response ``queued``; the generation goes on with no connection held
@@ -29,13 +31,18 @@ import asyncio
 from collections import OrderedDict
 from typing import AsyncIterator, Callable, NamedTuple
 
+from pydantic import TypeAdapter
+
 from paged.serve.errors import APIError
+from paged.serve.extensions import BUILT_HERE
+from paged.serve.responses_protocol import InputItem
 from paged.serve.responses_schemas import ErrorEvent, InputItemOut, ResponseObject
 from paged.serve.streaming import sse
 
 MAX_STORED_CHARS = 64 * 2**20  # the store's conversations together, as JSON text: the oldest go first past it
 CLIENT_SHARE = 4  # one client may have a quarter of the store's background responses running
 RUNNING = ("queued", "in_progress")
+AS_INPUT = TypeAdapter(InputItem)  # an item as a request's input takes it: an output item is a valid input item
 CONTINUABLE = ("completed", "incomplete")  # a response a follow-up can continue (previous_response_id)
 
 
@@ -126,6 +133,7 @@ class ResponseStore:
         self.capacity, self.max_chars = capacity, max_chars
         self.entries: OrderedDict[str, Kept] = OrderedDict()
         self.chars = 0
+        self.items: dict[str, dict[str, object]] = {}  # an item's id -> {a kept response holding it: the item}
         self.running: dict[str, Background] = {}
 
     def put(self, response: ResponseObject, conversation: list[dict] | None, inputs: list[InputItemOut],
@@ -135,8 +143,19 @@ class ResponseStore:
             return
         self.entries[response.id] = Kept(response, conversation, inputs, events, size)
         self.chars += size
+        for item in inputs + response.output:
+            self.items.setdefault(item.id, {})[response.id] = item
         while len(self.entries) > self.capacity or self.chars > self.max_chars:
-            self.chars -= self.entries.popitem(last=False)[1].size
+            self._forget(next(iter(self.entries)))
+
+    def _forget(self, response_id: str) -> None:
+        kept = self.entries.pop(response_id)
+        self.chars -= kept.size
+        for item in kept.inputs + kept.response.output:
+            holders = self.items[item.id]
+            holders.pop(response_id, None)
+            if not holders:
+                del self.items[item.id]
 
     def _missing(self, response_id: str, param: str) -> APIError:
         return APIError(f"response {response_id[:80]!r} is not kept by this server (it keeps the newest "
@@ -179,7 +198,17 @@ class ResponseStore:
     def delete(self, response_id: str) -> None:
         """Forget a response and its conversation (a 404, as ``get``, if it is not kept)."""
         self.get(response_id)
-        self.chars -= self.entries.pop(response_id).size
+        self._forget(response_id)
+
+    def item(self, item_id: str, param: str):
+        """The item ``item_id`` of a kept response (the newest one holding it: a follow-up holds its
+        conversation's), as a request's input takes it (``item_reference``); a 404 naming ``param`` if none."""
+        holders = self.items.get(item_id)
+        if not holders:
+            raise APIError(f"{param}: no response this server keeps has an item {item_id[:80]!r} (it keeps the newest "
+                           f"{self.capacity} it gave, with store not false, until deleted)", 404, param=param,
+                           code="not_found")
+        return AS_INPUT.validate_python(next(reversed(holders.values())).model_dump(), context=BUILT_HERE)
 
     # --- background responses
 

@@ -18,7 +18,8 @@ each with its conversation (without its instructions, as OpenAI's API does),
 so a client can send only the new input, and the items used to make it
 (``input_items``, a page at a time: a follow-up's begin with the
 conversation's). An id the server no longer keeps is a 404 naming the
-field. ``background: true``: the response runs with no
+field. An ``item_reference`` input item names one kept item, which is put in
+its place. ``background: true``: the response runs with no
 connection held, polled, streamed again from any event, or cancelled
 (``response_store.py``). ``truncation: "auto"``: a conversation past the
 context loses its oldest turns instead of being refused (``fit_context``).
@@ -72,7 +73,7 @@ def input_items(req: ResponsesRequest) -> list[InputItemOut]:
             out.append(FunctionCallOut(id=item.id or new_id("fc"), call_id=item.call_id, name=item.name,
                                        arguments=item.arguments, status="completed"))
         elif isinstance(item, FunctionCallOutputItem):
-            out.append(FunctionCallOutputOut(id=new_id("fco"), call_id=item.call_id, output=item.text()))
+            out.append(FunctionCallOutputOut(id=item.id or new_id("fco"), call_id=item.call_id, output=item.text()))
         else:  # ReasoningItem
             out.append(ReasoningOut(id=item.id or new_id("rs"), status="completed",
                                     summary=[p.model_dump() for p in item.summary],
@@ -312,7 +313,7 @@ async def fit_context(req: ResponsesRequest, body: dict, served, weight: int) ->
 def install(app, served, generator, store: ResponseStore) -> None:
     """Add ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{response_id}``, ``GET
     /v1/responses/{response_id}/input_items`` and ``POST /v1/responses/{response_id}/cancel`` to ``app``."""
-    errors = error_responses(400, 401, 413, 415, 421, 500, _404="the model, or previous_response_id, is not here",
+    errors = error_responses(400, 401, 413, 415, 421, 500, _404="the model, previous_response_id or a referenced item is not here",
                              _429="background: too many background responses are running",
                              _503="the engine failed, or the server is stopping")
     stream_doc = {"text/event-stream": {"schema": {"type": "object", "properties": {"event": {"type": "string"},
@@ -333,6 +334,7 @@ def install(app, served, generator, store: ResponseStore) -> None:
             raise APIError("background: true needs store: true (a background response is fetched later, so the "
                            "server keeps it)", param="background", code="invalid_value")
         conversation, earlier = store.continued(req.previous_response_id) if req.previous_response_id else ([], [])
+        req = req.referenced(store.item)
         if req.background:
             store.admit(client_address(raw))
         builder = ResponseBuilder(req, served.name)

@@ -14,12 +14,13 @@ custom tools) are not served: they are dropped, and logged once.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from pydantic import Discriminator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag
 
 from paged.serve.chat_protocol import MAX_TOOLS, TOOL_NAME
-from paged.serve.extensions import Items, OpenAIModel, RequestModel, note_ignored
+from paged.serve.errors import APIError
+from paged.serve.extensions import Items, OpenAIModel, RequestModel, by_type, note_ignored
 from paged.serve.protocol import bounds
 
 
@@ -56,6 +57,7 @@ class FunctionCallOutputItem(OpenAIModel):
     type: Literal["function_call_output"]
     call_id: StrictStr
     output: StrictStr | Items[TextPart]
+    id: StrictStr | None = None
 
     def text(self) -> str:
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
@@ -75,7 +77,15 @@ class ReasoningItem(OpenAIModel):
     content: Items[ReasoningTextPart] | None = None
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+class ItemReference(OpenAIModel):
+    """An item of a response this server keeps (one it was given or one it gave), by its id: the server puts
+    the item itself in its place (``ResponseStore.item``)."""
+
+    type: Literal["item_reference"]
+    id: StrictStr
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem  # what a reference stands for
 
 
 class FunctionTool(OpenAIModel):
@@ -101,26 +111,48 @@ class FunctionChoice(OpenAIModel):
     name: StrictStr
 
 
+class AllowedTool(OpenAIModel):
+    """One tool an ``allowed_tools`` choice allows: a function by its name, or a tool of another type (not
+    served: dropped)."""
+
+    type: StrictStr
+    name: StrictStr | None = None
+
+
+class AllowedChoice(OpenAIModel):
+    """``allowed_tools``: only these of ``tools`` may be called (every tool still reaches the template)."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: Items[AllowedTool] = Field(min_length=1, max_length=MAX_TOOLS)
+
+
 class OtherChoice(OpenAIModel):
-    """A choice of another type (``allowed_tools``, a hosted tool's): not served, the default is used."""
+    """A choice of another type (a hosted tool's): not served, the default is used."""
 
     note_extras: ClassVar[bool] = False
-    type: StrictStr = Field(json_schema_extra=NOT_FUNCTION)
+    type: StrictStr = Field(json_schema_extra={"not": {"enum": ["function", "allowed_tools"]}})
 
 
-def by_type(function: type, other: type) -> Discriminator:
-    """Which member an object is checked as: ``"type": "function"`` makes it ``function`` (a bad name is
-    then that function's error, never an unknown type's), any other ``type`` makes it ``other``."""
-    def member(value) -> str:
-        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-        return (function if kind == "function" else other).__name__
-    return Discriminator(member)
+PARTS = 'a list of {"type": "input_text", "text": ...} parts'
+# what a field of several types takes, for the error message (in this request's shapes, not chat's)
+EXPECTED = {
+    "input": 'a string or a list of items (each {"type": "message", "role", "content"}, "function_call", '
+             '"function_call_output", "reasoning" or "item_reference")',
+    "content": f"a string or {PARTS}",
+    "output": f"a string or {PARTS}",
+    "tool_choice": '"none", "auto", "required", {"type": "function", "name": ...} or {"type": "allowed_tools", '
+                   '"mode", "tools"}',
+}
 
 
 Tool = Annotated[Annotated[FunctionTool, Tag("FunctionTool")] | Annotated[OtherTool, Tag("OtherTool")],
-                 by_type(FunctionTool, OtherTool)]
-ToolChoice = Annotated[Annotated[FunctionChoice, Tag("FunctionChoice")] | Annotated[OtherChoice, Tag("OtherChoice")],
-                       by_type(FunctionChoice, OtherChoice)]
+                 by_type("a tool object", OtherTool, function=FunctionTool)]
+ToolChoice = Annotated[Annotated[Literal["none", "auto", "required"], Tag("str")]
+                       | Annotated[FunctionChoice, Tag("FunctionChoice")]
+                       | Annotated[AllowedChoice, Tag("AllowedChoice")] | Annotated[OtherChoice, Tag("OtherChoice")],
+                       by_type(EXPECTED["tool_choice"], OtherChoice, function=FunctionChoice,
+                               allowed_tools=AllowedChoice)]
 
 
 class TextFormat(OpenAIModel):
@@ -138,22 +170,12 @@ class TextConfig(OpenAIModel):
     verbosity: Any = None
 
 
-PARTS = 'a list of {"type": "input_text", "text": ...} parts'
-# what a field of several types takes, for the error message (in this request's shapes, not chat's)
-EXPECTED = {
-    "input": 'a string or a list of items (each {"type": "message", "role", "content"}, "function_call", '
-             '"function_call_output" or "reasoning")',
-    "content": f"a string or {PARTS}",
-    "output": f"a string or {PARTS}",
-    "tool_choice": '"none", "auto", "required" or {"type": "function", "name": ...}',
-}
-
-
 class ResponsesRequest(RequestModel):
     """``POST /v1/responses``: OpenAI's fields this server reads; any other is accepted and logged once."""
 
     model: StrictStr | None = None
-    input: StrictStr | Items[InputItem] = Field(description="a user message, or the conversation's items")
+    input: StrictStr | Items[InputItem | ItemReference] = Field(description="a user message, or the "
+                                                                  "conversation's items")
     instructions: StrictStr | None = None
     previous_response_id: StrictStr | None = Field(None, description="continue a response this server gave "
                                                    "(and still keeps: the newest --response-store ones)")
@@ -162,7 +184,7 @@ class ResponsesRequest(RequestModel):
     temperature: StrictFloat | None = Field(None, **bounds(minimum=0, maximum=100))
     top_p: StrictFloat | None = Field(None, **bounds(exclusive_minimum=0, maximum=1))
     tools: Items[Tool] | None = Field(None, **bounds(max_items=MAX_TOOLS))
-    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     text: TextConfig | None = None
     stream: StrictBool = False
@@ -179,6 +201,14 @@ class ResponsesRequest(RequestModel):
     truncation: Literal["auto", "disabled"] | None = Field(None, description="auto: past the context, the oldest "
                                                          "turns are dropped until the prompt fits")
 
+    def referenced(self, item: Callable[[str, str], InputItem]) -> ResponsesRequest:
+        """This request with each ``item_reference`` of its input replaced by the item it names (``item(id,
+        param)``: a kept item, else a 404 naming ``param``)."""
+        if isinstance(self.input, str) or not any(isinstance(i, ItemReference) for i in self.input):
+            return self
+        return self.model_copy(update={"input": [item(i.id, f"input.{n}.id") if isinstance(i, ItemReference) else i
+                                                 for n, i in enumerate(self.input)]})
+
     def function_tools(self) -> list[FunctionTool]:
         tools = [t for t in self.tools or [] if isinstance(t, FunctionTool)]
         for other in {t.type for t in self.tools or [] if not isinstance(t, FunctionTool)}:
@@ -187,10 +217,22 @@ class ResponsesRequest(RequestModel):
         return tools
 
     def chat_tool_choice(self):
-        """``tool_choice`` in the chat request's shape (another type of choice: the default, logged)."""
+        """``tool_choice`` in the chat request's shape (another type of choice: the default, logged; an
+        ``allowed_tools`` one keeps its functions, and allowing none of them, in ``auto``, is ``none``)."""
         choice = self.tool_choice
         if isinstance(choice, FunctionChoice):
             return {"type": "function", "function": {"name": choice.name}}
+        if isinstance(choice, AllowedChoice):
+            names = [t.name for t in choice.tools if t.type == "function"]
+            for other in {t.type for t in choice.tools if t.type != "function"}:
+                note_ignored(f"tool_choice.tools[type={other[:40]}]", "only function tools are served")
+            if not names and choice.mode == "auto":
+                return "none"
+            if not names:
+                raise APIError("tool_choice.tools: allowed_tools in required mode allows no function, and only "
+                               "function tools are served here", param="tool_choice.tools", code="invalid_value")
+            return {"type": "allowed_tools", "allowed_tools": {
+                "mode": choice.mode, "tools": [{"type": "function", "function": {"name": n}} for n in names]}}
         if isinstance(choice, OtherChoice):
             note_ignored(f"tool_choice[type={choice.type[:40]}]", "only function choices are served")
             return None

@@ -11,7 +11,8 @@ Text outside the blocks is the message's ``content``; whitespace right before
 a call, between calls and after the last one is dropped (a stream cannot know
 whether trailing whitespace precedes a call, so it is held until the next text
 says). A block whose JSON does not parse, or has no string
-``name``, is not a call: its text is returned as content, as written. A call
+``name``, or names a function the request does not allow (``allowed_tools``),
+is not a call: its text is returned as content, as written. A call
 is sent once its block has closed (or the reply ended inside it), in one
 piece: id, name and the whole arguments text. While streaming, a tail that
 could be the start of ``<tool_call>`` is held back until the next text decides.
@@ -27,9 +28,11 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 class HermesParser:
-    """The calls and the content of one reply in the Hermes format, fed as text deltas."""
+    """The calls and the content of one reply in the Hermes format, fed as text deltas; ``allowed``: the
+    functions a call may name (None: any)."""
 
-    def __init__(self) -> None:
+    def __init__(self, allowed: frozenset[str] | None = None) -> None:
+        self.allowed = allowed
         self.pending = ""  # text not yet decided on
         self.in_call = False
         self.calls = 0
@@ -48,7 +51,8 @@ class HermesParser:
             value = json.loads(body)
         except json.JSONDecodeError:
             value = None
-        if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
+        if not (isinstance(value, dict) and isinstance(value.get("name"), str)) or \
+                (self.allowed is not None and value["name"] not in self.allowed):
             return DeltaMessage(content=self._content(OPEN + body + (CLOSE if not self.in_call else "")))
         arguments = value.get("arguments", value.get("parameters", {}))
         self.spaces = ""
@@ -75,7 +79,7 @@ class HermesParser:
                 out.content += self._content(sent)
                 return out
             out.content += self._content(self.pending[:start])
-            self.spaces, self.pending, self.in_call = "", self.pending[start + len(OPEN):], True
+            self.pending, self.in_call = self.pending[start + len(OPEN):], True  # its spaces go if it is a call
 
     def finish(self) -> DeltaMessage:
         rest, self.pending = self.pending, ""

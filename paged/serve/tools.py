@@ -15,6 +15,14 @@
 * a named function: exactly that call; the output is forced to the tool's
   arguments schema, and all of it is the call's ``arguments`` (``NamedCallParser``).
 
+``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`` narrows what
+may be called, not what the model is told: every tool still reaches the
+template, so the prompt (and the prefix cache's blocks of it) stays the same
+while the allowed set changes from turn to turn. ``required`` forces the calls'
+array over the allowed functions only; ``auto`` hands the allowed names to the
+parser, which keeps a call to any other tool as text, as it keeps a block that
+is no call.
+
 Either way the client sees ``tool_calls`` with the arguments as JSON text, in
 the message or streamed as ``tool_calls`` deltas (the first piece of a call
 carries its id and name, the next ones more arguments text).
@@ -26,6 +34,7 @@ import json
 from dataclasses import dataclass
 
 from paged.serve.chat_output import DeltaMessage, ToolCallDelta, tool_call_id
+from paged.serve.chat_protocol import AllowedToolsChoice
 from paged.serve.errors import APIError
 
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -34,12 +43,14 @@ NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": Fals
 @dataclass
 class ToolPlan:
     """What one request's tools ask: ``mode`` (``none``, ``auto``, ``required``, ``named``), the tools as the
-    template receives them, the forced function's name and whether several calls may be made."""
+    template receives them, the forced function's name, whether several calls may be made, and the functions
+    that may be called (``allowed``; None: every tool)."""
 
     mode: str
     tools: list[dict] | None
     name: str | None = None
     parallel: bool = True
+    allowed: frozenset[str] | None = None
 
     def schema(self, functions: dict[str, dict]) -> dict | None:
         """The JSON schema forced on the output (``required`` / ``named``), else None."""
@@ -49,7 +60,7 @@ class ToolPlan:
             return None
         calls = [{"type": "object", "properties": {"name": {"const": name}, "parameters": params},
                   "required": ["name", "parameters"], "additionalProperties": False}
-                 for name, params in functions.items()]
+                 for name, params in functions.items() if self.allowed is None or name in self.allowed]
         return {"type": "array", "minItems": 1, **({} if self.parallel else {"maxItems": 1}),
                 "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
 
@@ -74,14 +85,22 @@ def plan_tools(req, auto_parser: str | None) -> tuple[ToolPlan, dict[str, dict]]
     if not tools:
         raise APIError(f"tool_choice {choice if isinstance(choice, str) else 'naming a function'} needs tools",
                        param="tool_choice", code="invalid_value")
+    allowed = None
+    if isinstance(choice, AllowedToolsChoice):
+        allowed = frozenset(t.function.name for t in choice.allowed_tools.tools)
+        unknown = sorted(allowed - functions.keys())
+        if unknown:
+            raise APIError(f"tool_choice: allowed_tools names {unknown[0]!r:.80}, which is not among tools "
+                           f"({sorted(functions)[:8]})", param="tool_choice", code="invalid_value")
+        choice = choice.allowed_tools.mode
     if choice == "auto":
         if auto_parser is None:
             raise APIError('tool_choice "auto" (the default when tools are given) needs the server started with '
                            '--enable-auto-tool-choice and --tool-call-parser; "required", a named function and '
                            '"none" work on any server', param="tool_choice", code="invalid_value")
-        return ToolPlan("auto", as_given, parallel=parallel), functions
+        return ToolPlan("auto", as_given, parallel=parallel, allowed=allowed), functions
     if choice == "required":
-        return ToolPlan("required", as_given, parallel=parallel), functions
+        return ToolPlan("required", as_given, parallel=parallel, allowed=allowed), functions
     name = choice.function.name
     if name not in functions:
         raise APIError(f"tool_choice names {name!r:.80}, which is not among tools ({sorted(functions)[:8]})",

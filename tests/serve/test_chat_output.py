@@ -31,6 +31,7 @@ REPLIES = [
     CALL + "\n" + CALL.replace("Paris", "Rome") + "\n",
     '<tool_call>{"oops": 1}</tool_call> not a call',
     "<tool_call>not json</tool_call>",
+    "see: <tool_call>not json</tool_call>",  # not a call: the space before it stays
     '<tool_call>{"name": "f", "arguments": {}}',  # max_tokens cut after the JSON, before the close
     "a < b but <tool no tag",
     "<think>a</think>" + CALL,
@@ -84,8 +85,18 @@ def test_the_whole_parse_is_the_split_a_client_expects():
     assert parser.finish_reason("stop") == "tool_calls" and parser.finish_reason("length") == "length"
     assert make("qwen3", False).whole("no tags").reasoning is None
     assert make("deepseek_r1", False).whole("no close").content in ("", None)
-    bad = make(None, True).whole("<tool_call>not json</tool_call>")
-    assert bad.content == "<tool_call>not json</tool_call>" and bad.tool_calls == []
+    bad = make(None, True).whole("see: <tool_call>not json</tool_call>")
+    assert bad.content == "see: <tool_call>not json</tool_call>" and bad.tool_calls == []
+
+
+def test_a_call_to_a_tool_not_allowed_is_text_as_written():
+    """``allowed_tools`` in auto mode: a block calling another tool is content, exactly as written (whole or
+    one character at a time); an allowed call beside it is still a call."""
+    reply = "Checking. " + CALL + " " + CALL.replace("get_weather", "now")
+    for pieces in ([reply], list(reply)):
+        reasoning, content, calls = fields(ChatParser(None, HermesParser(frozenset({"now"}))), pieces)
+        assert content == "Checking. " + CALL
+        assert [(n, json.loads(a)) for n, a in calls] == [("now", {"city": "Paris"})]
 
 
 def test_include_reasoning_false_drops_the_reasoning():
@@ -133,3 +144,5 @@ def test_forced_schemas():
     assert "maxItems" not in ToolPlan("required", None).schema(functions)
     assert ToolPlan("named", None, name="b").schema(functions) == functions["b"]
     assert ToolPlan("auto", None).schema(functions) is None
+    only_b = ToolPlan("required", None, allowed=frozenset({"b"})).schema(functions)  # allowed_tools
+    assert only_b["items"]["properties"]["name"] == {"const": "b"}

@@ -170,7 +170,7 @@ def test_a_request_that_fails_while_it_runs_is_told_in_responses_terms(c, monkey
      "input.0.role: Input should be 'user', 'assistant', 'system' or 'developer' (got 'bogus')"),
     ({"type": "message", "role": "user", "content": [{"type": "input_text"}]}, "input.0.content.0.text: Field required"),
     ({"type": "nope"},
-     "input.0.type: Input should be 'message' or 'function_call' or 'function_call_output' or 'reasoning' (got 'nope')"),
+     "input.0.type: Input should be 'message' or 'function_call' or 'function_call_output' or 'reasoning' or 'item_reference' (got 'nope')"),
     # a value of neither type a field takes: what the field takes, in the Responses API's shapes
     ({"role": "user", "content": 5},
      'input.0.content: expected a string or a list of {"type": "input_text", "text": ...} parts (got 5)'),
@@ -190,14 +190,24 @@ def test_a_bad_input_item_is_told_what_is_wrong_with_it(c, item, message):
     ({"tools": [{"type": "function", "name": "get weather"}]},
      "tools.0.name: String should match pattern '^[a-zA-Z0-9_.:-]{1,64}$' (got 'get weather')"),
     ({"tools": [{"name": "get_weather"}]}, "tools.0.type: Field required"),
-    ({"tool_choice": {"type": "function", "name": 5}},
-     'tool_choice: expected "none", "auto", "required" or {"type": "function", "name": ...} '
-     "(got {'type': 'function', 'name': 5})"),
-    ({"tool_choice": {"name": "get_weather"}},  # no type: of no shape the field takes, so told them all
-     'tool_choice: expected "none", "auto", "required" or {"type": "function", "name": ...} '
-     "(got {'name': 'get_weather'})"),
+    ({"tool_choice": {"type": "function", "name": 5}}, "tool_choice.name: Input should be a valid string (got 5)"),
+    ({"tool_choice": {"name": "get_weather"}}, "tool_choice.type: Field required"),  # no type: a hosted tool's?
+    ({"tool_choice": 5}, 'tool_choice: Input should be "none", "auto", "required", {"type": "function", "name": '
+                         '...} or {"type": "allowed_tools", "mode", "tools"} (got 5)'),
+    ({"tool_choice": "sometimes"}, "tool_choice: Input should be 'none', 'auto' or 'required' (got 'sometimes')"),
+    ({"tool_choice": {"type": "allowed_tools", "mode": "any", "tools": [{"type": "function", "name": "f"}]}},
+     "tool_choice.mode: Input should be 'auto' or 'required' (got 'any')"),
+    ({"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
+     "tool_choice.tools: List should have at least 1 item after validation, not 0 (got [])"),
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "g"}]}},
+     "tool_choice: allowed_tools names 'g', which is not among tools (['f'])"),
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "mcp", "server_label": "x"}]}},
+     "tool_choice.tools: allowed_tools in required mode allows no function, and only function tools are served "
+     "here"),
     ({"input": 5}, 'input: expected a string or a list of items (each {"type": "message", "role", "content"}, '
-                   '"function_call", "function_call_output" or "reasoning") (got 5)'),
+                   '"function_call", "function_call_output", "reasoning" or "item_reference") (got 5)'),
 ])
 def test_a_function_tool_is_checked_as_one_and_never_dropped_as_another_type(c, body, message):
     """A tool or tool choice of ``"type": "function"`` is checked as a function's: a name outside the
@@ -210,14 +220,32 @@ def test_a_function_tool_is_checked_as_one_and_never_dropped_as_another_type(c, 
 
 
 def test_tools_and_choices_of_other_types_are_dropped(c, caplog, monkeypatch):
-    """A tool of another type (``web_search``) or a choice of one (``allowed_tools``) is not served: the
+    """A tool of another type (``web_search``) or a choice of one (``file_search``) is not served: the
     request runs as if it were absent, and the log names it (the echoed tools and choice: exact)."""
     monkeypatch.setattr("paged.serve.extensions._noted", set())  # each is logged once a process: from here
     response = create(c, input="x", max_output_tokens=2, tools=[{"type": "web_search"}],
-                      tool_choice={"type": "allowed_tools", "mode": "auto", "tools": []})
-    assert response["tools"] == [] and response["tool_choice"]["type"] == "allowed_tools"
-    assert {"tools[type=web_search]", "tool_choice[type=allowed_tools]"} <= \
+                      tool_choice={"type": "file_search"})
+    assert response["tools"] == [] and response["tool_choice"] == {"type": "file_search"}
+    allowing = create(c, input="x", max_output_tokens=2, tools=TOOLS, tool_choice={
+        "type": "allowed_tools", "mode": "auto", "tools": [{"type": "web_search"}]})  # no function: "none"
+    assert [i["type"] for i in allowing["output"]] == ["message"]
+    assert {"tools[type=web_search]", "tool_choice[type=file_search]", "tool_choice.tools[type=web_search]"} <= \
         {r.getMessage().split(": ", 1)[1].split(" (")[0] for r in caplog.records if "ignored" in r.getMessage()}
+
+
+def test_allowed_tools_narrow_what_may_be_called(c):
+    """``allowed_tools`` as the Responses API spells it (flat): in ``required`` mode every call names an allowed
+    function (the other one, unrestricted, is what this seed calls first); the choice is echoed as sent."""
+    tools = [{"type": "function", "name": "now", "parameters": {"type": "object", "properties": {}}}] + TOOLS
+    body = dict(input="Weather in Paris?", tools=tools, max_output_tokens=40, seed=2)
+    free = create(c, **body, tool_choice="required")
+    assert [i["name"] for i in free["output"] if i["type"] == "function_call"][0] == "now"
+    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_weather"}]}
+    narrowed = create(c, **body, tool_choice=choice)
+    calls = [i for i in narrowed["output"] if i["type"] == "function_call"]
+    assert calls and {i["name"] for i in calls} == {"get_weather"} and narrowed["tool_choice"] == choice
+    for call in calls:
+        jsonschema.validate(json.loads(call["arguments"]), CITY)
 
 
 def test_forced_function_calls_stream_as_function_call_items(c):
@@ -243,6 +271,42 @@ def test_a_tool_loop_sends_the_calls_output_back(c):
     out = create(c, previous_response_id=call["id"], tools=TOOLS, tool_choice="none", max_output_tokens=4,
                  input=[{"type": "function_call_output", "call_id": fc["call_id"], "output": "sunny"}])
     assert out["status"] in ("completed", "incomplete") and out["output"][0]["type"] == "message"
+
+
+def test_an_item_reference_stands_for_the_item_it_names(c):
+    """``item_reference`` input items: the server puts the kept item in its place, so a request made of
+    references answers as the same request with the items written out (text and input tokens: exact,
+    greedy), and its ``input_items`` list the items under their own ids. An item is found while any kept
+    response holds it (a follow-up holds its conversation's); once none does, a 404 naming the item's place."""
+    first = create(c, input=[{"role": "user", "content": "Say hi.", "id": "msg_mine"}], max_output_tokens=6)
+    reply = first["output"][0]
+    again = {"role": "user", "content": "Again."}
+    by_ref = create(c, max_output_tokens=6, input=[{"type": "item_reference", "id": "msg_mine"},
+                                                   {"type": "item_reference", "id": reply["id"]}, again])
+    written = create(c, max_output_tokens=6, input=[{"role": "user", "content": "Say hi."},
+                                                    {"role": "assistant", "content": text_of(first)}, again])
+    assert (text_of(by_ref), by_ref["usage"]["input_tokens"]) == \
+        (text_of(written), written["usage"]["input_tokens"])
+    ids = [i["id"] for i in c.get(f"/v1/responses/{by_ref['id']}/input_items?order=asc").json()["data"]]
+    assert ids[:2] == ["msg_mine", reply["id"]]
+    c.delete(f"/v1/responses/{first['id']}")  # by_ref still holds both
+    assert create(c, max_output_tokens=1, store=False, input=[{"type": "item_reference", "id": "msg_mine"}])
+    c.delete(f"/v1/responses/{by_ref['id']}")
+    r = c.post("/v1/responses", json={"max_output_tokens": 1, "input": [again, {"type": "item_reference",
+                                                                                "id": "msg_mine"}]})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "input.1.id", r.text
+
+
+def test_a_referenced_call_goes_back_with_its_output(c):
+    """A ``function_call`` the model made, sent back by reference with its output, answers as the call written
+    out (exact, greedy): an output item is a valid input item."""
+    call = create(c, input="Weather in Paris?", tools=TOOLS, tool_choice="required", max_output_tokens=40)
+    fc = next(i for i in call["output"] if i["type"] == "function_call")
+    answer = {"type": "function_call_output", "call_id": fc["call_id"], "output": "sunny"}
+    body = dict(tools=TOOLS, tool_choice="none", max_output_tokens=6)
+    by_ref = create(c, input=[{"type": "item_reference", "id": fc["id"]}, answer], **body)
+    written = create(c, input=[{k: fc[k] for k in ("type", "call_id", "name", "arguments")}, answer], **body)
+    assert (text_of(by_ref), by_ref["usage"]["input_tokens"]) == (text_of(written), written["usage"]["input_tokens"])
 
 
 def test_text_format_json_schema(c):

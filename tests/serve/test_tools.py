@@ -134,6 +134,64 @@ def test_auto_finds_hermes_calls_in_what_the_model_wrote(auto):
     assert (message["content"], message["calls"], reason) == ("Sure.", [(name, arguments)], "tool_calls")
 
 
+def allowed(mode: str, *names: str) -> dict:
+    return {"type": "allowed_tools", "allowed_tools": {
+        "mode": mode, "tools": [{"type": "function", "function": {"name": n}} for n in names]}}
+
+
+@pytest.mark.parametrize("name", ["get_weather", "now"])
+def test_allowed_tools_required_calls_only_the_allowed_ones(plain, name):
+    """``allowed_tools`` in ``required`` mode: every call names the allowed tool, its arguments valid for its
+    schema; streamed equal to unstreamed (exact, seeded). Unrestricted, the same seed calls both tools, so
+    neither allowed set is what the model would have chosen alone."""
+    free = calls_of(chat(plain, tools=TOOLS, tool_choice="required", seed=1)["choices"][0]["message"])
+    assert {n for n, _ in free} == {"get_weather", "now"}
+    body = dict(tools=TOOLS, tool_choice=allowed("required", name), seed=1)
+    out = chat(plain, **body)["choices"][0]
+    calls = calls_of(out["message"])
+    assert calls and {n for n, _ in calls} == {name} and out["finish_reason"] == "tool_calls"
+    for _, arguments in calls:
+        jsonschema.validate(json.loads(arguments), WEATHER if name == "get_weather" else {"maxProperties": 0})
+    assert streamed(plain, **body) == ({"content": "", "reasoning": "", "calls": calls}, "tool_calls")
+
+
+def test_allowing_every_tool_is_required(plain):
+    """Every tool allowed: the same grammar as ``"required"``, so the same reply (bitwise: same seed)."""
+    def reply(choice):
+        out = chat(plain, tools=TOOLS, tool_choice=choice, seed=3)["choices"][0]
+        return calls_of(out["message"]), out["message"]["content"], out["finish_reason"]  # call ids are random
+    assert reply(allowed("required", "now", "get_weather")) == reply("required")
+
+
+def test_every_tool_reaches_the_template_whatever_is_allowed():
+    """The template is told of every tool (the prompt, and its cached blocks, stay the same); what may be
+    called is the plan's ``allowed``."""
+    from paged.serve.chat_protocol import ChatCompletionRequest
+    from paged.serve.tools import plan_tools
+
+    req = ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS, "tool_choice": allowed("auto", "now")})
+    plan, functions = plan_tools(req, "hermes")
+    assert (plan.mode, plan.allowed, plan.tools) == ("auto", {"now"}, TOOLS)
+    assert plan_tools(req.model_copy(update={"tool_choice": "auto"}), "hermes")[0].tools == TOOLS
+    assert plan.schema(functions) is None
+
+
+def test_auto_keeps_a_call_to_a_tool_not_allowed_as_text(auto):
+    """``allowed_tools`` in ``auto`` mode: the parser takes only allowed calls; a Hermes block calling another
+    tool stays in the content as written (streamed equal), and with the tool allowed it is the call that
+    ``"auto"`` finds (exact)."""
+    body = dict(tools=TOOLS, guided_regex=HERMES)
+    out = chat(auto, tool_choice=allowed("auto", "now"), **body)["choices"][0]
+    assert "tool_calls" not in out["message"] or not out["message"]["tool_calls"]
+    assert out["message"]["content"].startswith('Sure. <tool_call>{"name": "get_weather"')
+    assert out["message"]["content"].endswith("</tool_call>") and out["finish_reason"] == "stop"
+    assert streamed(auto, tool_choice=allowed("auto", "now"), **body) == \
+        ({"content": out["message"]["content"], "reasoning": "", "calls": []}, "stop")
+    free = chat(auto, **body)["choices"][0]["message"]
+    both = chat(auto, tool_choice=allowed("auto", "get_weather", "now"), **body)["choices"][0]["message"]
+    assert (calls_of(both), both["content"]) == (calls_of(free), free["content"]) and calls_of(free)
+
+
 def test_the_reasoning_parser_splits_a_think_block(auto):
     body = dict(guided_regex=r"<think>[a-z ]{3,20}</think>[A-Za-z ]{3,20}")
     message = chat(auto, **body)["choices"][0]["message"]
@@ -175,6 +233,12 @@ def test_the_conversation_after_a_call_reaches_the_prompt(plain):
     ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, "guided_regex"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}], "tool_choice": "none"}, "tools.0.function.name"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": allowed("required", "nope")}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": allowed("auto", "now")}, "tool_choice"),  # auto: needs the parser
+    ({"tools": TOOLS, "tool_choice": allowed("required")}, "tool_choice.allowed_tools.tools"),
+    ({"tools": TOOLS, "tool_choice": allowed("none", "now")}, "tool_choice.allowed_tools.mode"),
+    ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools"}}, "tool_choice.allowed_tools"),
+    ({"tools": TOOLS, "tool_choice": 3}, "tool_choice"),
     ({"messages": [{"role": "tool", "content": None}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}], "tool_choice": 3}, "tool_choice"),
 ])
