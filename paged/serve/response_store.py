@@ -18,7 +18,10 @@ true``), every event it makes is written down, so the stream can be followed
 from any event on (``GET /v1/responses/{id}?stream=true&starting_after=N``
 after a dropped connection), by any number of readers, and closing one stops
 nothing; polled only, it keeps no events (a long answer's events weigh about
-250 bytes a token). A connection no longer bounds such requests, so the store does:
+250 bytes a token). Those events count in the store's 64 MiB while they are
+written: the oldest finished responses go first to make room, and when the
+running ones' events alone pass it, the one with the most is ended ``failed``
+(its events dropped; it can still be polled). A connection no longer bounds such requests, so the store does:
 at most ``--response-store`` run at once, and one client (its address, as the
 fair order counts it) at most a quarter of them; past either, a 429 before
 anything reaches the engine. Cancelling (or deleting) a running one aborts its
@@ -86,18 +89,32 @@ class Background:
                  abort: Callable[[], None]) -> None:
         self.builder, self.client, self.history, self.inputs, self.abort = builder, client, history, inputs, abort
         self.events: list[str] | None = [] if builder.req.stream else None  # written down only for a stream
+        self.chars = 0  # of the events, as the store counts them (none once it is stopped for their size)
         self.grew = asyncio.Event()  # set (and replaced) at each new event, and at the end
         self.task: asyncio.Task | None = None
         self.began = self.ended = False
+        self.on_grow: Callable[[Background, int], None] = lambda job, chars: None  # the store's count
+        self.failure: str | None = None  # why the store stopped it, if it did
 
     def response(self) -> ResponseObject:
         return self.builder.response(self.builder.status)
 
     def _add(self, events) -> None:
         if self.events is not None:
-            self.events += [event_text(e) for e in events]
+            texts = [event_text(e) for e in events]
+            self.events += texts
+            if self.failure is None:
+                chars = sum(map(len, texts))
+                self.chars += chars
+                self.on_grow(self, chars)
         self.grew.set()
         self.grew = asyncio.Event()
+
+    def stop(self, reason: str) -> None:
+        """End it ``failed`` for ``reason`` (its task cancelled: it ends at its next step)."""
+        if self.failure is None:
+            self.failure = reason
+            self.task.cancel()
 
     async def drive(self, events: AsyncIterator) -> None:
         """Write down ``events`` (``responses.response_events`` of its run) as they come; an error event is
@@ -134,6 +151,7 @@ class ResponseStore:
         self.entries: OrderedDict[str, Kept] = OrderedDict()
         self.chars = 0
         self.items: dict[str, dict[str, object]] = {}  # an item's id -> {a kept response holding it: the item}
+        self.running_chars = 0  # the running responses' events, as text (those not stopped)
         self.running: dict[str, Background] = {}
 
     def put(self, response: ResponseObject, conversation: list[dict] | None, inputs: list[InputItemOut],
@@ -145,7 +163,12 @@ class ResponseStore:
         self.chars += size
         for item in inputs + response.output:
             self.items.setdefault(item.id, {})[response.id] = item
-        while len(self.entries) > self.capacity or self.chars > self.max_chars:
+        self._make_room()
+
+    def _make_room(self) -> None:
+        """The oldest kept responses forgotten until the count and the size (with the running events) fit."""
+        while self.entries and (len(self.entries) > self.capacity
+                                or self.chars + self.running_chars > self.max_chars):
             self._forget(next(iter(self.entries)))
 
     def _forget(self, response_id: str) -> None:
@@ -229,8 +252,22 @@ class ResponseStore:
     def start(self, job: Background, events: AsyncIterator) -> None:
         """Run ``job`` on ``events``, kept as running until its task ends (then as a finished response)."""
         self.running[job.builder.id] = job
+        job.on_grow = self._grew
         job.task = asyncio.get_running_loop().create_task(job.drive(events))
         job.task.add_done_callback(lambda _: self._ended(job))
+
+    def _grew(self, job: Background, chars: int) -> None:
+        """A running response wrote down ``chars`` more of events: room is made for them (the oldest kept
+        responses go); if the running events alone pass the store's size, the response with the most is
+        stopped, its events no longer counted."""
+        self.running_chars += chars
+        self._make_room()
+        if self.running_chars > self.max_chars:
+            hog = max((j for j in self.running.values() if j.failure is None), key=lambda j: j.chars)
+            self.running_chars -= hog.chars
+            hog.stop(f"the events of this streamed background response ({hog.chars} characters, the most of those "
+                     f"running) passed, with the others', the {self.max_chars} the server keeps for responses; "
+                     "poll a long response instead of streaming it, or stream it without background")
 
     def _ended(self, job: Background) -> None:
         """Move an ended job (finished, failed or cancelled) from ``running`` to the kept responses."""
@@ -238,23 +275,27 @@ class ResponseStore:
             return
         if not job.began:  # cancelled before its task ran: its engine request was never followed
             job.abort()
-        if job.builder.status in RUNNING:
+        if job.failure is None:
+            self.running_chars -= job.chars
+        if job.builder.status in RUNNING and job.failure is not None:
+            job._add(job.builder.fail(job.failure))
+        elif job.builder.status in RUNNING:
             job.builder.cancel()
         job.ended = True
         job.grew.set()
         del self.running[job.builder.id]
         status = job.builder.status
         conversation = job.history + [job.builder.output_message()] if status in CONTINUABLE else None
-        self.put(job.response(), conversation, job.inputs, job.events)
+        self.put(job.response(), conversation, job.inputs, job.events if job.failure is None else None)
 
     def follow(self, response_id: str, after: int | None) -> AsyncIterator[str]:
         """A background stream's text after event ``after``: as it runs, or as it was."""
         job = self.running.get(response_id)
         events = job.events if job is not None else self.get(response_id).events
         if events is None:
-            raise APIError(f"stream: response {response_id[:80]!r} was not made with background: true and stream: "
-                           "true; only such a response's events are kept to stream again", param="stream",
-                           code="invalid_value")
+            raise APIError(f"stream: response {response_id[:80]!r} has no events kept: only a response made with "
+                           "background: true and stream: true keeps them, to stream again (while they fit the "
+                           "store)", param="stream", code="invalid_value")
         if job is not None:
             return job.follow(after)
 

@@ -210,7 +210,7 @@ def test_cancel_aborts_the_engine_request_and_keeps_what_was_said(s):
         client.responses.cancel(at_once.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.cancel("resp_nope")
-    with pytest.raises(openai.BadRequestError, match="not made with background"):
+    with pytest.raises(openai.BadRequestError, match="has no events kept"):
         list(client.responses.retrieve(at_once.id, stream=True))
 
 
@@ -247,6 +247,33 @@ def test_background_bounds_refuse_before_the_engine(s):
         assert client.responses.cancel(one.id).status == "cancelled"
     assert client.responses.create(**BODY, background=True).status == "queued"  # room again
     gate.open()
+
+
+def test_running_events_count_in_the_stores_size(s, monkeypatch):
+    """A streamed background response's events count in the store's size as they are written: the oldest kept
+    responses go first to make room for them; once the running events alone pass the size, the response with
+    the most is ended ``failed`` (its events dropped, its text so far kept; the engine then holds nothing), and
+    the store's counts are back to what it keeps (exact)."""
+    c, client, gate, engine = s
+    store = c.app.fastapi.state.response_store
+    monkeypatch.setattr(store, "max_chars", 16_000)  # a 24-token stream's events: about 10 000
+    kept = client.responses.create(**BODY)
+    short = list(client.responses.create(**BODY, background=True, stream=True))[0].response.id
+    assert {kept.id, short} <= store.entries.keys()
+    long = first_events(c, {**BODY, "max_output_tokens": 200, "background": True, "stream": True}, 1)
+    rid = long[0]["response"]["id"]
+    stopped = strict(until(client, rid, finished))
+    assert stopped.status == "failed" and "passed, with the others', the 16000" in stopped.error.message
+    assert stopped.output[0].content[0].text  # what it said before it was stopped
+    with pytest.raises(openai.BadRequestError, match="has no events kept"):
+        list(client.responses.retrieve(rid, stream=True))
+    for gone in (kept.id, short):  # the oldest went first, to make room
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(gone)
+    settle(engine)
+    assert store.running_chars == 0 and store.chars == sum(k.size for k in store.entries.values())
+    again = [e.sequence_number for e in client.responses.create(**BODY, background=True, stream=True)]
+    assert again == list(range(len(again))) and again[-1] > 20  # a response that fits still streams whole
 
 
 def test_a_stopping_server_ends_a_background_response_failed(s):
