@@ -113,6 +113,7 @@ class ResponseBuilder:
         self.status = "queued" if req.background else "in_progress"  # the response's, as it stands
         self.error: ErrorInfo | None = None
         self.usage: ResponseUsage | None = None
+        self.logprobs: list = []  # token logprobs not yet sent with message text (include: logprobs)
 
     def _event(self, cls, **fields):
         event = cls(sequence_number=self.seq, **fields)
@@ -155,8 +156,14 @@ class ResponseBuilder:
                                 arguments=item.arguments)]
         else:
             part, text = item.content[0], item.content[0].text
-            cls = TextDoneEvent if isinstance(item, MessageOut) else ReasoningDoneEvent
-            done = [self._event(cls, item_id=item.id, output_index=index, content_index=0, text=text),
+            where = dict(item_id=item.id, output_index=index, content_index=0, text=text)
+            if isinstance(item, MessageOut):
+                part.logprobs += self.logprobs  # tokens that came after its last text (a held stop string)
+                self.logprobs = []
+                text_done = self._event(TextDoneEvent, **where, logprobs=part.logprobs)
+            else:
+                text_done = self._event(ReasoningDoneEvent, **where)
+            done = [text_done,
                     self._event(PartEvent, type="response.content_part.done", item_id=item.id, output_index=index,
                                 content_index=0, part=part)]
         return done + [self._event(ItemEvent, type="response.output_item.done", output_index=index, item=item)]
@@ -176,9 +183,12 @@ class ResponseBuilder:
                        self._event(PartEvent, type="response.content_part.added", item_id=self.open.id,
                                    output_index=index, content_index=0, part=empty.content[0])]
         self.open.content[0].text += text
-        cls = TextDeltaEvent if kind is MessageOut else ReasoningDeltaEvent
-        return events + [self._event(cls, item_id=self.open.id, output_index=self.items.index(self.open),
-                                     content_index=0, delta=text)]
+        where = dict(item_id=self.open.id, output_index=self.items.index(self.open), content_index=0, delta=text)
+        if kind is ReasoningOut:
+            return events + [self._event(ReasoningDeltaEvent, **where)]
+        sent, self.logprobs = self.logprobs, []
+        self.open.content[0].logprobs += sent
+        return events + [self._event(TextDeltaEvent, **where, logprobs=sent)]
 
     def _call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> list:
         events = []
@@ -197,9 +207,11 @@ class ResponseBuilder:
                                       delta=arguments))
         return events
 
-    def feed(self, reasoning: str | None, content: str | None, calls: list[tuple]) -> list:
+    def feed(self, reasoning: str | None, content: str | None, calls: list[tuple], logprobs: list | None = None) -> list:
         """The events for what one step added: reasoning text, content text, call pieces ``(index, id, name,
-        arguments)``."""
+        arguments)``, and its tokens' logprobs (with ``include`` logprobs): they go with the next message text,
+        so every token's — a reasoning token's too — is in the message's ``output_text``."""
+        self.logprobs += logprobs or []
         events = self._text(ReasoningOut, reasoning) if reasoning else []
         events += self._text(MessageOut, content) if content else []
         for call in calls:
@@ -229,7 +241,8 @@ class ResponseBuilder:
             parallel_tool_calls=req.parallel_tool_calls is not False, previous_response_id=req.previous_response_id,
             store=req.store, temperature=req.temperature, top_p=req.top_p, tools=tools,
             tool_choice=(choice.model_dump() if hasattr(choice, "model_dump") else choice) or "auto",
-            text={"format": fmt or {"type": "text"}}, truncation=req.truncation or "disabled", usage=self.usage)
+            text={"format": fmt or {"type": "text"}}, truncation=req.truncation or "disabled", usage=self.usage,
+            metadata=req.metadata or {}, top_logprobs=req.top_logprobs)
 
     def output_message(self) -> dict:
         """The reply as the assistant message the next response's conversation holds."""
@@ -377,7 +390,8 @@ def install(app, served, generator, store: ResponseStore) -> None:
         choice = whole.choices[0]
         message = choice.message
         builder.feed(message.reasoning_content, message.content,
-                     [(i, c.id, c.function.name, c.function.arguments) for i, c in enumerate(message.tool_calls or [])])
+                     [(i, c.id, c.function.name, c.function.arguments) for i, c in enumerate(message.tool_calls or [])],
+                     choice.logprobs.content if choice.logprobs else None)
         _, final = builder.finish(choice.finish_reason, usage_of(whole.usage, served, message.reasoning_content or ""))
         if req.store:
             store.put(final, history + [builder.output_message()], inputs)
@@ -452,7 +466,8 @@ async def response_events(run, builder: ResponseBuilder, served):
         reason = choice.finish_reason or reason
         reasoning += delta.reasoning_content or ""
         calls = [(c.index, c.id, c.function.name, c.function.arguments) for c in delta.tool_calls or []]
-        for event in builder.feed(delta.reasoning_content, delta.content, calls):
+        logprobs = choice.logprobs.content if choice.logprobs else None
+        for event in builder.feed(delta.reasoning_content, delta.content, calls, logprobs):
             yield event
 
 

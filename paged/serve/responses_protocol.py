@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag, model_validator
 
 from paged.serve.chat_protocol import MAX_TOOLS, TOOL_NAME
 from paged.serve.errors import APIError
 from paged.serve.extensions import Items, OpenAIModel, RequestModel, by_type, note_ignored
-from paged.serve.protocol import bounds
+from paged.serve.protocol import MAX_LOGPROBS, bounds
 
 
 class TextPart(OpenAIModel):
@@ -170,6 +170,10 @@ class TextConfig(OpenAIModel):
     verbosity: Any = None
 
 
+LOGPROBS = "message.output_text.logprobs"  # the include value served
+MAX_METADATA, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's bounds on metadata
+
+
 class ResponsesRequest(RequestModel):
     """``POST /v1/responses``: OpenAI's fields this server reads; any other is accepted and logged once."""
 
@@ -194,12 +198,44 @@ class ResponsesRequest(RequestModel):
     seed: StrictInt | None = Field(None, description="vLLM's: this request's own generator")
     priority: StrictInt = Field(0, description="vLLM's: the smaller goes first (--scheduling-policy priority)")
     cache_salt: StrictStr | None = Field(None, description="vLLM's: the prefix cache is shared only within a salt")
+    top_logprobs: StrictInt | None = Field(None, description="alternatives per token, with include "
+                                           '["message.output_text.logprobs"]', **bounds(minimum=0,
+                                                                                        maximum=MAX_LOGPROBS))
+    include: Items[StrictStr] | None = Field(None, description='"message.output_text.logprobs": each token\'s '
+                                             "logprob with the message's text; other values are accepted, logged")
+    metadata: dict | None = Field(None, description="up to 16 string pairs, echoed on the response",
+                                  **bounds(max_properties=MAX_METADATA, property_names={"maxLength": MAX_METADATA_KEY},
+                                           additional_properties={"type": "string", "maxLength": MAX_METADATA_VALUE}))
     reasoning: Any = None
-    include: Any = None
-    metadata: Any = None
     user: Any = None
     truncation: Literal["auto", "disabled"] | None = Field(None, description="auto: past the context, the oldest "
                                                          "turns are dropped until the prompt fits")
+
+    @model_validator(mode="after")
+    def _own_bounds(self):
+        """The bounds of the fields no chat field checks (``top_logprobs`` without ``include``, ``metadata``)."""
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            raise APIError(f"top_logprobs: must be in [0, {MAX_LOGPROBS}] (got {self.top_logprobs})",
+                           param="top_logprobs", code="invalid_value")
+        metadata = self.metadata or {}
+        if len(metadata) > MAX_METADATA:
+            raise APIError(f"metadata: at most {MAX_METADATA} pairs, got {len(metadata)}", param="metadata",
+                           code="invalid_value")
+        for key, value in metadata.items():
+            if not isinstance(value, str):
+                raise APIError(f"metadata: the value of {key[:80]!r} is not a string (got {str(value)[:80]})",
+                               param="metadata", code="invalid_value")
+            if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
+                raise APIError(f"metadata: key {key[:80]!r} (at most {MAX_METADATA_KEY} characters) or its value (at "
+                               f"most {MAX_METADATA_VALUE}) is too long", param="metadata", code="invalid_value")
+        return self
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether each token's logprob goes with the message's text (``include``); other values are logged."""
+        for value in set(self.include or ()) - {LOGPROBS}:
+            note_ignored(f"include[{value[:60]}]", "only message.output_text.logprobs is served")
+        return LOGPROBS in (self.include or ())
 
     def referenced(self, item: Callable[[str, str], InputItem]) -> ResponsesRequest:
         """This request with each ``item_reference`` of its input replaced by the item it names (``item(id,
@@ -255,6 +291,8 @@ class ResponsesRequest(RequestModel):
         choice = self.chat_tool_choice()
         if choice is not None and (tools or choice == "none"):
             body["tool_choice"] = choice
+        if self.logprobs:
+            body["logprobs"], body["top_logprobs"] = True, self.top_logprobs or 0
         for ours, theirs in (("max_output_tokens", "max_completion_tokens"), ("temperature", "temperature"),
                              ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"), ("seed", "seed"),
                              ("priority", "priority"), ("cache_salt", "cache_salt")):

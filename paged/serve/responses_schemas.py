@@ -118,6 +118,7 @@ class ResponseObject(BaseModel):
     truncation: Literal["auto", "disabled"] = "disabled"
     usage: ResponseUsage | None = Field(None, exclude_if=lambda value: value is None,
                                         description="once the response is done")
+    top_logprobs: int | None = None
     metadata: dict = Field(default_factory=dict)
 
 

@@ -206,6 +206,10 @@ def test_a_bad_input_item_is_told_what_is_wrong_with_it(c, item, message):
         "type": "allowed_tools", "mode": "required", "tools": [{"type": "mcp", "server_label": "x"}]}},
      "tool_choice.tools: allowed_tools in required mode allows no function, and only function tools are served "
      "here"),
+    ({"top_logprobs": 21}, "top_logprobs: must be in [0, 20] (got 21)"),
+    ({"metadata": {str(i): "x" for i in range(17)}}, "metadata: at most 16 pairs, got 17"),
+    ({"metadata": {"k": "v" * 513}}, "metadata: key 'k' (at most 64 characters) or its value (at most 512) is too "
+                                     "long"),
     ({"input": 5}, 'input: expected a string or a list of items (each {"type": "message", "role", "content"}, '
                    '"function_call", "function_call_output", "reasoning" or "item_reference") (got 5)'),
 ])
@@ -307,6 +311,28 @@ def test_a_referenced_call_goes_back_with_its_output(c):
     by_ref = create(c, input=[{"type": "item_reference", "id": fc["id"]}, answer], **body)
     written = create(c, input=[{k: fc[k] for k in ("type", "call_id", "name", "arguments")}, answer], **body)
     assert (text_of(by_ref), by_ref["usage"]["input_tokens"]) == (text_of(written), written["usage"]["input_tokens"])
+
+
+def test_logprobs_come_with_the_message_text(c):
+    """``include: ["message.output_text.logprobs"]`` with ``top_logprobs``: the message's ``output_text`` holds
+    each token's logprob and alternatives, exactly the chat answer's ``logprobs.content`` for the same request
+    (greedy: the same run); streamed, the deltas carry them in order and the done event and final response hold
+    them all (exact). Without ``include``, none; ``top_logprobs`` and ``metadata`` are echoed."""
+    body = dict(input="def f(x):", max_output_tokens=6, top_logprobs=2, metadata={"run": "7"})
+    chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "def f(x):"}],
+                                                "max_completion_tokens": 6, "temperature": 0, "logprobs": True,
+                                                "top_logprobs": 2}).json()["choices"][0]
+    whole = create(c, **body, include=["message.output_text.logprobs"])
+    part = whole["output"][0]["content"][0]
+    assert part["text"] == chat["message"]["content"] and part["logprobs"] == chat["logprobs"]["content"]
+    assert len(part["logprobs"]) == 6 and all(len(t["top_logprobs"]) >= 2 for t in part["logprobs"])
+    assert (whole["top_logprobs"], whole["metadata"]) == (2, {"run": "7"})
+    events = stream(c, **body, include=["message.output_text.logprobs"])
+    sent = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert sent == done["logprobs"] == part["logprobs"] == events[-1]["response"]["output"][0]["content"][0]["logprobs"]
+    plain = create(c, **body)
+    assert plain["output"][0]["content"][0]["logprobs"] == [] and text_of(plain) == part["text"]
 
 
 def test_text_format_json_schema(c):
