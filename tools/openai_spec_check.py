@@ -5,8 +5,10 @@
 OpenAI publishes its API as one OpenAPI 3.1 document (the ``openai-openapi``
 repository). This script runs the server in-process on the demo model, sends
 one request of each kind the new endpoints answer — chat with forced tool
-calls (whole and streamed, every chunk), ``/v1/responses`` with text, with a
-JSON schema and with tool calls (whole and streamed, every event), a
+calls (whole and streamed, every chunk; and narrowed by ``allowed_tools``),
+``/v1/responses`` with text, with a JSON schema, with tool calls (required and
+``allowed_tools``), and made of an ``item_reference`` with logprobs and
+metadata (whole and streamed, every event), a
 background response (queued, polled, its stream again, one cancelled), the
 model list — and validates each answer against the document's own schema for it
 (``CreateChatCompletionResponse``, ``CreateChatCompletionStreamResponse``,
@@ -74,10 +76,21 @@ def answers():
                                                         "stream_options": {"include_usage": True}}):
             yield "CreateChatCompletionStreamResponse", chunk
         yield "CreateCompletionResponse", c.post("/v1/completions", json={"prompt": "def", "max_tokens": 3}).json()
+        allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+            {"type": "function", "function": {"name": "get_weather"}}]}}
+        yield "CreateChatCompletionResponse", c.post("/v1/chat/completions", json={**chat,
+                                                                                   "tool_choice": allowed}).json()
+        first = c.post("/v1/responses", json={"input": "def f():", "max_output_tokens": 4}).json()
+        yield "Response", first
         for body in ({"input": "def f():", "instructions": "Python.", "max_output_tokens": 6},
                      {"input": "City?", "max_output_tokens": 40, "text": {"format": {
                          "type": "json_schema", "name": "c", "schema": params}}},
-                     {"input": "Weather?", "tools": flat_tools, "tool_choice": "required", "max_output_tokens": 40}):
+                     {"input": "Weather?", "tools": flat_tools, "tool_choice": "required", "max_output_tokens": 40},
+                     {"input": "Weather?", "tools": flat_tools, "max_output_tokens": 40, "tool_choice": {
+                         "type": "allowed_tools", "mode": "required", "tools": [{"type": "function",
+                                                                                  "name": "get_weather"}]}},
+                     {"input": [{"type": "item_reference", "id": first["output"][0]["id"]}], "max_output_tokens": 6,
+                      "include": ["message.output_text.logprobs"], "top_logprobs": 2, "metadata": {"k": "v"}}):
             yield "Response", c.post("/v1/responses", json=body).json()
             for event in events(c, "/v1/responses", {**body, "stream": True}):
                 yield "ResponseStreamEvent", event
