@@ -34,18 +34,13 @@ import asyncio
 from collections import OrderedDict
 from typing import AsyncIterator, Callable, NamedTuple
 
-from pydantic import TypeAdapter
-
 from paged.serve.errors import APIError
-from paged.serve.extensions import BUILT_HERE
-from paged.serve.responses_protocol import InputItem
 from paged.serve.responses_schemas import ErrorEvent, InputItemOut, ResponseObject
 from paged.serve.streaming import sse
 
 MAX_STORED_CHARS = 64 * 2**20  # the store's conversations together, as JSON text: the oldest go first past it
 CLIENT_SHARE = 4  # one client may have a quarter of the store's background responses running
 RUNNING = ("queued", "in_progress")
-AS_INPUT = TypeAdapter(InputItem)  # an item as a request's input takes it: an output item is a valid input item
 CONTINUABLE = ("completed", "incomplete")  # a response a follow-up can continue (previous_response_id)
 
 
@@ -223,15 +218,20 @@ class ResponseStore:
         self.get(response_id)
         self._forget(response_id)
 
-    def item(self, item_id: str, param: str):
-        """The item ``item_id`` of a kept response (the newest one holding it: a follow-up holds its
-        conversation's), as a request's input takes it (``item_reference``); a 404 naming ``param`` if none."""
-        holders = self.items.get(item_id)
-        if not holders:
-            raise APIError(f"{param}: no response this server keeps has an item {item_id[:80]!r} (it keeps the newest "
-                           f"{self.capacity} it gave, with store not false, until deleted)", 404, param=param,
-                           code="not_found")
-        return AS_INPUT.validate_python(next(reversed(holders.values())).model_dump(), context=BUILT_HERE)
+    def find(self, references: list[tuple[int, str]]) -> dict:
+        """The kept items that ``item_reference`` s name (``(place in input, id)``): id -> the item, from the newest
+        response holding it (a follow-up holds its conversation's); a 404 naming the first one no kept response
+        holds. Dictionary lookups only: cheap on the event loop."""
+        found = {}
+        for n, item_id in references:
+            if item_id not in found:
+                holders = self.items.get(item_id)
+                if not holders:
+                    raise APIError(f"input.{n}.id: no response this server keeps has an item {item_id[:80]!r} (it keeps "
+                                   f"the newest {self.capacity} it gave, with store not false, until deleted)", 404,
+                                   param=f"input.{n}.id", code="not_found")
+                found[item_id] = next(reversed(holders.values()))
+        return found
 
     # --- background responses
 

@@ -347,7 +347,9 @@ def install(app, served, generator, store: ResponseStore) -> None:
             raise APIError("background: true needs store: true (a background response is fetched later, so the "
                            "server keeps it)", param="background", code="invalid_value")
         conversation, earlier = store.continued(req.previous_response_id) if req.previous_response_id else ([], [])
-        req = req.referenced(store.item)
+        references = req.references()
+        if references:  # the items found here, on the loop; each put in its place on the pool
+            req = await served.work.run(len(references), req.referenced, store.find(references))
         if req.background:
             store.admit(client_address(raw))
         builder = ResponseBuilder(req, served.name)

@@ -14,13 +14,13 @@ custom tools) are not served: they are dropped, and logged once.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag, model_validator
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag, TypeAdapter, model_validator
 
 from paged.serve.chat_protocol import MAX_TOOLS, TOOL_NAME
 from paged.serve.errors import APIError
-from paged.serve.extensions import Items, OpenAIModel, RequestModel, by_type, note_ignored
+from paged.serve.extensions import BUILT_HERE, Items, OpenAIModel, RequestModel, by_type, note_ignored
 from paged.serve.protocol import MAX_LOGPROBS, bounds
 
 
@@ -86,6 +86,8 @@ class ItemReference(OpenAIModel):
 
 
 InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem  # what a reference stands for
+AS_INPUT = TypeAdapter(InputItem)
+MAX_REFERENCED_CHARS = 4 * 2**20  # what one request's references may bring in: as much as a body may carry
 
 
 class FunctionTool(OpenAIModel):
@@ -237,13 +239,34 @@ class ResponsesRequest(RequestModel):
             note_ignored(f"include[{value[:60]}]", "only message.output_text.logprobs is served")
         return LOGPROBS in (self.include or ())
 
-    def referenced(self, item: Callable[[str, str], InputItem]) -> ResponsesRequest:
-        """This request with each ``item_reference`` of its input replaced by the item it names (``item(id,
-        param)``: a kept item, else a 404 naming ``param``)."""
-        if isinstance(self.input, str) or not any(isinstance(i, ItemReference) for i in self.input):
+    def references(self) -> list[tuple[int, str]]:
+        """Each ``item_reference`` of the input: its place and the id it names."""
+        return [] if isinstance(self.input, str) else \
+            [(n, i.id) for n, i in enumerate(self.input) if isinstance(i, ItemReference)]
+
+    def referenced(self, kept: dict[str, BaseModel]) -> ResponsesRequest:
+        """This request with each ``item_reference`` replaced by the item it names (``kept``: id -> the kept
+        item, an output or input item: either is a valid input item once dumped), each id converted once; the
+        items it brings in weigh at most ``MAX_REFERENCED_CHARS`` (as JSON), else a 400 naming the reference
+        past it — a few bytes of references must not become gigabytes of prompt."""
+        if not kept:
             return self
-        return self.model_copy(update={"input": [item(i.id, f"input.{n}.id") if isinstance(i, ItemReference) else i
-                                                 for n, i in enumerate(self.input)]})
+        converted: dict[str, tuple[InputItem, int]] = {}
+        chars, out = 0, []
+        for n, item in enumerate(self.input):
+            if isinstance(item, ItemReference):
+                if item.id not in converted:
+                    found = kept[item.id]
+                    converted[item.id] = (AS_INPUT.validate_python(found.model_dump(), context=BUILT_HERE),
+                                          len(found.model_dump_json()))
+                item, size = converted[item.id]
+                chars += size
+                if chars > MAX_REFERENCED_CHARS:
+                    raise APIError(f"input.{n}.id: the referenced items bring more than {MAX_REFERENCED_CHARS} "
+                                   "characters (as JSON) into one request", param=f"input.{n}.id",
+                                   code="invalid_value")
+            out.append(item)
+        return self.model_copy(update={"input": out})
 
     def function_tools(self) -> list[FunctionTool]:
         tools = [t for t in self.tools or [] if isinstance(t, FunctionTool)]

@@ -174,6 +174,28 @@ def test_a_4_mib_body_never_holds_another_connection_a_second(server, path, make
     """While the server reads, checks and refuses a body at its size limit, a probe asks ``/health`` every
     20 ms: no answer may take ``REFUSAL_S`` or more (the body is parsed on the pool, each list stops at
     its first bad item), and the large request gets its 400 naming the field within ``BIG_ANSWER_S``."""
+    n, r = refused_without_a_stall(server, path, make)
+    assert r.json()["error"]["param"] == param.format(n=n), r.json()
+
+
+def test_references_to_one_item_never_hold_another_connection_nor_grow_the_prompt(server):
+    """A body at its size limit made of ``item_reference`` s to one kept item: found on the loop (lookups),
+    put in place on the pool, and refused where the items it brings pass 4 MiB (as JSON) — a few bytes each
+    must not become gigabytes of prompt; no ``/health`` waits ``REFUSAL_S`` meanwhile (exact place of the
+    refusal: the first reference past the bound)."""
+    kept = httpx.post(server.url + "/v1/responses", json={"model": "test-model", "input": "hi", "max_output_tokens": 1},
+                      headers=AUTH, timeout=60).json()["output"][0]
+    size = len(json.dumps(kept, separators=(",", ":"), ensure_ascii=False))  # as the server weighs it
+    n, r = refused_without_a_stall(server, "/v1/responses", lambda n: {
+        "model": "test-model", "input": [{"type": "item_reference", "id": kept["id"]}] * n})
+    first_past = BODY_LIMIT // size  # the bound is the default body limit's size: 4 MiB
+    assert n > first_past and r.json()["error"]["param"] == f"input.{first_past}.id", r.json()
+
+
+def refused_without_a_stall(server, path: str, make) -> tuple[int, httpx.Response]:
+    """Send the largest body ``make(n)`` that fits the limit while a probe asks ``/health`` every 20 ms; assert
+    it is refused (400) within ``BIG_ANSWER_S``, that no probe waited ``REFUSAL_S`` and that the server is idle
+    after; return ``n`` and the answer."""
     n, raw = filled(make)
     waits, done = [], threading.Event()
 
@@ -195,10 +217,10 @@ def test_a_4_mib_body_never_holds_another_connection_a_second(server, path, make
         done.set()
         probing.result()
     assert r.status_code == 400, r.text[:300]
-    assert r.json()["error"]["param"] == param.format(n=n), r.json()
     assert took < BIG_ANSWER_S, f"answered after {took:.1f}s"
     assert len(waits) >= 3 and max(waits) < REFUSAL_S, f"/health waited {max(waits):.2f}s ({len(waits)} asks)"
     assert wait_idle(server) == 0
+    return n, r
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
