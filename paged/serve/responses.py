@@ -221,6 +221,10 @@ class ResponseBuilder:
     def finish(self, reason: str | None, usage: ResponseUsage | None) -> tuple[list, ResponseObject]:
         """Close the open item; the last event and the Response (``incomplete`` when cut by length)."""
         events = self._close()
+        messages = [i for i in self.items if isinstance(i, MessageOut)]
+        if messages:  # tokens after the message closed (a call's): the response holds every token's, as unstreamed
+            messages[-1].content[0].logprobs += self.logprobs
+        self.logprobs = []
         status = self.status = "incomplete" if reason == "length" else "completed"
         self.usage = usage
         final = self.response(status)
@@ -326,7 +330,8 @@ async def fit_context(req: ResponsesRequest, body: dict, served, weight: int) ->
 def install(app, served, generator, store: ResponseStore) -> None:
     """Add ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{response_id}``, ``GET
     /v1/responses/{response_id}/input_items`` and ``POST /v1/responses/{response_id}/cancel`` to ``app``."""
-    errors = error_responses(400, 401, 413, 415, 421, 500, _404="the model, previous_response_id or a referenced item is not here",
+    errors = error_responses(400, 401, 413, 415, 421, 500,
+                             _404="the model, previous_response_id or a referenced item is not here",
                              _429="background: too many background responses are running",
                              _503="the engine failed, or the server is stopping")
     stream_doc = {"text/event-stream": {"schema": {"type": "object", "properties": {"event": {"type": "string"},

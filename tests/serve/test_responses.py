@@ -445,6 +445,22 @@ def test_reasoning_then_text_then_a_call_as_events():
     assert kinds[-1] == "response.completed"
 
 
+def test_every_tokens_logprob_is_in_the_message_streamed_or_not():
+    """The builder alone, with logprobs: fed step by step (reasoning, text, then a call), the message's
+    ``output_text`` holds every token's logprob in order — the reasoning's before its text, the call's after it
+    closed — as when fed the whole reply at once (exact); the deltas carry the ones up to the text's end."""
+    lp = [{"token": t, "logprob": -1.0, "bytes": [], "top_logprobs": []} for t in "abcde"]
+    stepped = ResponseBuilder(ResponsesRequest(input="x"), "m")
+    events = stepped.feed("hm", None, [], lp[:1]) + stepped.feed(None, "Hi", [], lp[1:3]) + \
+        stepped.feed(None, None, [(0, "call_1", "f", "{")], lp[3:4]) + stepped.feed(None, None, [(0, None, None, "}")],
+                                                                                      lp[4:])
+    final = stepped.finish("tool_calls", None)[1]
+    whole = ResponseBuilder(ResponsesRequest(input="x"), "m")
+    whole.feed("hm", "Hi", [(0, "call_1", "f", "{}")], lp)
+    assert final.output[1].content[0].logprobs == whole.finish("tool_calls", None)[1].output[1].content[0].logprobs == lp
+    assert [x for e in events if e.type == "response.output_text.delta" for x in e.logprobs] == lp[:3]
+
+
 def test_version(c):
     from paged.serve.app import __version__
 
