@@ -81,7 +81,8 @@ async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, 
               **req.guided_rename()}
     parse = served.options.chat_parser(plan, req.include_reasoning, req.wants_grammar)
     args = (req, "chat", [ids], [text], max_tokens, req.num_logprobs, rename)
-    keywords = dict(echo=echo, stop_token_ids=served.chat.end_of_turn_ids, parse=parse)
+    keywords = dict(echo=echo, stop_token_ids=served.chat.end_of_turn_ids, parse=parse,
+                    prompt_logprobs=req.prompt_logprobs)
     if start_only:
         return await generator.start(*args, **keywords, tag=tag, client=client_address(raw))
     return await generator.run(req, raw, *args[1:], **keywords)

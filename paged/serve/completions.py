@@ -45,7 +45,9 @@ async def complete(req: CompletionRequest, raw: Request, served: ServedModel, ge
     for i, one in enumerate(ids):
         if req.truncate_prompt_tokens is not None and len(one) > req.truncate_prompt_tokens:
             ids[i], prompts[i] = one[-req.truncate_prompt_tokens:], None  # the last ones, as vLLM keeps
-    prompt_logprobs = req.logprobs if req.echo else None  # echo with logprobs: the prompt's too
+    # the engine's prompt logprobs: for echo with logprobs, and for vLLM's prompt_logprobs (the larger of the two)
+    asked = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    prompt_logprobs = max(asked) if asked else None
     rename = req.guided_rename()
 
     async def prompt_texts() -> list[str]:  # a token-id prompt decoded (skipping special tokens), a text one as sent

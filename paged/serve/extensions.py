@@ -153,7 +153,6 @@ IGNORED = {
 
 # refused with a 400: each asks for an output this engine cannot give
 REFUSED = {
-    "prompt_logprobs": "the prompt's logprobs come with echo: true and logprobs on /v1/completions",
     "structural_tag": "structured output takes a JSON schema, a JSON object, a regex, a choice or a grammar",
     "guided_whitespace_pattern": "the JSON automaton's whitespace is fixed",
     "logits_processors": "a request cannot load code into the server",
@@ -188,7 +187,9 @@ class _Extensions(RequestModel):
     store: Any = None
     modalities: Any = None
     verbosity: Any = None
-    prompt_logprobs: Any = None
+    prompt_logprobs: StrictInt | None = Field(None, description="vLLM's: each prompt token's logprob and the most "
+                                              "likely tokens there (not with stream)",
+                                              **_bounds(minimum=0, maximum=SamplingParams.MAX_LOGPROBS))
     allowed_token_ids: Items[StrictInt] | None = Field(None, **_bounds(
         minItems=1, maxItems=SamplingParams.MAX_ALLOWED_TOKENS))
     structural_tag: Any = None
@@ -209,6 +210,11 @@ class _Extensions(RequestModel):
             if value != default:
                 raise APIError(f"{field} must be {str(default).lower() if isinstance(default, bool) else default} "
                                f"on this server ({why}), got {value!r}", param=field, code="unsupported_parameter")
+        if self.prompt_logprobs is not None and getattr(self, "stream", False):  # vLLM's rule
+            if self.prompt_logprobs:
+                raise APIError("prompt_logprobs are not available with stream: true (they come with the whole "
+                               "response)", param="prompt_logprobs", code="invalid_value")
+            self.prompt_logprobs = None  # 0 with a stream asks for nothing
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise APIError(f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}",
                            param="truncate_prompt_tokens", code="invalid_value")

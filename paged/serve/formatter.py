@@ -13,7 +13,8 @@ import time
 from paged.serve.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                  ChatCompletionResponse, ChatLogprobs, CompletionChoice, CompletionChunk,
                                  CompletionChunkChoice, CompletionLogprobs, CompletionResponse, Delta,
-                                 FunctionCallDelta, FunctionCallOut, OpeningDelta, PromptTokensDetails, TokenLogprob,
+                                 FunctionCallDelta, FunctionCallOut, OpeningDelta, PromptLogprob, PromptTokensDetails,
+                                 TokenLogprob,
                                  ToolCallDelta, ToolCallOut, TopLogprob, Usage)
 
 
@@ -79,11 +80,14 @@ class Formatter:
         tokenizer: spells token ids for logprobs (None: ids are shown as ``"token_id:<id>"``).
         num_logprobs: top alternatives per position (None: no logprobs).
         tokens_as_ids: spell every token ``"token_id:<id>"`` (vLLM's ``return_tokens_as_token_ids``).
+        num_prompt_logprobs: vLLM's ``prompt_logprobs``: the most likely tokens listed at each prompt position
+            (None: the response has no ``prompt_logprobs``).
     """
 
     def __init__(self, kind: str, response_id: str, model: str, tokenizer, num_logprobs: int | None,
-                 tokens_as_ids: bool | None = False) -> None:
+                 tokens_as_ids: bool | None = False, num_prompt_logprobs: int | None = None) -> None:
         self.kind = kind
+        self.num_prompt_logprobs = num_prompt_logprobs
         self.tokens_as_ids = bool(tokens_as_ids)
         self.id = response_id
         self.model = model
@@ -127,6 +131,22 @@ class Formatter:
             text_offset += self.text_length(tok)
         return out
 
+    def prompt_logprobs(self, token_ids: list[int], entries: list[dict | None]) -> list[dict | None]:
+        """vLLM's ``prompt_logprobs`` of a prompt: per token, null for the first, then ``{token id:
+        PromptLogprob}``: the ``num_prompt_logprobs`` most likely tokens, ranked 1.., and the prompt's own
+        token, unranked (null) when it is not among them."""
+        out: list[dict | None] = []
+        for tok, entry in zip(token_ids, entries):
+            if entry is None:
+                out.append(None)
+                continue
+            ranked = sorted(entry, key=lambda t: -entry[t])
+            top = self.num_prompt_logprobs
+            out.append({str(t): PromptLogprob(logprob=entry[t], rank=i + 1 if i < top else None,
+                                              decoded_token=self.token_text(t))
+                        for i, t in enumerate(ranked) if i < top or t == tok})
+        return out
+
     def text_length(self, token_id: int) -> int:
         """The characters ``token_id`` adds to the returned text: none for a special token (a BOS
         shown in ``tokens`` is not part of an echoed prompt), so ``text_offset`` indexes the text."""
@@ -140,11 +160,12 @@ class Formatter:
 
     # -- whole responses -------------------------------------------------------------
     def choice(self, index: int, text: str, completion, echoed=None, message=None,
-               finish_reason: str | None = None) -> CompletionChoice | ChatChoice:
+               finish_reason: str | None = None, prompt_logprobs=None) -> CompletionChoice | ChatChoice:
         """One finished choice of a non-streamed response; ``echoed``: ``(prompt token ids, prompt
         logprobs)`` whose logprobs come first (``echo`` with ``logprobs``); ``message``: the reply parsed
         into reasoning, content and tool calls (``chat_output.Message``), else ``text`` is the content;
-        ``finish_reason``: the parser's (``tool_calls``), else the engine's."""
+        ``finish_reason``: the parser's (``tool_calls``), else the engine's; ``prompt_logprobs``: vLLM's, a
+        completions choice's."""
         if echoed is not None and completion.logprobs is not None:
             lp = self.logprobs(echoed[0] + completion.token_ids, echoed[1] + completion.logprobs)
         else:
@@ -158,12 +179,16 @@ class Formatter:
                               finish_reason=finish_reason or completion.finish_reason,
                               stop_reason=completion.stop_reason)
         return CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=completion.finish_reason,
-                                stop_reason=completion.stop_reason)
+                                stop_reason=completion.stop_reason, prompt_logprobs=prompt_logprobs)
 
-    def response(self, choices: list, prompt_tokens: int, completion_tokens: int,
-                 cached_tokens: int | None = None) -> CompletionResponse | ChatCompletionResponse:
-        model = ChatCompletionResponse if self.kind == "chat" else CompletionResponse
-        return model(**self._head(), choices=choices, usage=usage(prompt_tokens, completion_tokens, cached_tokens))
+    def response(self, choices: list, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+                 prompt_logprobs=None) -> CompletionResponse | ChatCompletionResponse:
+        """A whole response; ``prompt_logprobs``: vLLM's, of a chat request's prompt (a completions choice carries
+        its own)."""
+        counts = usage(prompt_tokens, completion_tokens, cached_tokens)
+        if self.kind == "chat":
+            return ChatCompletionResponse(**self._head(), choices=choices, usage=counts, prompt_logprobs=prompt_logprobs)
+        return CompletionResponse(**self._head(), choices=choices, usage=counts)
 
     # -- stream chunks ------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, logprobs=None, finish_reason: str | None = None,

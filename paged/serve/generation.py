@@ -64,11 +64,15 @@ def params_max_logprobs() -> int:
     return SamplingParams.MAX_LOGPROBS
 
 
-def response_entries(prompt_lengths: list[int], n: int, max_tokens: int, logprobs: int | None, echo: bool) -> int:
+def response_entries(prompt_lengths: list[int], n: int, max_tokens: int, logprobs: int | None, echo: bool,
+                     prompt_logprobs: int | None = None) -> int:
     """The most token entries an answer can hold: per prompt, ``n`` choices of ``max_tokens`` tokens (plus the
-    prompt's own when it is echoed), each token one entry and, with ``logprobs``, ``logprobs + 1`` more."""
+    prompt's own when it is echoed), each token one entry and, with ``logprobs``, ``logprobs + 1`` more; with
+    vLLM's ``prompt_logprobs``, ``prompt_logprobs + 1`` per prompt token in each choice."""
     per_token = 1 + (logprobs + 1 if logprobs is not None else 0)
-    return sum(n * (max_tokens + (length if echo else 0)) * per_token for length in prompt_lengths)
+    per_prompt_token = prompt_logprobs + 1 if prompt_logprobs is not None else 0
+    return sum(n * ((max_tokens + (length if echo else 0)) * per_token + length * per_prompt_token)
+               for length in prompt_lengths)
 
 
 @dataclass
@@ -159,23 +163,27 @@ class Generator:
         ``MAX_RESPONSE_ENTRIES`` is a 400 naming the field that multiplies most."""
         longest = max(len(i) for i in ids)
         most_tokens = max_tokens if isinstance(max_tokens, int) else self.served.max_model_len - longest
-        entries = response_entries([len(i) for i in ids], req.n, most_tokens, logprobs, echo)
+        prompt_top = req.prompt_logprobs
+        entries = response_entries([len(i) for i in ids], req.n, most_tokens, logprobs, echo, prompt_top)
         if entries <= MAX_RESPONSE_ENTRIES:
             return entries
         max_tokens_name = rename.get("max_tokens", "max_tokens")
         logprobs_name = rename.get("logprobs", "logprobs")
         per_token = f" x (1 + {logprobs_name} {logprobs} + 1)" if logprobs is not None else ""
-        param = logprobs_name if logprobs else "n" if req.n > 1 else "echo" if echo else max_tokens_name
+        prompt_part = f", + the prompt x (prompt_logprobs {prompt_top} + 1)" if prompt_top is not None else ""
+        param = logprobs_name if logprobs else "prompt_logprobs" if prompt_top else "n" if req.n > 1 else \
+            "echo" if echo else max_tokens_name
         raise APIError(f"{param}: this request's answer could hold {entries} token entries ({len(ids)} prompt(s) "
                        f"x n {req.n} x ({max_tokens_name} {most_tokens}{' + the echoed prompt' if echo else ''})"
-                       f"{per_token}); at most {MAX_RESPONSE_ENTRIES} are allowed: ask for fewer choices, "
+                       f"{per_token}{prompt_part}); at most {MAX_RESPONSE_ENTRIES} are allowed: ask for fewer choices, "
                        "logprobs or tokens, or send the prompts in several requests", param=param,
                        code="response_too_large")
 
     def params(self, req, ids, max_tokens, logprobs, rename, prompt_logprobs=None):
         """The request's ``SamplingParams``; ``rename`` maps engine field names to this endpoint's."""
         most = self.served.options.max_logprobs
-        for asked, field in ((logprobs, "logprobs"), (prompt_logprobs, "logprobs")):
+        for asked, field in ((logprobs, "logprobs"), (req.prompt_logprobs, "prompt_logprobs"),
+                             (prompt_logprobs, "logprobs")):
             if asked is not None and most < asked <= params_max_logprobs():
                 name = rename.get(field, field)
                 raise APIError(f"{name} must be <= {most} on this server (--max-logprobs), got {asked}",
@@ -234,7 +242,7 @@ class Generator:
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         tag = tag or f"{prefix}-{uuid.uuid4().hex}"  # the engine's ids: the server's own (the module's docstring)
         fmt = Formatter(kind, f"{prefix}-{req.request_id}" if req.request_id else tag, self.served.name,
-                        self.served.tokenizer, logprobs, req.return_tokens_as_token_ids)
+                        self.served.tokenizer, logprobs, req.return_tokens_as_token_ids, req.prompt_logprobs)
         rids = [f"{tag}-{i}" for i in range(len(ids))]
         try:
             outputs = await self.engine.add([(rid, one, params, prompt, client, req.priority)
@@ -275,10 +283,12 @@ class Generator:
     @staticmethod
     def whole_response(run: Run, finals: dict):
         """The response model of a non-streamed request: every choice of every prompt, and the usage."""
-        choices, completion_tokens = [], 0
+        choices, completion_tokens, asked = [], 0, None
         for i, rid in enumerate(run.rids):
             prompt_lp = finals[rid].prompt_logprobs
             echoed = (run.ids[i], prompt_lp) if run.echo and prompt_lp is not None else None
+            if run.fmt.num_prompt_logprobs is not None:  # vLLM's prompt_logprobs
+                asked = run.fmt.prompt_logprobs(run.ids[i], prompt_lp)
             for c in finals[rid].outputs:
                 echo, text = (run.echo[i] if run.echo else ""), run.final_text(c)
                 message = reason = None
@@ -287,9 +297,11 @@ class Generator:
                     message, reason = parser.whole(text), parser.finish_reason(c.finish_reason)
                     if echo:
                         message.content = echo + (message.content or "")
-                choices.append(run.fmt.choice(i * run.params.n + c.index, echo + text, c, echoed, message, reason))
+                choices.append(run.fmt.choice(i * run.params.n + c.index, echo + text, c, echoed, message, reason,
+                                              asked if run.fmt.kind == "completion" else None))
                 completion_tokens += len(c.token_ids)
-        return run.fmt.response(choices, sum(map(len, run.ids)), completion_tokens, cached_tokens(finals))
+        return run.fmt.response(choices, sum(map(len, run.ids)), completion_tokens, cached_tokens(finals),
+                                asked if run.fmt.kind == "chat" else None)
 
 
 def cached_tokens(finals: dict) -> int:

@@ -75,12 +75,26 @@ class ChatLogprobs(BaseModel):
 
 
 # -- whole responses ------------------------------------------------------------------
+class PromptLogprob(BaseModel):
+    """A token at a prompt position (vLLM's ``prompt_logprobs``): its logprob, its rank (1: the most likely;
+    null for the prompt's own token when it is not among the most likely asked for) and its text."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+PROMPT_LOGPROBS = dict(description="vLLM's, with prompt_logprobs: per prompt token, null for the first, then "
+                       "{token id: {logprob, rank, decoded_token}} for the most likely tokens and the prompt's own")
+
+
 class CompletionChoice(BaseModel):
     index: int = Field(ge=0, description="prompt * n + choice, as OpenAI numbers them")
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason
     stop_reason: str | int | None = Field(description="the stop string or stop token id that ended it, if any")
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = omitted_when_none(**PROMPT_LOGPROBS)
 
 
 class CompletionResponse(BaseModel):
@@ -131,6 +145,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = omitted_when_none(**PROMPT_LOGPROBS)
 
 
 # -- stream chunks ----------------------------------------------------------------------

@@ -8,6 +8,9 @@ Equalities:
 * ``echo`` + ``logprobs``: the prompt part of the logprobs is the offline
   ``prompt_logprobs`` (toleranced ``FLOAT32``: the server serialises float32
   values through JSON, which rounds them to their shortest repr), led by null.
+* vLLM's ``prompt_logprobs``: the offline ``prompt_logprobs`` (logprobs toleranced
+  ``FLOAT32`` as above; token ids, ranks and texts exact); chat's are its
+  prompt's as completions gives them (exact: the same server and engine).
 * ``response_format`` (``json_schema``, ``json_object``) and vLLM's
   ``guided_json`` / ``guided_regex`` / ``guided_choice``: every choice parses
   and validates, on both endpoints, with ``n=2`` and streamed.
@@ -19,14 +22,16 @@ import json
 import math
 import re
 
+import httpx
 import jsonschema
 import pytest
 
 from paged import LLM, SamplingParams
-from tests.serve.conftest import BLOCK_SIZE, NUM_BLOCKS
+from tests.serve.conftest import API_KEY, BLOCK_SIZE, NUM_BLOCKS
 from tests.tolerances import FLOAT32
 
 MODEL = "test-model"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "class Foo:\n    def __init__(self):\n        "
 USER = {
     "type": "object",
@@ -80,6 +85,46 @@ def test_echo_with_logprobs_streamed_starts_with_the_prompt(client):
     first = chunks[0].choices[0]
     assert first.text == PROMPT and first.logprobs.token_logprobs[0] is None
     assert all(isinstance(x, float) for x in first.logprobs.token_logprobs[1:])
+
+
+def test_prompt_logprobs_are_the_engines(client, offline, server):
+    """vLLM's ``prompt_logprobs``: each completions choice holds its prompt's — null first, then the top k ranked
+    1..k and the prompt's own token (its rank, or null when not among them) — as offline ``LLM.generate`` gives
+    them; with ``echo`` and ``logprobs`` beside it, each list keeps its own k and the values agree (exact);
+    chat's (at the top of the response) are its rendered prompt's; with a stream, a 400 naming the field."""
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, n=2,
+                                  extra_body={"prompt_logprobs": 2})
+    want = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2),
+                            use_tqdm=False)[0]
+    got = r.choices[0].prompt_logprobs
+    assert r.choices[1].prompt_logprobs == got and got[0] is None and len(got) == len(want.prompt_token_ids)
+    for p in range(1, len(got)):
+        assert set(got[p]) == {str(t) for t in want.prompt_logprobs[p]}, p
+        for t, lp in want.prompt_logprobs[p].items():
+            mine = got[p][str(t)]
+            assert (mine["rank"], mine["decoded_token"]) == (lp.rank, lp.decoded_token), p
+            assert math.isclose(mine["logprob"], lp.logprob, rel_tol=FLOAT32["rtol"], abs_tol=FLOAT32["atol"]), p
+    assert any(e[str(t)]["rank"] is None for e, t in zip(got[1:], want.prompt_token_ids[1:]))  # unranked: asked 2
+    both = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0, echo=True, logprobs=1,
+                                     extra_body={"prompt_logprobs": 3}).choices[0]
+    ids = want.prompt_token_ids
+    for p in range(1, len(ids)):
+        assert len(both.logprobs.top_logprobs[p]) <= 2 and 3 <= len(both.prompt_logprobs[p]) <= 4
+        assert both.logprobs.token_logprobs[p] == both.prompt_logprobs[p][str(ids[p])]["logprob"], p
+    messages = [{"role": "user", "content": PROMPT}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, temperature=0,
+                                          extra_body={"prompt_logprobs": 1})
+    rendered = httpx.post(server.url + "/tokenize", json={"messages": messages}, headers=AUTH, timeout=60).json()
+    same = client.completions.create(model=MODEL, prompt=rendered["tokens"], max_tokens=1, temperature=0,
+                                     extra_body={"prompt_logprobs": 1})
+    assert chat.prompt_logprobs == same.choices[0].prompt_logprobs and len(chat.prompt_logprobs) == rendered["count"]
+    for path, body in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": messages})):
+        r = httpx.post(server.url + path, json={"model": MODEL, **body, "stream": True, "prompt_logprobs": 1},
+                       headers=AUTH, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs", r.text
+    too_many = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=60, json={
+        "model": MODEL, "prompt": [[5] * 1000] * 2, "max_tokens": 1, "n": 7, "prompt_logprobs": 20})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt_logprobs", too_many.text
 
 
 def test_chat_json_schema_validates_with_parallel_samples(client):
