@@ -46,7 +46,7 @@ from paged.serve.openapi import install as install_openapi
 from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.options import ServeOptions
 from paged.serve.protocol import CompletionRequest
-from paged.serve.responses_protocol import ResponsesRequest
+from paged.serve.responses_protocol import InputTokensRequest, ResponsesRequest
 from paged.serve.schemas import ChatCompletionChunk, CompletionChunk
 
 ENDPOINTS = ["/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize",
@@ -94,7 +94,8 @@ def build_app(llm, served_model_name: str, api_key: str | None = None,
     app.state.engine = engine
     install_handlers(app)
     if served.options.docs:
-        install_openapi(app, [CompletionRequest, ChatCompletionRequest, ResponsesRequest, *tokenize.REQUEST_MODELS],
+        install_openapi(app, [CompletionRequest, ChatCompletionRequest, ResponsesRequest, InputTokensRequest,
+                              *tokenize.REQUEST_MODELS],
                         [CompletionChunk, ChatCompletionChunk], api_key=api_key is not None)
     health.install(app, engine, __version__)
     models.install(app, served)

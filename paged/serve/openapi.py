@@ -67,6 +67,11 @@ EXAMPLES = {
                                  "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
                                  "required": ["city"]}}}], "tool_choice": "required"},
     },
+    "InputTokensRequest": {
+        "text": {"input": "def fib(n):", "instructions": "Write Python."},
+        "items": {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hello"}]},
+                            {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "And now?"}]},
+    },
     "ResponsesRequest": {
         "text": {"input": "def fib(n):", "instructions": "Write Python.", "max_output_tokens": 8},
         "stream": {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hello"}]}],

@@ -1,5 +1,5 @@
 """``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, ``POST
-/v1/responses/{id}/cancel``: OpenAI's Responses API over the chat path.
+/v1/responses/{id}/cancel``, ``POST /v1/responses/input_tokens``: OpenAI's Responses API over the chat path.
 
 A Responses request is a chat request in other clothes: ``responses_protocol``
 turns it into one (instructions, the previous response's conversation, the
@@ -41,13 +41,15 @@ from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.errors import APIError, from_validation_error, lead_with
 from paged.serve.extensions import BUILT_HERE
 from paged.serve.generation import client_address
+from paged.serve.offload import INLINE_MAX
 from paged.serve.openapi import error_responses, request_body
 from paged.serve.response_store import RUNNING, Background, ResponseStore, event_text
-from paged.serve.responses_protocol import (EXPECTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
-                                            ResponsesRequest)
+from paged.serve.responses_protocol import (EXPECTED, FunctionCallItem, FunctionCallOutputItem, InputTokensRequest,
+                                            MessageItem, ResponsesRequest)
 from paged.serve.responses_schemas import (ArgumentsDeltaEvent, ArgumentsDoneEvent, ErrorEvent, ErrorInfo,
                                            FunctionCallOut, FunctionCallOutputOut, IncompleteDetails, InputItemOut,
-                                           InputMessage, InputText, InputTokensDetails, ItemEvent, MessageOut,
+                                           InputMessage, InputText, InputTokens, InputTokensDetails, ItemEvent,
+                                           MessageOut,
                                            OutputText, OutputTokensDetails, PartEvent, ReasoningDeltaEvent,
                                            ReasoningDoneEvent, ReasoningOut, ReasoningText, ResponseDeleted,
                                            ResponseEvent, ResponseItemList, ResponseObject, ResponseUsage,
@@ -329,7 +331,8 @@ async def fit_context(req: ResponsesRequest, body: dict, served, weight: int) ->
 
 def install(app, served, generator, store: ResponseStore) -> None:
     """Add ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{response_id}``, ``GET
-    /v1/responses/{response_id}/input_items`` and ``POST /v1/responses/{response_id}/cancel`` to ``app``."""
+    /v1/responses/{response_id}/input_items``, ``POST /v1/responses/{response_id}/cancel`` and ``POST
+    /v1/responses/input_tokens`` to ``app``."""
     errors = error_responses(400, 401, 413, 415, 421, 500,
                              _404="the model, previous_response_id or a referenced item is not here",
                              _429="background: too many background responses are running",
@@ -403,6 +406,37 @@ def install(app, served, generator, store: ResponseStore) -> None:
         if req.store:
             store.put(final, history + [builder.output_message()], inputs)
         return Response(final.model_dump_json(), media_type="application/json")
+
+    @app.post("/v1/responses/input_tokens", tags=["OpenAI API"], response_model=InputTokens,
+              summary="Count a Responses request's input tokens (nothing is generated)",
+              openapi_extra=request_body(InputTokensRequest),
+              responses=error_responses(400, 401, 413, 415, _404="the model, previous_response_id or a referenced "
+                                        "item is not here"))
+    async def count_input_tokens(raw: Request) -> InputTokens:
+        """The prompt the request would make — its previous response's conversation, references, instructions,
+        tools, and ``truncation: "auto"``'s cut — rendered and counted; its sampling fields are checked as
+        ``create`` checks them, so a count never passes a request the server would refuse."""
+        req = await parse_body(raw, InputTokensRequest, served.work, EXPECTED)
+        conversation = store.continued(req.previous_response_id)[0] if req.previous_response_id else []
+        references = req.references()
+        if references:
+            req = await served.work.run(len(references), req.referenced, store.find(references))
+        items = len(conversation) + (len(req.input) if isinstance(req.input, list) else 1)
+        try:
+            body, chat_req = await served.work.run(items, as_chat, req, conversation)
+            ids = (await chat.render(chat_req, served))[3]
+            if req.truncation == "auto" and len(ids) > served.max_model_len - (req.max_output_tokens or 1):
+                chat_req = (await fit_context(req, body, served, items))[1]
+                ids = (await chat.render(chat_req, served))[3]
+            rename = {"logprobs": "top_logprobs", "max_tokens": "max_completion_tokens", **chat_req.guided_rename()}
+            most = chat_req.requested_max_tokens
+            await served.work.run(INLINE_MAX, generator.params, chat_req, [ids], 1 if most is None else most,
+                                  chat_req.num_logprobs, rename)
+        except ValidationError as e:
+            raise in_responses_terms(from_validation_error(e)) from None
+        except APIError as e:
+            raise in_responses_terms(e) from None
+        return InputTokens(input_tokens=len(ids))
 
     @app.get("/v1/responses/{response_id}", tags=["OpenAI API"], summary="A response this server keeps",
              response_model=ResponseObject,

@@ -330,6 +330,14 @@ class ResponsesRequest(RequestModel):
         return body
 
 
+class InputTokensRequest(ResponsesRequest):
+    """``POST /v1/responses/input_tokens``: a Responses request whose prompt is counted, not answered (``input``
+    may be left out when ``instructions`` or ``previous_response_id`` give the conversation)."""
+
+    input: StrictStr | Items[InputItem | ItemReference] = Field([], description="a user message, or the "
+                                                                 "conversation's items")
+
+
 def input_messages(items: str | list) -> list[dict]:
     """``input`` as chat messages: a call and the text before it form one assistant message, each call's
     output a ``tool`` message, an earlier reasoning the next assistant message's ``reasoning_content``."""

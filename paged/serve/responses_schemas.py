@@ -160,6 +160,13 @@ class ResponseItemList(BaseModel):
     has_more: bool
 
 
+class InputTokens(BaseModel):
+    """``POST /v1/responses/input_tokens``'s answer: the prompt's tokens, as ``usage.input_tokens`` would count."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int = Field(ge=0)
+
+
 class ResponseDeleted(BaseModel):
     """``DELETE /v1/responses/{id}``'s answer: the response is no longer kept."""
 

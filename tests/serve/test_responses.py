@@ -17,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import InputTokenCountResponse, Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from paged import LLM
@@ -513,6 +513,37 @@ def test_truncation_auto_drops_the_oldest_turns_until_the_prompt_fits(c):
     assert edge["usage"]["input_tokens"] == same["usage"]["input_tokens"]
     alone = c.post("/v1/responses", json={"input": "word " * 1100, "truncation": "auto", "max_output_tokens": 2})
     assert alone.status_code == 400 and alone.json()["error"]["param"] == "input", alone.text
+    assert count(c, **body, truncation="auto") == cut["usage"]["input_tokens"]  # counted after the same cut
+    assert count(c, **body) > 1024  # disabled: the whole conversation, counted as it is
+
+
+def count(c, **body) -> int:
+    r = c.post("/v1/responses/input_tokens", json=body)
+    assert r.status_code == 200, r.text
+    assert InputTokenCountResponse.model_validate(r.json()).object == "response.input_tokens"
+    return r.json()["input_tokens"]
+
+
+def test_input_tokens_counts_what_the_response_would_be_given(c):
+    """``POST /v1/responses/input_tokens`` (the official client's ``responses.input_tokens.count``) counts the
+    prompt the same request would make — instructions, a previous response's conversation, references, tools
+    — exactly its ``usage.input_tokens``; without any conversation, a 400 naming ``input``."""
+    first = create(c, input="def f(x):", instructions="Python.", max_output_tokens=3)
+    assert count(c, input="def f(x):", instructions="Python.") == first["usage"]["input_tokens"]
+    bodies = [dict(previous_response_id=first["id"], input="More."),
+              dict(input=[{"type": "item_reference", "id": first["output"][0]["id"]}, {"role": "user", "content": "Hm"}]),
+              dict(input="Weather?", tools=TOOLS, tool_choice="required"),
+              dict(instructions="Only instructions.")]
+    for body in bodies[:3]:
+        assert count(c, **body) == create(c, **body, max_output_tokens=2)["usage"]["input_tokens"], body
+    assert count(c, **bodies[3]) < first["usage"]["input_tokens"]
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=c, max_retries=0)
+    assert client.responses.input_tokens.count(model="m", input="def f(x):", instructions="Python.").input_tokens \
+        == first["usage"]["input_tokens"]
+    for bad, param in (({}, "input"), ({"input": "x", "top_p": 2}, "top_p"),
+                       ({"input": "x", "max_output_tokens": 0}, "max_output_tokens")):  # as create refuses them
+        r = c.post("/v1/responses/input_tokens", json=bad)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_cache_salt_reaches_the_prefix_cache(c):

@@ -96,10 +96,11 @@ def wait_idle(app) -> dict:
 OPERATIONS = ["GET /health", "GET /version", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
               "POST /v1/chat/completions", "POST /v1/responses", "GET /v1/responses/{response_id}",
               "DELETE /v1/responses/{response_id}", "GET /v1/responses/{response_id}/input_items",
-              "POST /v1/responses/{response_id}/cancel", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info", "GET /metrics", "GET /"]
+              "POST /v1/responses/{response_id}/cancel", "POST /v1/responses/input_tokens", "POST /tokenize",
+              "POST /detokenize", "GET /tokenizer_info", "GET /metrics", "GET /"]
 # the operations with something to break (a body): the others have no request the schema refuses
-WITH_BODY = ["POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses", "POST /tokenize",
-             "POST /detokenize"]
+WITH_BODY = ["POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses",
+             "POST /v1/responses/input_tokens", "POST /tokenize", "POST /detokenize"]
 # and those whose query parameters have bounds to break
 WITH_QUERY = ["GET /v1/responses/{response_id}/input_items", "GET /v1/responses/{response_id}"]
 RUNS = [(label, GenerationMode.POSITIVE) for label in OPERATIONS] + \
