@@ -176,6 +176,8 @@ class _Extensions(RequestModel):
     return_tokens_as_token_ids: StrictBool | None = None
     priority: StrictInt = 0  # the smaller goes first, with --scheduling-policy priority (the engine checks it)
     request_id: StrictStr | None = Field(None, **_bounds(minLength=1, maxLength=128))
+    return_token_ids: StrictBool | None = Field(None, description="vLLM's: the prompt's and each choice's token "
+                                                "ids with the text")
 
     guided_decoding_backend: Any = None
     vllm_xargs: Any = None

@@ -82,12 +82,15 @@ class Formatter:
         tokens_as_ids: spell every token ``"token_id:<id>"`` (vLLM's ``return_tokens_as_token_ids``).
         num_prompt_logprobs: vLLM's ``prompt_logprobs``: the most likely tokens listed at each prompt position
             (None: the response has no ``prompt_logprobs``).
+        token_ids: vLLM's ``return_token_ids``: the prompt's and each choice's token ids go with the text.
     """
 
     def __init__(self, kind: str, response_id: str, model: str, tokenizer, num_logprobs: int | None,
-                 tokens_as_ids: bool | None = False, num_prompt_logprobs: int | None = None) -> None:
+                 tokens_as_ids: bool | None = False, num_prompt_logprobs: int | None = None,
+                 token_ids: bool | None = False) -> None:
         self.kind = kind
         self.num_prompt_logprobs = num_prompt_logprobs
+        self.token_ids = bool(token_ids)
         self.tokens_as_ids = bool(tokens_as_ids)
         self.id = response_id
         self.model = model
@@ -160,12 +163,14 @@ class Formatter:
 
     # -- whole responses -------------------------------------------------------------
     def choice(self, index: int, text: str, completion, echoed=None, message=None,
-               finish_reason: str | None = None, prompt_logprobs=None) -> CompletionChoice | ChatChoice:
+               finish_reason: str | None = None, prompt_logprobs=None,
+               prompt_token_ids: list[int] | None = None) -> CompletionChoice | ChatChoice:
         """One finished choice of a non-streamed response; ``echoed``: ``(prompt token ids, prompt
         logprobs)`` whose logprobs come first (``echo`` with ``logprobs``); ``message``: the reply parsed
         into reasoning, content and tool calls (``chat_output.Message``), else ``text`` is the content;
-        ``finish_reason``: the parser's (``tool_calls``), else the engine's; ``prompt_logprobs``: vLLM's, a
-        completions choice's."""
+        ``finish_reason``: the parser's (``tool_calls``), else the engine's; ``prompt_logprobs`` and
+        ``prompt_token_ids`` (with ``return_token_ids``): vLLM's, a completions choice's."""
+        token_ids = list(completion.token_ids) if self.token_ids else None
         if echoed is not None and completion.logprobs is not None:
             lp = self.logprobs(echoed[0] + completion.token_ids, echoed[1] + completion.logprobs)
         else:
@@ -177,32 +182,41 @@ class Formatter:
                             for i, n, a in message.tool_calls] or None)
             return ChatChoice(index=index, message=reply, logprobs=lp,
                               finish_reason=finish_reason or completion.finish_reason,
-                              stop_reason=completion.stop_reason)
+                              stop_reason=completion.stop_reason, token_ids=token_ids)
         return CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=completion.finish_reason,
-                                stop_reason=completion.stop_reason, prompt_logprobs=prompt_logprobs)
+                                stop_reason=completion.stop_reason, prompt_logprobs=prompt_logprobs,
+                                prompt_token_ids=prompt_token_ids if self.token_ids else None, token_ids=token_ids)
 
     def response(self, choices: list, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
-                 prompt_logprobs=None) -> CompletionResponse | ChatCompletionResponse:
-        """A whole response; ``prompt_logprobs``: vLLM's, of a chat request's prompt (a completions choice carries
-        its own)."""
+                 prompt_logprobs=None, prompt_token_ids: list[int] | None = None
+                 ) -> CompletionResponse | ChatCompletionResponse:
+        """A whole response; ``prompt_logprobs``, ``prompt_token_ids`` (with ``return_token_ids``): vLLM's, of a
+        chat request's prompt (a completions choice carries its own)."""
         counts = usage(prompt_tokens, completion_tokens, cached_tokens)
         if self.kind == "chat":
-            return ChatCompletionResponse(**self._head(), choices=choices, usage=counts, prompt_logprobs=prompt_logprobs)
+            return ChatCompletionResponse(**self._head(), choices=choices, usage=counts, prompt_logprobs=prompt_logprobs,
+                                          prompt_token_ids=prompt_token_ids if self.token_ids else None)
         return CompletionResponse(**self._head(), choices=choices, usage=counts)
 
     # -- stream chunks ------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, logprobs=None, finish_reason: str | None = None,
-              role: bool = False, counts: tuple[int, int] | None = None,
-              parsed=None) -> CompletionChunk | ChatCompletionChunk:
+              role: bool = False, counts: tuple[int, int] | None = None, parsed=None,
+              token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None
+              ) -> CompletionChunk | ChatCompletionChunk:
         """One stream chunk for choice ``index`` (``role``: the chat stream's opening chunk; ``counts``:
         ``(prompt, completion)`` tokens so far, sent as ``usage`` for vLLM's ``continuous_usage_stats``;
-        ``parsed``: the text split by a ``ChatParser``, sent instead of ``text``)."""
+        ``parsed``: the text split by a ``ChatParser``, sent instead of ``text``; with ``return_token_ids``,
+        ``token_ids`` the tokens it adds and ``prompt_token_ids`` in the first chunk)."""
+        if not self.token_ids:
+            token_ids = prompt_token_ids = None
         counts = usage(*counts) if counts is not None else None
         if self.kind == "chat":
             delta = OpeningDelta(content="") if role else delta_of(text, parsed)
-            choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
-            return ChatCompletionChunk(**self._head(), choices=[choice], usage=counts)
-        choice = CompletionChunkChoice(index=index, text=text or "", logprobs=logprobs, finish_reason=finish_reason)
+            choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
+                                     token_ids=token_ids)
+            return ChatCompletionChunk(**self._head(), choices=[choice], usage=counts, prompt_token_ids=prompt_token_ids)
+        choice = CompletionChunkChoice(index=index, text=text or "", logprobs=logprobs, finish_reason=finish_reason,
+                                       prompt_token_ids=prompt_token_ids, token_ids=token_ids)
         return CompletionChunk(**self._head(), choices=[choice], usage=counts)
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int,

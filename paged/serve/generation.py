@@ -242,7 +242,8 @@ class Generator:
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         tag = tag or f"{prefix}-{uuid.uuid4().hex}"  # the engine's ids: the server's own (the module's docstring)
         fmt = Formatter(kind, f"{prefix}-{req.request_id}" if req.request_id else tag, self.served.name,
-                        self.served.tokenizer, logprobs, req.return_tokens_as_token_ids, req.prompt_logprobs)
+                        self.served.tokenizer, logprobs, req.return_tokens_as_token_ids, req.prompt_logprobs,
+                        req.return_token_ids)
         rids = [f"{tag}-{i}" for i in range(len(ids))]
         try:
             outputs = await self.engine.add([(rid, one, params, prompt, client, req.priority)
@@ -298,10 +299,10 @@ class Generator:
                     if echo:
                         message.content = echo + (message.content or "")
                 choices.append(run.fmt.choice(i * run.params.n + c.index, echo + text, c, echoed, message, reason,
-                                              asked if run.fmt.kind == "completion" else None))
+                                              asked if run.fmt.kind == "completion" else None, run.ids[i]))
                 completion_tokens += len(c.token_ids)
         return run.fmt.response(choices, sum(map(len, run.ids)), completion_tokens, cached_tokens(finals),
-                                asked if run.fmt.kind == "chat" else None)
+                                asked if run.fmt.kind == "chat" else None, run.ids[0])
 
 
 def cached_tokens(finals: dict) -> int:

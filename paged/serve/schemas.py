@@ -95,6 +95,8 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReason
     stop_reason: str | int | None = Field(description="the stop string or stop token id that ended it, if any")
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = omitted_when_none(**PROMPT_LOGPROBS)
+    prompt_token_ids: list[int] | None = omitted_when_none(description="vLLM's, with return_token_ids: the prompt's token ids")
+    token_ids: list[int] | None = omitted_when_none(description="vLLM's, with return_token_ids: this choice's token ids")
 
 
 class CompletionResponse(BaseModel):
@@ -134,6 +136,8 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason
     stop_reason: str | int | None
+    token_ids: list[int] | None = omitted_when_none(description="vLLM's, with return_token_ids: this choice's token "
+                                                    "ids")
 
 
 class ChatCompletionResponse(BaseModel):
@@ -146,6 +150,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = omitted_when_none(**PROMPT_LOGPROBS)
+    prompt_token_ids: list[int] | None = omitted_when_none(description="vLLM's, with return_token_ids: the prompt's token ids")
 
 
 # -- stream chunks ----------------------------------------------------------------------
@@ -154,6 +159,10 @@ class CompletionChunkChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason | None
+    prompt_token_ids: list[int] | None = omitted_when_none(description="vLLM's, with return_token_ids: the "
+                                                           "prompt's token ids, in the choice's first chunk")
+    token_ids: list[int] | None = omitted_when_none(description="vLLM's, with return_token_ids: the tokens this "
+                                                    "chunk adds")
 
 
 class CompletionChunk(BaseModel):
@@ -198,6 +207,8 @@ class ChatChunkChoice(BaseModel):
     delta: OpeningDelta | Delta
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason | None
+    token_ids: list[int] | None = omitted_when_none(description="vLLM's, with return_token_ids: the tokens this "
+                                                    "chunk adds")
 
 
 class ChatCompletionChunk(BaseModel):
@@ -209,6 +220,8 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = omitted_when_none(description="vLLM's, with return_token_ids: the "
+                                                           "prompt's token ids, in the first chunk")
 
 
 # -- the other routes -----------------------------------------------------------------------

@@ -64,6 +64,14 @@ async def events(run):
     parsers = {}  # index -> its ChatParser, with run.parse
     sent_tokens: dict[int, int] = {}
     offsets: dict[int, int] = {}
+    opened: set[int] = set()  # completions choices whose first chunk (with return_token_ids: the prompt's ids) is out
+
+    def prompt_ids(i: int, index: int) -> list[int] | None:  # return_token_ids: the prompt's, in the first chunk
+        if index in opened:
+            return None
+        opened.add(index)
+        return ids[i]
+
     ended: set[int] = set()  # choices whose last chunk is sent
     echo = run.echo
     # echo with logprobs: the echo chunk waits for the prompt logprobs, which come with the first output
@@ -77,9 +85,10 @@ async def events(run):
                     parsers[index] = run.parse()
                 offsets[index] = len(echo[i]) if echo else 0
                 if fmt.kind == "chat":
-                    yield fmt.chunk(index, None, role=True, counts=counts(i, index))
+                    yield fmt.chunk(index, None, role=True, counts=counts(i, index),
+                                    prompt_token_ids=ids[i] if index == 0 else None)
                 if echo and i not in echo_pending:
-                    yield fmt.chunk(index, echo[i], counts=counts(i, index))
+                    yield fmt.chunk(index, echo[i], counts=counts(i, index), prompt_token_ids=prompt_ids(i, index))
         pos = {rid: i for i, rid in enumerate(run.rids)}
         while len(finals) < len(run.rids):
             out = await run.outputs.get()
@@ -96,7 +105,8 @@ async def events(run):
 
                 def echo_events(i: int = i, prompt_logprobs=out.prompt_logprobs) -> list[str]:
                     lp = fmt.logprobs(ids[i], prompt_logprobs)
-                    return [sse(fmt.chunk(i * n + j, echo[i], lp, counts=counts(i, i * n + j))) for j in range(n)]
+                    return [sse(fmt.chunk(i * n + j, echo[i], lp, counts=counts(i, i * n + j),
+                                          prompt_token_ids=prompt_ids(i, i * n + j))) for j in range(n)]
                 # the prompt's logprobs, n times: as large as answers get, so written off the loop
                 for event in await run.work.run(n * len(ids[i]) * (run.params.prompt_logprobs + 2), echo_events):
                     yield event
@@ -123,8 +133,9 @@ async def events(run):
                     if c.finish_reason is not None:
                         parsed = (parsed + parser.finish()) if parsed is not None else parser.finish()
                         reason = parser.finish_reason(c.finish_reason)
-                if (parsed if index in parsers else text) or lp or c.finish_reason:
-                    yield fmt.chunk(index, text, lp, reason, counts=counts(i, index), parsed=parsed)
+                if (parsed if index in parsers else text) or lp or c.finish_reason or (fmt.token_ids and new):
+                    yield fmt.chunk(index, text, lp, reason, counts=counts(i, index), parsed=parsed, token_ids=new,
+                                    prompt_token_ids=None if fmt.kind == "chat" else prompt_ids(i, index))
             if out.finished:
                 finals[out.request_id] = out
         if req.include_usage and len(finals) == len(run.rids):

@@ -93,6 +93,34 @@ def test_return_tokens_as_token_ids_spells_ids(server):
     assert ids["token_logprobs"] == plain["token_logprobs"]
 
 
+@pytest.mark.parametrize("path, body", [
+    # each stop string begins as the demo model's reply goes on ("Return a string...", "Author of the number..."),
+    # so its first words are held back, tokens before their text, until the reply leaves it
+    ("/v1/completions", {"prompt": PROMPT, "n": 2, "stop": ["Return a number"]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "stop": ["Author of the name"]}),
+], ids=["completions", "chat"])
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids(server, path, body):
+    """vLLM's ``return_token_ids``: the prompt's ids (on each completions choice; at the top of a chat response)
+    are ``/tokenize``'s for the same input, and a choice's ``token_ids`` are as many as its completion tokens;
+    streamed, the prompt's come once, in the first chunk, and the chunks' ``token_ids`` concatenate to the whole
+    answer's — also where a held stop string sends tokens before their text (exact, greedy)."""
+    body = {**body, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    whole = post(server, path, body).json()
+    prompt = post(server, "/tokenize", {k: v for k, v in body.items() if k in ("prompt", "messages")}).json()["tokens"]
+    chat = path.endswith("chat/completions")
+    assert (whole["prompt_token_ids"] if chat else whole["choices"][0]["prompt_token_ids"]) == prompt
+    assert sum(len(c["token_ids"]) for c in whole["choices"]) == whole["usage"]["completion_tokens"]
+    chunks = events(server, path, body)
+    firsts = [c.get("prompt_token_ids") for c in chunks] if chat else \
+        [c["choices"][0].get("prompt_token_ids") for c in chunks if c["choices"][0]["index"] == 0]
+    assert firsts[0] == prompt and not any(firsts[1:])
+    for choice in whole["choices"]:
+        sent = [t for c in chunks for x in c["choices"] if x["index"] == choice["index"] for t in x.get("token_ids") or []]
+        assert sent == choice["token_ids"]
+    plain = post(server, path, {**body, "return_token_ids": False}).json()
+    assert "prompt_token_ids" not in json.dumps(plain) and "token_ids" not in json.dumps(plain)
+
+
 def test_request_id_names_the_response(server):
     a = greedy(server, max_tokens=2, request_id="my-run-7")
     b = greedy(server, max_tokens=2, request_id="my-run-7")  # the same id twice: both served
