@@ -38,10 +38,31 @@ from paged.serve.errors import APIError
 from paged.serve.responses_schemas import ErrorEvent, InputItemOut, ResponseObject
 from paged.serve.streaming import sse
 
-MAX_STORED_CHARS = 64 * 2**20  # the store's conversations together, as JSON text: the oldest go first past it
+MAX_STORED_CHARS = 64 * 2**20  # the store's conversations together, as text (about): the oldest go first past it
 CLIENT_SHARE = 4  # one client may have a quarter of the store's background responses running
 RUNNING = ("queued", "in_progress")
 CONTINUABLE = ("completed", "incomplete")  # a response a follow-up can continue (previous_response_id)
+
+
+ITEM_CHARS = 200  # what one message or item weighs beside its text: its ids, type and role, the JSON around them
+
+
+def message_chars(message: dict) -> int:
+    """About how many characters a chat message of a kept conversation holds: its texts, plus ``ITEM_CHARS``."""
+    calls = message.get("tool_calls") or ()
+    return ITEM_CHARS + len(message.get("content") or "") + len(message.get("reasoning_content") or "") + \
+        sum(len(c["function"]["name"]) + len(c["function"]["arguments"]) + ITEM_CHARS for c in calls)
+
+
+def item_chars(item) -> int:
+    """About how many characters an item (``InputItemOut``, or an output item) holds: its texts, arguments and
+    output, plus ``ITEM_CHARS``."""
+    fields = item.__dict__  # a model's fields (read so: asking a model for a field it lacks is slow)
+    chars = ITEM_CHARS + sum(len(part.text) for part in fields.get("content") or ())
+    for name in ("name", "arguments", "output"):
+        value = fields.get(name)
+        chars += len(value) if isinstance(value, str) else 0
+    return chars + sum(len(part.get("text", "")) for part in fields.get("summary") or () if isinstance(part, dict))
 
 
 def first_after(after: int | None) -> int:
@@ -151,7 +172,10 @@ class ResponseStore:
 
     def put(self, response: ResponseObject, conversation: list[dict] | None, inputs: list[InputItemOut],
             events: list[str] | None = None) -> None:
-        size = len(str(conversation)) + sum(len(str(item)) for item in inputs) + sum(map(len, events or ()))
+        # weighed by their texts, not written out: a follow-up holds its whole conversation's items again, and
+        # writing 100 000 of them as text took 0.8 s of the event loop (weighing them: a few hundredths)
+        size = sum(map(message_chars, conversation or ())) + sum(map(item_chars, inputs)) + \
+            sum(map(len, events or ()))
         if self.capacity == 0 or size > self.max_chars:
             return
         self.entries[response.id] = Kept(response, conversation, inputs, events, size)

@@ -276,6 +276,33 @@ def test_running_events_count_in_the_stores_size(s, monkeypatch):
     assert again == list(range(len(again))) and again[-1] > 20  # a response that fits still streams whole
 
 
+def test_the_store_weighs_conversations_by_their_texts():
+    """What the store counts of a kept response (exact): each message and item, its texts (content, reasoning,
+    a call's name and arguments, an output) plus ``ITEM_CHARS`` — weighed, not written out as JSON, so a
+    follow-up holding its whole conversation again costs the event loop little."""
+    from paged.serve.response_store import ITEM_CHARS, item_chars, message_chars
+    from paged.serve.responses_schemas import (FunctionCallOut, FunctionCallOutputOut, InputMessage, InputText,
+                                               ReasoningOut, ReasoningText)
+
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    assert message_chars({"role": "user", "content": "hello"}) == ITEM_CHARS + 5
+    assert message_chars({"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "hm"}) \
+        == ITEM_CHARS + 2 + ITEM_CHARS + 1 + 8
+    assert item_chars(InputMessage(id="m", role="user", content=[InputText(text="abc"), InputText(text="de")])) \
+        == ITEM_CHARS + 5
+    assert item_chars(FunctionCallOut(id="fc", call_id="c1", name="f", arguments='{"a": 1}', status="completed")) \
+        == ITEM_CHARS + 1 + 8
+    assert item_chars(FunctionCallOutputOut(id="o", call_id="c1", output="sunny")) == ITEM_CHARS + 5
+    assert item_chars(ReasoningOut(id="r", status="completed", summary=[{"type": "summary_text", "text": "s"}],
+                                   content=[ReasoningText(text="think")])) == ITEM_CHARS + 1 + 5
+    store = ResponseStore(4)
+    builder = ResponseBuilder(ResponsesRequest(input="x"), "m")
+    builder.feed(None, "Hi", [])
+    store.put(builder.finish("stop", None)[1], [{"role": "user", "content": "x"}],
+              [InputMessage(id="m", role="user", content=[InputText(text="x")])])
+    assert store.chars == (ITEM_CHARS + 1) * 2
+
+
 def test_a_stopping_server_ends_a_background_response_failed(s):
     """A graceful stop's last step (``AsyncEngine.end_all``) ends a running background response as it ends a
     stream: ``failed``, with the stop's reason; nothing is left running."""
