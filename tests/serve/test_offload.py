@@ -161,15 +161,16 @@ def test_a_3_mb_tokenize_does_not_pause_a_stream(server, token_strs):
     """The longest gap between a stream's events while a 3 MB ``/tokenize`` runs beside it is under ``STALL_S``,
     also when it returns each token's text (1.3 M texts: in one tokenizer call, 1.25 s on an AVX2 EPYC)."""
     times: list[float] = []
-    running = threading.Event()
+    running, done = threading.Event(), threading.Event()
 
-    def stream():
+    def stream():  # streams one after another until the tokenize is done (a fast CPU ends one in 2 s)
         body = {"model": "test-model", "prompt": "def f(x):", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=300) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    times.append(time.monotonic())
-                    running.set()
+        while not done.is_set():
+            with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=300) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        times.append(time.monotonic())
+                        running.set()
 
     reader = threading.Thread(target=stream)
     reader.start()
@@ -179,6 +180,7 @@ def test_a_3_mb_tokenize_does_not_pause_a_stream(server, token_strs):
     r = httpx.post(server.url + "/tokenize", json={"prompt": CODE * 1515, "return_token_strs": token_strs},
                    headers=AUTH, timeout=300)
     t1 = time.monotonic()
+    done.set()
     reader.join(300)
     assert r.status_code == 200 and r.json()["count"] == len(r.json()["tokens"]) > 10**6
     during = [b - a for a, b in zip(times, times[1:]) if b > t0 and a < t1]  # pauses that overlap the tokenize

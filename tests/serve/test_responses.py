@@ -27,7 +27,8 @@ from paged.serve.app import build_app
 from paged.serve.body import parse
 from paged.serve.chat_protocol import ChatCompletionRequest
 from paged.serve.options import ServeOptions
-from paged.serve.responses import ResponseBuilder, as_chat
+from paged.serve.response_builder import ResponseBuilder
+from paged.serve.responses import as_chat
 from paged.serve.responses_protocol import ResponsesRequest
 
 EVENT = TypeAdapter(ResponseStreamEvent)

@@ -1,4 +1,5 @@
-"""Background responses (``background: true``; ``paged/serve/response_store.py``), in-process on the demo model.
+"""Background responses (``background: true``; ``paged/serve/background.py``, ``response_store.py``), in-process
+on the demo model.
 
 The official ``openai`` client drives them (``responses.create(background=True)``, ``retrieve``, ``retrieve(...,
 stream=True, starting_after=N)``, ``cancel``) and its types parse every answer and event. The engine thread is
@@ -25,8 +26,9 @@ from paged import LLM
 from paged.demo import DEFAULT_MODEL_PATH
 from paged.serve.app import build_app
 from paged.serve.options import ServeOptions
-from paged.serve.response_store import Background, ResponseStore
-from paged.serve.responses import ResponseBuilder
+from paged.serve.background import Background
+from paged.serve.response_store import ResponseStore
+from paged.serve.response_builder import ResponseBuilder
 from paged.serve.responses_protocol import ResponsesRequest
 
 EVENT = TypeAdapter(ResponseStreamEvent)
