@@ -36,7 +36,7 @@ def event_text(event) -> str:
 
 
 class Background:
-    """A response that runs with no connection: its builder (``responses.ResponseBuilder``), the events so far
+    """A response that runs with no connection: its builder (``response_builder.ResponseBuilder``), the events so far
     as stream text, and the task that makes them.
 
     Args:

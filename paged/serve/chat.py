@@ -66,6 +66,12 @@ async def render(req: ChatCompletionRequest, served: ServedModel):
     return plan, messages, text, ids
 
 
+def field_names(req: ChatCompletionRequest) -> dict[str, str]:
+    """The engine's field names -> the chat request's, for its errors (``max_tokens`` is the one it sent)."""
+    name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    return {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": name, **req.guided_rename()}
+
+
 async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, generator: Generator,
                  start_only: bool = False, tag: str | None = None):
     """Answer one parsed chat request (the stream, or the whole response); ``start_only``: submit it and
@@ -76,11 +82,8 @@ async def answer(req: ChatCompletionRequest, raw: Request, served: ServedModel, 
     max_tokens = req.requested_max_tokens
     if max_tokens is None:  # OpenAI's default for chat: whatever context is left
         max_tokens = max(1, served.max_model_len - len(ids))
-    name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    rename = {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": name,  # engine field -> chat's
-              **req.guided_rename()}
     parse = served.options.chat_parser(plan, req.include_reasoning, req.wants_grammar)
-    args = (req, "chat", [ids], [text], max_tokens, req.num_logprobs, rename)
+    args = (req, "chat", [ids], [text], max_tokens, req.num_logprobs, field_names(req))
     keywords = dict(echo=echo, stop_token_ids=served.chat.end_of_turn_ids, parse=parse,
                     prompt_logprobs=req.prompt_logprobs)
     if start_only:

@@ -138,17 +138,10 @@ class Formatter:
         """vLLM's ``prompt_logprobs`` of a prompt: per token, null for the first, then ``{token id:
         PromptLogprob}``: the ``num_prompt_logprobs`` most likely tokens, ranked 1.., and the prompt's own
         token, unranked (null) when it is not among them."""
-        out: list[dict | None] = []
-        for tok, entry in zip(token_ids, entries):
-            if entry is None:
-                out.append(None)
-                continue
-            ranked = sorted(entry, key=lambda t: -entry[t])
-            top = self.num_prompt_logprobs
-            out.append({str(t): PromptLogprob(logprob=entry[t], rank=i + 1 if i < top else None,
-                                              decoded_token=self.token_text(t))
-                        for i, t in enumerate(ranked) if i < top or t == tok})
-        return out
+        top = self.num_prompt_logprobs
+        return [None if entry is None else {
+            str(t): PromptLogprob(logprob=lp, rank=i + 1 if i < top else None, decoded_token=self.token_text(t))
+            for i, (t, lp) in enumerate(_ranked(entry, tok, top))} for tok, entry in zip(token_ids, entries)]
 
     def text_length(self, token_id: int) -> int:
         """The characters ``token_id`` adds to the returned text: none for a special token (a BOS

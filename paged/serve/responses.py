@@ -162,6 +162,16 @@ def install(app, served, generator, store: ResponseStore) -> None:
                                                                                     "data": {"type": "string"}}}}}
     not_kept = "not kept (the newest --response-store are)"
 
+    async def gathered(req: ResponsesRequest) -> tuple[ResponsesRequest, list[dict], list[InputItemOut], int]:
+        """What a request's prompt is made of: the request with its references put in place (the items found
+        on the loop, each put in on the pool), the conversation it continues as chat messages and as items,
+        and its items' count (the weight of the work on them)."""
+        conversation, earlier = store.continued(req.previous_response_id) if req.previous_response_id else ([], [])
+        references = req.references()
+        if references:
+            req = await served.work.run(len(references), req.referenced, store.find(references))
+        return req, conversation, earlier, len(conversation) + (len(req.input) if isinstance(req.input, list) else 1)
+
     def event_stream(texts) -> StreamingResponse:
         return StreamingResponse(texts, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -175,15 +185,11 @@ def install(app, served, generator, store: ResponseStore) -> None:
         if req.background and not req.store:
             raise APIError("background: true needs store: true (a background response is fetched later, so the "
                            "server keeps it)", param="background", code="invalid_value")
-        conversation, earlier = store.continued(req.previous_response_id) if req.previous_response_id else ([], [])
-        references = req.references()
-        if references:  # the items found here, on the loop; each put in its place on the pool
-            req = await served.work.run(len(references), req.referenced, store.find(references))
+        req, conversation, earlier, items = await gathered(req)
         if req.background:
             store.admit(client_address(raw))
         builder = ResponseBuilder(req, served.name)
         try:
-            items = len(conversation) + (len(req.input) if isinstance(req.input, list) else 1)
             body, chat_req = await served.work.run(items, as_chat, req, conversation)
             try:
                 run = await chat.answer(chat_req, raw, served, generator, start_only=True, tag=builder.id)
@@ -237,22 +243,16 @@ def install(app, served, generator, store: ResponseStore) -> None:
         """The prompt the request would make — its previous response's conversation, references, instructions,
         tools, and ``truncation: "auto"``'s cut — rendered and counted; its sampling fields are checked as
         ``create`` checks them, so a count never passes a request the server would refuse."""
-        req = await parse_body(raw, InputTokensRequest, served.work, EXPECTED)
-        conversation = store.continued(req.previous_response_id)[0] if req.previous_response_id else []
-        references = req.references()
-        if references:
-            req = await served.work.run(len(references), req.referenced, store.find(references))
-        items = len(conversation) + (len(req.input) if isinstance(req.input, list) else 1)
+        req, conversation, _, items = await gathered(await parse_body(raw, InputTokensRequest, served.work, EXPECTED))
         try:
             body, chat_req = await served.work.run(items, as_chat, req, conversation)
             ids = (await chat.render(chat_req, served))[3]
             if req.truncation == "auto" and len(ids) > served.max_model_len - (req.max_output_tokens or 1):
                 chat_req = (await fit_context(req, body, served, items))[1]
                 ids = (await chat.render(chat_req, served))[3]
-            rename = {"logprobs": "top_logprobs", "max_tokens": "max_completion_tokens", **chat_req.guided_rename()}
             most = chat_req.requested_max_tokens
             await served.work.run(INLINE_MAX, generator.params, chat_req, [ids], 1 if most is None else most,
-                                  chat_req.num_logprobs, rename)
+                                  chat_req.num_logprobs, chat.field_names(chat_req))
         except ValidationError as e:
             raise in_responses_terms(from_validation_error(e)) from None
         except APIError as e:
