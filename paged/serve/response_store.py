@@ -102,10 +102,11 @@ class ResponseStore:
         kept = self.entries.pop(response_id)
         self.chars -= kept.size
         for item in kept.inputs + kept.response.output:
-            holders = self.items[item.id]
-            holders.pop(response_id, None)
-            if not holders:
-                del self.items[item.id]
+            holders = self.items.get(item.id)  # None: an id this response held twice, already let go
+            if holders is not None:
+                holders.pop(response_id, None)
+                if not holders:
+                    del self.items[item.id]
 
     def _missing(self, response_id: str, param: str) -> APIError:
         return APIError(f"response {response_id[:80]!r} is not kept by this server (it keeps the newest "

@@ -300,6 +300,10 @@ def test_an_item_reference_stands_for_the_item_it_names(c):
     r = c.post("/v1/responses", json={"max_output_tokens": 1, "input": [again, {"type": "item_reference",
                                                                                 "id": "msg_mine"}]})
     assert r.status_code == 404 and r.json()["error"]["param"] == "input.1.id", r.text
+    twice = create(c, max_output_tokens=1, input=[{"role": "user", "content": "a", "id": "msg_twice"},
+                                                   {"role": "user", "content": "b", "id": "msg_twice"}])
+    assert c.delete(f"/v1/responses/{twice['id']}").status_code == 200  # an id held twice is let go once
+    assert "msg_twice" not in c.app.fastapi.state.response_store.items
 
 
 def test_a_referenced_call_goes_back_with_its_output(c):
