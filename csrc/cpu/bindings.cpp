@@ -401,8 +401,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("lanes"), py::arg("type"), py::arg("n"), py::arg("k"), py::call_guard<py::gil_scoped_release>());
   m.def("quant_linear_lanes", &paged::quant_linear_lanes,
         "x [M, K] times a W [N, K] in quant_pack_lanes' layout, transposed -> [M, N]", py::arg("x"), py::arg("lanes"),
-        py::arg("type"), py::arg("n"), py::arg("k"), py::arg("second_thread_weights") = py::none(),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("type"), py::arg("n"), py::arg("k"), py::arg("impl") = "auto",
+        py::arg("second_thread_weights") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("quant_vnni_compiled", &paged::quant_vnni_compiled, "Whether the AVX-512 VNNI quantized linear was compiled in");
   m.def("quant_avx2_compiled", &paged::quant_avx2_compiled, "Whether the AVX2 quantized linear was compiled in");
   m.def("fixed_order_linear", &paged::fixed_order_linear,

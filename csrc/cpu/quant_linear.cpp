@@ -45,7 +45,7 @@
 // its own. impl="auto" takes the widest one compiled in.
 //
 // Q4_K and Q6_K (super-blocks of 256 weights, read in place): quant_linear_k.h. Every format laid out
-// again with one output column per vector lane, for the VNNI loop (quant_pack_lanes,
+// again with one output column per vector lane, for a VNNI loop and an AVX2 one (quant_pack_lanes,
 // quant_linear_lanes): quant_linear_lanes.h.
 
 #include <ATen/Parallel.h>
@@ -693,13 +693,13 @@ void linear_for(const at::Tensor& x, const at::Tensor& packed, int64_t type, int
   });
 }
 
-// Refuses the lanes layout where the VNNI loops are not built.
+// Refuses the lanes layout where no loop that reads it is built (the AVX2 one, or the VNNI one beside it).
 void check_lanes_built() {
-  TORCH_CHECK_VALUE(quant_vnni_compiled(), "the lanes layout needs a build for a CPU with AVX-512 VNNI; this one "
-                    "has not (quant_vnni_compiled() is False)");
+  TORCH_CHECK_VALUE(quant_avx2_compiled(), "the lanes layout needs a build for a CPU with AVX2, FMA and F16C; "
+                    "this one has not (quant_avx2_compiled() is False)");
 }
 
-#if defined(PAGED_QUANT_VNNI)
+#if defined(PAGED_QUANT_AVX2)
 // A tensor that holds (lanes) or is to hold (into) the lanes layout of a [N, K] weight: uint8, contiguous, on
 // the CPU, quant_lanes_bytes long.
 void check_lanes_tensor(const at::Tensor& t, const char* name, const LaneLayout& L, int64_t type, int64_t N,
@@ -744,7 +744,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t t
 int64_t quant_lanes_bytes(int64_t type, int64_t N, int64_t K) {
   check_lanes_built();
   int64_t bytes = 0;
-#if defined(PAGED_QUANT_VNNI)
+#if defined(PAGED_QUANT_AVX2)
   check_shape(type, N, K);
   const LaneLayout L(type, N, K);
   bytes = L.groups * L.group_bytes;
@@ -757,7 +757,7 @@ at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, i
   check_packed(packed, type, N, K);
   check_lanes_built();
   at::Tensor out;
-#if defined(PAGED_QUANT_VNNI)
+#if defined(PAGED_QUANT_AVX2)
   const RowLayout RL(type, K);
   const LaneLayout L(type, N, K);
   if (into.has_value()) {  // a place given (one part of a larger allocation): zeroed here, as at::zeros would
@@ -783,7 +783,7 @@ at::Tensor quant_pack_lanes(const at::Tensor& packed, int64_t type, int64_t N, i
 at::Tensor quant_unpack_lanes(const at::Tensor& lanes, int64_t type, int64_t N, int64_t K) {
   check_lanes_built();
   at::Tensor out;
-#if defined(PAGED_QUANT_VNNI)
+#if defined(PAGED_QUANT_AVX2)
   check_shape(type, N, K);
   const RowLayout RL(type, K);
   const LaneLayout L(type, N, K);
@@ -803,10 +803,14 @@ at::Tensor quant_unpack_lanes(const at::Tensor& lanes, int64_t type, int64_t N, 
 }
 
 at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int64_t type, int64_t N, int64_t K,
-                              std::optional<int64_t> second_thread_weights) {
+                              const std::string& impl, std::optional<int64_t> second_thread_weights) {
   check_lanes_built();
+  TORCH_CHECK_VALUE(impl == "auto" || impl == "avx2" || impl == "avx512",
+                    "impl must be 'auto', 'avx2' or 'avx512' for the lanes layout, got '", impl, "'");
+  TORCH_CHECK_VALUE(impl != "avx512" || quant_vnni_compiled(), "impl 'avx512' needs a build for a CPU with "
+                    "AVX-512 VNNI; this one has not (quant_vnni_compiled() is False)");
   at::Tensor y;
-#if defined(PAGED_QUANT_VNNI)
+#if defined(PAGED_QUANT_AVX2)
   check_shape(type, N, K);
   const LaneLayout L(type, N, K);
   check_lanes_tensor(lanes, "lanes", L, type, N, K);
@@ -814,7 +818,12 @@ at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int6
   y = at::empty({x.size(0), N}, x.options());
   if (x.size(0) == 0) return y;
   with_dtype_and_type(x, type, [&](auto dtype, auto block_type) {
-    lanes_impl<typename decltype(dtype)::type, decltype(block_type)::value>(x, lanes, N, K, y, second_thread_weights);
+    using D = typename decltype(dtype)::type;
+    constexpr int64_t TYPE = decltype(block_type)::value;
+#if defined(PAGED_QUANT_VNNI)
+    if (impl != "avx2") return lanes_impl<Vnni, D, TYPE>(x, lanes, N, K, y, second_thread_weights);
+#endif
+    lanes_impl<Avx2, D, TYPE>(x, lanes, N, K, y, second_thread_weights);
   });
 #endif
   return y;

@@ -27,7 +27,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t t
 at::Tensor quant_dequantize(const at::Tensor& packed, int64_t type, int64_t N, int64_t K);
 
 // The blocks of pack_blocks' layout (any format quant_linear reads) laid out again with one output column
-// per vector lane (quant_linear_lanes.h), for quant_linear_lanes; needs the VNNI loops (quant_vnni_compiled()).
+// per vector lane (quant_linear_lanes.h), for quant_linear_lanes; needs the AVX2 loops (quant_avx2_compiled()).
 // into: the tensor to write them in (quant_lanes_bytes(type, N, K) bytes), else a new one.
 at::Tensor quant_pack_lanes(const at::Tensor& blocks, int64_t type, int64_t N, int64_t K,
                             const std::optional<at::Tensor>& into = std::nullopt);
@@ -37,8 +37,10 @@ int64_t quant_lanes_bytes(int64_t type, int64_t N, int64_t K);
 at::Tensor quant_unpack_lanes(const at::Tensor& lanes, int64_t type, int64_t N, int64_t K);
 
 // quant_linear over quant_pack_lanes' layout: the same x rounding, each output summed in the lanes
-// layout's own fixed order (a float32 rounding from the row layout's).
+// layout's own fixed order (a float32 rounding from the row layout's). impl: "avx2", "avx512" (VNNI), or
+// "auto" (the widest compiled in); both loops compute the same sums in the same order.
 at::Tensor quant_linear_lanes(const at::Tensor& x, const at::Tensor& lanes, int64_t type, int64_t N, int64_t K,
+                              const std::string& impl = "auto",
                               std::optional<int64_t> second_thread_weights = std::nullopt);
 
 // Whether the AVX-512 VNNI loops were compiled in (impl "avx512").

@@ -1,5 +1,5 @@
 // The lanes layout of quant_linear.cpp: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights regrouped so that
-// one vector lane is one output column (AVX-512 VNNI only).
+// one vector lane is one output column (read by an AVX-512 VNNI loop, or by an AVX2 one as two halves).
 //
 // The row layout (pack_blocks) keeps each weight row's blocks together, so a dot product sums 16
 // lanes of partial sums and must add them up at the end, once per output: at one row of x that
@@ -22,7 +22,9 @@
 //                       16 of weights 16..31 (w = d sc (q - 32), a scale per 16 weights)
 //
 // so one step of K is one 64-byte load of weights and one 4-byte broadcast of x, and vpdpbusd adds
-// four products to each of 16 outputs at once. A group's records follow each other: a group is one
+// four products to each of 16 outputs at once. An AVX2 CPU reads the same records as two halves of
+// 32 bytes (outputs 0..7, then 8..15 of the group): vpmaddubsw and vpmaddwd do vpdpbusd's work in two
+// steps (lanes_group_avx2, below). A group's records follow each other: a group is one
 // stream of bytes, read from the start to the end (measured on a Zen 4: four groups read side by
 // side got half the bandwidth one stream gets).
 //
@@ -37,12 +39,13 @@
 //
 // The same order for every row of x, every row count and thread count, so a row's result does not
 // depend on the batch; it differs from the row layout's order (a float32 rounding apart), and
-// tests/kernels/test_quant_linear.py holds it to the same bound.
+// tests/kernels/test_quant_linear.py holds it to the same bound. The AVX2 loop computes the same
+// integer sums and then the same float32 operations per output in the same order as the VNNI one.
 // Included by quant_linear.cpp, inside its namespace, after QuantizedRow and quantize_row.
 
 #pragma once
 
-#if defined(PAGED_QUANT_VNNI)
+#if defined(PAGED_QUANT_AVX2)  // (a CPU with VNNI has AVX2 too)
 
 constexpr int64_t LANES = 16;  // output columns per group: one float32 per lane of a 512-bit vector
 
@@ -69,9 +72,14 @@ struct LaneLayout {
         header_bytes(type == kQ4_K ? 4 * LANES : type == kQ6_K ? 2 * LANES : 0),
         group_bytes(blocks / per_header * header_bytes + blocks * block_bytes) {}
 
-  // Where block b's record and its header (the K-quants) start in a group.
-  int64_t header(int64_t b) const { return b / per_header * (header_bytes + per_header * block_bytes); }
-  int64_t record(int64_t b) const { return header(b) + header_bytes + b % per_header * block_bytes; }
+  // Where block b's record and its header (the K-quants) start in a group. Asked once a block by the loops,
+  // so without a division by a variable (a 64-bit idiv per block, as a first version of the AVX2 loop had).
+  int64_t header(int64_t b) const {
+    return header_bytes == 0 ? 0 : b / 8 * (header_bytes + 8 * block_bytes);  // the K-quants: per_header is 8
+  }
+  int64_t record(int64_t b) const {
+    return header_bytes == 0 ? b * block_bytes : header(b) + header_bytes + b % 8 * block_bytes;
+  }
 };
 
 // The records of one group from the row layout (K-quants: the file's super-blocks): rows[r] is row r of
@@ -205,6 +213,7 @@ inline void unpack_lane_group(int64_t type, const RowLayout& RL, const LaneLayou
   }
 }
 
+#if defined(PAGED_QUANT_VNNI)
 // 16 bytes of a record as 16 float32 lanes: unsigned (Q4_K's sc, m) or signed (Q6_K's scales).
 inline __m512 bytes_as_floats(const uint8_t* p, bool is_signed) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -301,7 +310,130 @@ void lanes_group(const uint8_t* group, const LaneLayout& L, const QuantizedRow* 
   }
 }
 
-template <typename T, int64_t TYPE>
+#endif  // PAGED_QUANT_VNNI
+
+// --- the AVX2 loop: each record as two halves of 8 lanes ----------------------------------------------
+//
+// Half h of a 64-byte vector is its bytes 32h..32h+31: outputs 8h..8h+7 of the group. Per output the
+// same integer sums as lanes_group, exact, then the same float32 operations in the same order:
+//   * 4-bit: vpmaddubsw multiplies a weight (0..31) by an x byte and adds neighbours: at most
+//     2 * 31 * 127 = 7874 per int16; four of those added in int16 (31496) before vpmaddwd widens.
+//   * Q6_K: weights 0..63: 2 * 63 * 127 = 16002, two added (32004) before widening.
+//   * Q8_0: the stored byte is q + 128 (up to 255: 2 * 255 * 127 overflows int16), so the signed q is
+//     taken back and multiplied as |q| times x with q's sign (at most 2 * 128 * 127 = 32512), each
+//     widened alone; the sum is sum q qx, what lanes_group gets as sum (q + 128) qx - 128 sum qx.
+
+// 8 bytes of a record as 8 float32 lanes: unsigned (Q4_K's sc, m) or signed (Q6_K's scales).
+inline __m256 bytes_as_floats8(const uint8_t* p, bool is_signed) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+}
+inline __m256 halves_at8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+// The AVX2 loop prefetches the bytes this far ahead of the record it reads (speed only; on a Zen 3, cold,
+// Q4_1 at one row went from 1.24 to 1.36 times the row layout's speed on one thread; 2048 gave no more).
+constexpr int64_t LANES_PREFETCH = 1024;
+inline __m256i widen_pairs(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
+// lanes_group's outputs for R rows of x: acc[r][h] holds output columns 8h..8h+7 of the group.
+template <int64_t TYPE, int R>
+void lanes_group_avx2(const uint8_t* group, const LaneLayout& L, const QuantizedRow* const* xs,
+                      const int32_t* const* sums, __m256 (&out)[R][2]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R][2];  // here, not in out: the compiler keeps them in registers (through out, in memory each block)
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  __m256 head_d[2] = {}, head_dmin[2] = {};  // the K-quants' super-block d (dmin), per half
+  for (int64_t b = 0; b < L.blocks; ++b) {
+    const uint8_t* rec = group + L.record(b);
+    for (int64_t i = 0; i < L.block_bytes; i += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rec + LANES_PREFETCH + i), _MM_HINT_T0);
+    if constexpr (TYPE == kQ4_K || TYPE == kQ6_K) {
+      if (b % 8 == 0) {
+        for (int h = 0; h < 2; ++h) {
+          head_d[h] = halves_at8(group + L.header(b) + 16 * h);
+          if constexpr (TYPE == kQ4_K) head_dmin[h] = halves_at8(group + L.header(b) + 2 * LANES + 16 * h);
+        }
+      }
+    }
+    int32_t xw[R][8];  // x's 32 int8 of block b, four to a word
+    for (int r = 0; r < R; ++r) std::memcpy(xw[r], xs[r]->q + b * QK, 32);
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (TYPE == kQ8_0) {
+        __m256i w[8], w_abs[8];
+        for (int v = 0; v < 8; ++v) {
+          w[v] = _mm256_xor_si256(load32(rec + 64 * v + 32 * h), _mm256_set1_epi8(static_cast<char>(0x80)));
+          w_abs[v] = _mm256_abs_epi8(w[v]);  // -128 becomes 0x80: 128 as vpmaddubsw's unsigned operand
+        }
+        const __m256 d = halves_at8(rec + L.scales + 16 * h);
+        for (int r = 0; r < R; ++r) {
+          __m256i s = _mm256_setzero_si256();
+          for (int v = 0; v < 8; ++v)
+            s = _mm256_add_epi32(s, widen_pairs(_mm256_maddubs_epi16(
+                                        w_abs[v], _mm256_sign_epi8(_mm256_set1_epi32(xw[r][v]), w[v]))));
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(xs[r]->d[b])), acc[r][h]);
+        }
+      } else if constexpr (TYPE == kQ6_K) {
+        __m256i w[8];
+        for (int v = 0; v < 8; ++v) w[v] = load32(rec + 64 * v + 32 * h);
+        const __m256 d0 = _mm256_mul_ps(head_d[h], bytes_as_floats8(rec + L.scales + 8 * h, true));
+        const __m256 d1 = _mm256_mul_ps(head_d[h], bytes_as_floats8(rec + L.scales + LANES + 8 * h, true));
+        for (int r = 0; r < R; ++r) {
+          auto pair = [&](int v) {  // vectors v and v + 1, added in int16, widened
+            return widen_pairs(_mm256_add_epi16(_mm256_maddubs_epi16(w[v], _mm256_set1_epi32(xw[r][v])),
+                                                _mm256_maddubs_epi16(w[v + 1], _mm256_set1_epi32(xw[r][v + 1]))));
+          };
+          const int32_t* hs = sums[r] + 2 * b;
+          const __m256i lo = _mm256_sub_epi32(_mm256_add_epi32(pair(0), pair(2)), _mm256_set1_epi32(32 * hs[0]));
+          const __m256i hi = _mm256_sub_epi32(_mm256_add_epi32(pair(4), pair(6)), _mm256_set1_epi32(32 * hs[1]));
+          const __m256 dx = _mm256_set1_ps(xs[r]->d[b]);
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d0, dx), acc[r][h]);
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(d1, dx), acc[r][h]);
+        }
+      } else {
+        __m256i lo[4], hi[4];
+        for (int v = 0; v < 4; ++v) {
+          const __m256i w = load32(rec + 64 * v + 32 * h);
+          lo[v] = _mm256_and_si256(w, low4);
+          hi[v] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+          if constexpr (TYPE == kQ5_0) {  // 16 more where the fifth bit is set: this half's 32 bits of each mask
+            uint32_t bits[2];
+            std::memcpy(&bits[0], rec + L.q_bytes + 16 * v + 4 * h, 4);
+            std::memcpy(&bits[1], rec + L.q_bytes + 16 * v + 8 + 4 * h, 4);
+            lo[v] = _mm256_or_si256(lo[v], fifth_bits(bits[0]));
+            hi[v] = _mm256_or_si256(hi[v], fifth_bits(bits[1]));
+          }
+        }
+        __m256 d, m;  // w = d q + m
+        if constexpr (TYPE == kQ4_K) {
+          d = _mm256_mul_ps(head_d[h], bytes_as_floats8(rec + L.scales + 8 * h, false));
+          const __m256 dmin_m = _mm256_mul_ps(head_dmin[h], bytes_as_floats8(rec + L.scales + LANES + 8 * h, false));
+          m = _mm256_sub_ps(_mm256_setzero_ps(), dmin_m);
+        } else {
+          d = halves_at8(rec + L.scales + 16 * h);
+          m = TYPE == kQ4_1 ? halves_at8(rec + L.scales + 2 * LANES + 16 * h)
+                            : _mm256_mul_ps(d, _mm256_set1_ps(TYPE == kQ5_0 ? -16.0f : -8.0f));
+        }
+        for (int r = 0; r < R; ++r) {
+          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();  // int16: low nibbles, high ones
+          for (int v = 0; v < 4; ++v) {
+            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(lo[v], _mm256_set1_epi32(xw[r][2 * v])));
+            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(hi[v], _mm256_set1_epi32(xw[r][2 * v + 1])));
+          }
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(widen_pairs(s0), widen_pairs(s1)));
+          acc[r][h] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(xs[r]->d[b])), acc[r][h]);
+          acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[r]->s[b]), acc[r][h]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r][0] = acc[r][0], out[r][1] = acc[r][1];
+}
+
+// y = x W^T over the lanes layout, on torch's threads (a task: whole groups), with the VNNI loop (Isa Vnni)
+// or the AVX2 one (Avx2).
+template <typename Isa, typename T, int64_t TYPE>
 void lanes_impl(const at::Tensor& x, const at::Tensor& lanes, int64_t N, int64_t K, at::Tensor& y,
                 std::optional<int64_t> second_thread_weights) {
   const RowLayout RL(kQ8_0, K);  // x's blocks in their natural order (the padding block, if any, is never read)
@@ -309,7 +441,7 @@ void lanes_impl(const at::Tensor& x, const at::Tensor& lanes, int64_t N, int64_t
   const int64_t M = x.size(0);
   T* y0 = y.data_ptr<T>();
   const uint8_t* w0 = lanes.data_ptr<uint8_t>();
-  QuantizedRows xq = quantize_rows<T>(Vnni{}, x, K, RL, false);
+  QuantizedRows xq = quantize_rows<T>(Isa{}, x, K, RL, false);  // the same bytes whichever loop rounds them
   auto row_of = [&](int64_t m) { return xq.row(m); };
   std::vector<int32_t> sums;  // the byte-weight formats: sum qx per 16 values, two a block
   if constexpr (byte_weights(TYPE)) {
@@ -335,13 +467,21 @@ void lanes_impl(const at::Tensor& x, const at::Tensor& lanes, int64_t N, int64_t
           xr[r] = row_of(m + r), xs[r] = &xr[r];
           hs[r] = sums.empty() ? nullptr : sums.data() + (m + r) * 2 * L.blocks;
         }
-        __m512 acc[R];
-        lanes_group<TYPE, R>(group, L, xs, hs, acc);
-        for (int r = 0; r < R; ++r) {
-          alignas(64) float out[LANES];
-          _mm512_store_ps(out, acc[r]);
-          for (int64_t c = 0; c < cols; ++c) y0[(m + r) * N + n0 + c] = static_cast<T>(out[c]);
+        alignas(64) float out[R][LANES];
+#if defined(PAGED_QUANT_VNNI)
+        if constexpr (std::is_same_v<Isa, Vnni>) {
+          __m512 acc[R];
+          lanes_group<TYPE, R>(group, L, xs, hs, acc);
+          for (int r = 0; r < R; ++r) _mm512_store_ps(out[r], acc[r]);
         }
+#endif
+        if constexpr (std::is_same_v<Isa, Avx2>) {
+          __m256 acc[R][2];
+          lanes_group_avx2<TYPE, R>(group, L, xs, hs, acc);
+          for (int r = 0; r < R; ++r) _mm256_store_ps(out[r], acc[r][0]), _mm256_store_ps(out[r] + 8, acc[r][1]);
+        }
+        for (int r = 0; r < R; ++r)
+          for (int64_t c = 0; c < cols; ++c) y0[(m + r) * N + n0 + c] = static_cast<T>(out[r][c]);
       };
       int64_t m = 0;
       for (; m + 2 <= M; m += 2) run(m, std::integral_constant<int, 2>{});  // a group's records read once for two rows
@@ -350,4 +490,4 @@ void lanes_impl(const at::Tensor& x, const at::Tensor& lanes, int64_t N, int64_t
   });
 }
 
-#endif  // PAGED_QUANT_VNNI
+#endif  // PAGED_QUANT_AVX2

@@ -9,8 +9,9 @@ for ``M`` rows of input, side by side in one process:
   with that ``impl`` (``csrc/cpu/quant_linear.cpp``), those compiled in here
   (``--impls`` to choose);
 * ``lanes``: ``quant_linear_lanes`` over the blocks laid out with one output
-  column per vector lane (``csrc/cpu/quant_linear_lanes.h``, where the VNNI
-  loops are built): what a served model runs there;
+  column per vector lane (``csrc/cpu/quant_linear_lanes.h``, its VNNI loop
+  where that is built, else its AVX2 one): what a served model runs;
+  ``lanes-avx2``, where VNNI is built: the same layout read by the AVX2 loop;
 * ``dense``: ``layers.gemm`` on the weight dequantized once into ``--dtype``
   (torch's GEMM, as ``QuantizedLinear`` hands batches to its dense layer).
 
@@ -57,7 +58,7 @@ def add_arguments(parser) -> None:
                         help="GGUF block types of the weights")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64], help="rows M of the input")
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
-    parser.add_argument("--impls", nargs="+", choices=["scalar", "avx2", "avx512", "lanes"],
+    parser.add_argument("--impls", nargs="+", choices=["scalar", "avx2", "avx512", "lanes", "lanes-avx2"],
                         help="implementations to time (default: every one compiled in)")
     parser.add_argument("--cold", action="store_true",
                         help="each call reads another copy of the weight (64 MiB of copies): from memory")
@@ -91,11 +92,13 @@ def run_case(ext, name: str, type_name: str, k: int, n: int, m: int, dtype_name:
     weight = dequantize_blocks(blocks, kind, n, k).to(dtype)
     x = (3 * torch.randn(m, k, generator=torch.Generator().manual_seed(int(rng.integers(2**31))))).to(dtype)
     systems = {impl: cycling(lambda w, impl=impl: ext.quant_linear(x, w, kind, n, k, impl=impl), blocks.clone,
-                             blocks.numel(), args.cold) for impl in impls if impl != "lanes"}
-    if "lanes" in impls:
+                             blocks.numel(), args.cold) for impl in impls if not impl.startswith("lanes")}
+    lane_impls = {"lanes": "auto", "lanes-avx2": "avx2"}
+    if any(impl in lane_impls for impl in impls):
         lanes = ext.quant_pack_lanes(blocks, kind, n, k)
-        systems["lanes"] = cycling(lambda w: ext.quant_linear_lanes(x, w, kind, n, k), lanes.clone, lanes.numel(),
-                                   args.cold)
+        for impl in (impl for impl in impls if impl in lane_impls):
+            systems[impl] = cycling(lambda w, loop=lane_impls[impl]: ext.quant_linear_lanes(x, w, kind, n, k, loop),
+                                    lanes.clone, lanes.numel(), args.cold)
     systems["dense"] = cycling(lambda layer: gemm(layer, x), lambda: linear(weight, "plain"),
                                weight.numel() * weight.element_size(), args.cold)
     with torch.inference_mode():
@@ -109,8 +112,8 @@ def run(args) -> int:
     from paged.kernels import cpu
 
     ext = cpu.load(strict=True)
-    compiled = ["scalar"] + (["avx2"] if ext.quant_avx2_compiled() else []) + (
-        ["avx512", "lanes"] if ext.quant_vnni_compiled() else [])
+    avx2, vnni = ext.quant_avx2_compiled(), ext.quant_vnni_compiled()
+    compiled = ["scalar"] + ["avx2"] * avx2 + ["avx512"] * vnni + ["lanes"] * avx2 + ["lanes-avx2"] * vnni
     impls = args.impls or compiled
     missing = [impl for impl in impls if impl not in compiled]
     if missing:

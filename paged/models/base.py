@@ -103,7 +103,7 @@ class CausalLM(nn.Module):
         linears do (in float32 by the fixed-order kernel up to that many rows; never padded). Other
         bfloat16 CPU linears get oneDNN-packed weights (the same bits), pair-order ones their weight
         laid out for that kernel (``layers.pack_pair_order_linears``), quantized ones their blocks in the
-        lanes layout where the VNNI loops are built (``quantized.pack_lane_linears``). A quantized layer
+        lanes layout where the AVX2 loops are built (``quantized.pack_lane_linears``). A quantized layer
         whose dense layer will not run lets it go first (``QuantizedLinear.use_kernel_only``), so nothing is
         laid out for it, and the memory freed goes back to the system (``layers.return_freed_memory``).
 

@@ -8,7 +8,8 @@ keep the file's bytes instead and ``QuantizedLinear`` multiplies by them
 directly (``csrc/cpu/quant_linear.cpp``). Generating one token reads every
 weight once; SmolLM2-135M's Q4_1 + Q8_0 file is 97 MB where its bfloat16
 weights are 270 MB, and at one sequence a decode step waits on those bytes.
-Where the kernel's AVX-512 VNNI loops are built, serving lays the blocks out
+Where the kernel's AVX2 loops are built (and with them, on a CPU with AVX-512
+VNNI, the VNNI ones), serving lays the blocks out
 again with one output column per vector lane (``pack_lane_linears``), so
 they are read as one stream; the lanes then replace the row layout, which they
 give back byte for byte when asked (``QuantizedLinear.row_blocks``).
@@ -218,7 +219,7 @@ class QuantizedLinear(nn.Module):
             x = x if x.stride(-1) == 1 else x.contiguous()
             if self.lane_blocks is not None:  # the same sums, one output column per vector lane
                 return kernels.quant_linear_lanes(x, self.lane_blocks, self.kind, self.out_features,
-                                                  self.in_features, SECOND_THREAD_WEIGHTS)
+                                                  self.in_features, "auto", SECOND_THREAD_WEIGHTS)
             return kernels.quant_linear(x, self.blocks, self.kind, self.out_features, self.in_features, "auto",
                                         SECOND_THREAD_WEIGHTS)
         weight = dequantize_blocks(self.row_blocks(), self.kind, self.out_features, self.in_features).to(x.device)
@@ -233,7 +234,7 @@ class QuantizedLinear(nn.Module):
             return None
         lanes, kind, n, k, lanes_linear = (self.lane_blocks, self.kind, self.out_features, self.in_features,
                                            kernels.quant_linear_lanes)
-        return lambda x: lanes_linear(x if x.stride(-1) == 1 else x.contiguous(), lanes, kind, n, k,
+        return lambda x: lanes_linear(x if x.stride(-1) == 1 else x.contiguous(), lanes, kind, n, k, "auto",
                                       SECOND_THREAD_WEIGHTS)
 
     def row_blocks(self) -> torch.Tensor:
@@ -289,11 +290,12 @@ def pack_lane_linears(model: nn.Module) -> int:
     """Give every ``QuantizedLinear`` of ``model`` its blocks laid out again with one output column per vector
     lane (``lane_blocks``, ``csrc/cpu/quant_linear_lanes.h``) in place of the row layout; returns how many.
 
-    Only where the kernel's AVX-512 VNNI loops are built. At one or two rows of x a layer should be as
-    fast as its weights arrive from memory (a decode step reads every layer once); in the row layout,
-    summing each output across 16 lanes and adding them up at the end, SmolLM2's Q4_1 linears took
-    9.6 ms at one row, in lanes 4.7 (Zen 4, ``python -m paged.bench quant_kernel --cold``,
-    docs/benchmarks.md). The layout gives each output its own lane, so no sum crosses lanes.
+    Only where the kernel's AVX2 loops are built (a CPU with AVX-512 VNNI reads the lanes with those). At
+    one or two rows of x a layer should be as fast as its weights arrive from memory (a decode step reads
+    every layer once); in the row layout, summing each output across 16 lanes and adding them up at the
+    end, SmolLM2's Q4_1 linears took 9.6 ms at one row, in lanes 4.7 (Zen 4, ``python -m paged.bench
+    quant_kernel --cold``, docs/benchmarks.md); on an AVX2-only Zen 3 the lanes' AVX2 loop beat the row
+    layout's too (docs/benchmarks.md). The layout gives each output its own lane, so no sum crosses lanes.
     All the layers' lanes lie in one allocation on huge pages (``layers.huge_page_parts``): a decode step
     streams them once each, and on ordinary pages one stream's speed varied with where they lay. The
     lanes replace the row layout: every layer is laid out, then the row layouts go. What reads the row
@@ -309,7 +311,7 @@ def pack_lane_linears(model: nn.Module) -> int:
             layer.lay_out_in_rows()
     kernels = load_cpu_kernels()
     layers = [m for m in layers if m.blocks.device.type == "cpu"]
-    if not layers or kernels is None or not kernels.quant_vnni_compiled():
+    if not layers or kernels is None or not kernels.quant_avx2_compiled():
         return 0
     if not second_copy_allowed(sum(m.blocks.numel() for m in layers)):
         return 0

@@ -26,7 +26,8 @@ def test_bench_quant_kernel_json_last_line(capsys):
     for key in ("cpu", "cpu_family_model", "date", "threads", "load_before", "load_after", "compiled"):
         assert key in result, key
     ext = cpu.load(strict=True)
-    impls = ["scalar"] + ["avx2"] * ext.quant_avx2_compiled() + ["avx512", "lanes"] * ext.quant_vnni_compiled()
+    avx2, vnni = ext.quant_avx2_compiled(), ext.quant_vnni_compiled()
+    impls = ["scalar"] + ["avx2"] * avx2 + ["avx512"] * vnni + ["lanes"] * avx2 + ["lanes-avx2"] * vnni
     assert result["compiled"] == impls
     cases = result["cases"]
     assert [(c["type"], c["layer"], c["rows"]) for c in cases] == (

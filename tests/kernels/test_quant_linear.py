@@ -17,7 +17,8 @@ references are float64 products of tensors computed here.
   a layer large enough to be split between threads, on one thread.
 * Every implementation (``impl``: the scalar loops, AVX2, AVX-512 VNNI, those this CPU runs; and
   ``"lanes"``, ``quant_linear_lanes`` over the blocks laid out with one output per vector lane,
-  where VNNI is built) is held to all of the above: they add the same float32 terms in
+  where AVX2 is built: its VNNI loop where that is built, else its AVX2 one, and ``"lanes-avx2"``, the
+  AVX2 loop where VNNI would be taken) is held to all of the above: they add the same float32 terms in
   different orders, so each is checked against the float64 product, not against another. The lanes
   loop adds at most two terms a block one after another (``2 B`` roundings, plus the scale products'),
   inside the same bound.
@@ -57,14 +58,17 @@ VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"}
 # what -march=native sees: the CPU's own feature flags
 IMPLS = ["scalar"] + (["avx2"] if AVX2_FLAGS <= cpu.cpu_flags() else []) + (
     ["avx512"] if VNNI_FLAGS <= cpu.cpu_flags() else [])
-LANES = ["lanes"] if VNNI_FLAGS <= cpu.cpu_flags() else []  # quant_linear_lanes: the VNNI loop's other layout
+# quant_linear_lanes (read by the AVX2 loop, or the VNNI one where it is built; "lanes-avx2": the AVX2 one there)
+LANES = (["lanes"] if AVX2_FLAGS <= cpu.cpu_flags() else []) + (["lanes-avx2"] if VNNI_FLAGS <= cpu.cpu_flags() else [])
 IMPL_KINDS = [(impl, kind) for impl in IMPLS + LANES for kind in KINDS]  # every implementation, every format
 
 
 def _linear(ext, impl, x, packed, kind, n, k, **kwargs):
-    """``quant_linear`` with ``impl``; for ``"lanes"``, ``quant_linear_lanes`` over the blocks laid out in lanes."""
-    if impl == "lanes":
-        return ext.quant_linear_lanes(x, ext.quant_pack_lanes(packed, kind, n, k), kind, n, k, **kwargs)
+    """``quant_linear`` with ``impl``; for ``"lanes"`` (``"lanes-avx2"``), ``quant_linear_lanes`` (with its AVX2
+    loop) over the blocks laid out in lanes."""
+    if impl.startswith("lanes"):
+        lanes_impl = "avx2" if impl == "lanes-avx2" else "auto"
+        return ext.quant_linear_lanes(x, ext.quant_pack_lanes(packed, kind, n, k), kind, n, k, lanes_impl, **kwargs)
     return ext.quant_linear(x, packed, kind, n, k, impl=impl, **kwargs)
 
 
@@ -211,7 +215,7 @@ def test_the_torch_fallback_equals_the_kernel(ext, monkeypatch):
 
 def test_a_layer_given_lane_blocks_multiplies_by_them(ext, monkeypatch):
     """Bitwise: after ``pack_lane_linears`` a Q4_1 ``QuantizedLinear`` gives ``quant_linear_lanes``' bits (where
-    the VNNI loops are built; elsewhere it gets none) and holds the lanes in place of the row layout, which
+    the AVX2 loops are built; elsewhere it gets none) and holds the lanes in place of the row layout, which
     ``row_blocks`` gives back byte for byte; laid out again it is laid out once; with
     ``PAGED_PREPACK_WEIGHTS=0`` (no laid-out copies) it is back in the row layout, the file's bytes, and gives
     ``quant_linear``'s bits. A Q4_K layer beside it is laid out too."""
@@ -222,15 +226,16 @@ def test_a_layer_given_lane_blocks_multiplies_by_them(ext, monkeypatch):
     other = QuantizedLinear(k_packed.clone(), int(T.Q4_K), n, k)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(9))
     model = torch.nn.Sequential(layer, other)
+    built = bool(LANES)
     for _ in range(2):
-        assert pack_lane_linears(model) == 2 * len(LANES) and (other.lane_blocks is not None) == bool(LANES)
-        assert (layer.blocks is None) == bool(LANES) and (other.blocks is None) == bool(LANES)
+        assert pack_lane_linears(model) == 2 * built and (other.lane_blocks is not None) == built
+        assert (layer.blocks is None) == built and (other.blocks is None) == built
         assert torch.equal(layer.row_blocks(), packed) and torch.equal(other.row_blocks(), k_packed)
-        if LANES:  # both in one allocation, each on its own 4 KiB page (layers.huge_page_parts)
+        if built:  # both in one allocation, each on its own 4 KiB page (layers.huge_page_parts)
             assert layer.lane_blocks.untyped_storage().data_ptr() == other.lane_blocks.untyped_storage().data_ptr()
             assert layer.lane_blocks.data_ptr() % 4096 == 0 == other.lane_blocks.data_ptr() % 4096
     with torch.inference_mode():
-        if LANES:
+        if built:
             assert torch.equal(layer.lane_blocks, ext.quant_pack_lanes(packed, kind, n, k))
             assert torch.equal(layer(x), ext.quant_linear_lanes(x, layer.lane_blocks, kind, n, k))
         monkeypatch.setenv("PAGED_PREPACK_WEIGHTS", "0")
@@ -239,7 +244,7 @@ def test_a_layer_given_lane_blocks_multiplies_by_them(ext, monkeypatch):
         assert torch.equal(layer(x), ext.quant_linear(x, packed, kind, n, k))
 
 
-@pytest.mark.skipif(not LANES, reason="the lanes layout is built only for a CPU with AVX-512 VNNI")
+@pytest.mark.skipif(not LANES, reason="the lanes layout is built only for a CPU with AVX2, FMA and F16C")
 def test_lanes_packed_into_a_given_place_are_the_new_tensors_bytes(ext):
     """Bitwise: ``quant_pack_lanes(..., into=t)`` writes into ``t`` (``quant_lanes_bytes`` long) what it returns
     in a new tensor, whatever ``t`` held before (the records of missing rows are zeroed); a place of another
@@ -254,7 +259,7 @@ def test_lanes_packed_into_a_given_place_are_the_new_tensors_bytes(ext):
             ext.quant_pack_lanes(packed, kind, n, k, into=torch.zeros(want.numel() + 1, dtype=torch.uint8))
 
 
-@pytest.mark.skipif(not LANES, reason="the lanes layout is built only for a CPU with AVX-512 VNNI")
+@pytest.mark.skipif(not LANES, reason="the lanes layout is built only for a CPU with AVX2, FMA and F16C")
 @settings(max_examples=60)
 @given(kind=st.sampled_from(KINDS + (int(T.Q4_K), int(T.Q6_K))), n=st.integers(1, 40), blocks=st.integers(1, 11),
        seed=st.integers(0, 2**31))
@@ -316,13 +321,13 @@ def test_bad_arguments_are_refused(ext):
 
 def test_the_lanes_layout_refuses_what_it_cannot_hold(ext):
     """Specific errors, nothing computed: a format the kernel does not read, blocks of the wrong size (the row
-    layout's, a byte short), a K-quant's K that is not super-blocks, x's width; without the VNNI loops, the
-    layout itself."""
+    layout's, a byte short), a K-quant's K that is not super-blocks, x's width, an unknown loop or one not
+    built; without the AVX2 loops, the layout itself."""
     kind, n, k = int(T.Q4_1), 20, 64
     _, packed = quantized(kind, n, k, 0)
     x = torch.randn(2, k)
     if not LANES:
-        with pytest.raises(ValueError, match="needs a build for a CPU with AVX-512 VNNI"):
+        with pytest.raises(ValueError, match="needs a build for a CPU with AVX2, FMA and F16C"):
             ext.quant_pack_lanes(packed, kind, n, k)
         return
     lanes = ext.quant_pack_lanes(packed, kind, n, k)
@@ -341,6 +346,11 @@ def test_the_lanes_layout_refuses_what_it_cannot_hold(ext):
         ext.quant_linear_lanes(x, lanes, 7, n, k)
     with pytest.raises(ValueError, match="multiple of 256"):
         ext.quant_linear_lanes(x, lanes, int(T.Q4_K), n, k)
+    with pytest.raises(ValueError, match="impl must be 'auto', 'avx2' or 'avx512' for the lanes layout, got 'scalar'"):
+        ext.quant_linear_lanes(x, lanes, kind, n, k, "scalar")
+    if "lanes-avx2" not in LANES:  # no VNNI loop here
+        with pytest.raises(ValueError, match="impl 'avx512' needs a build for a CPU with AVX-512 VNNI"):
+            ext.quant_linear_lanes(x, lanes, kind, n, k, "avx512")
 
 
 # -- the K-quants: super-blocks of 256 weights (paged/models/kquants.py, csrc/cpu/quant_linear_k.h) ------------
@@ -446,3 +456,46 @@ def test_auto_takes_the_widest_implementation_compiled_in(ext, kind):
     assert torch.equal(ext.quant_linear(x, packed, kind, n, k), results[IMPLS[-1]])
     if len(IMPLS) > 1:
         assert not torch.equal(results["scalar"], results[IMPLS[-1]])
+
+
+def _extreme_blocks(kind: int, n: int, k: int) -> torch.Tensor:
+    """The packed blocks of an ``[n, k]`` weight whose every q is at its largest magnitude: 15 (Q4_0, Q4_1,
+    Q4_K, with Q4_K's 6-bit scales and mins 63), 31 (Q5_0), -128 in even rows and 127 in odd ones (Q8_0), 63
+    (Q6_K, its scales 127); the float16 factors 2**-10."""
+    half = np.frombuffer(np.float16(2.0**-10).tobytes(), np.uint8)
+    if kind in K_KERNEL:
+        size = K_FORMATS[kind][1]
+        raw = np.full((n * k // 256, size), 0xFF, np.uint8)
+        if kind == int(T.Q6_K):
+            raw[:, 192:208] = 127
+        for at in _K_HALVES[kind]:
+            raw[:, at:at + 2] = half
+        return torch.from_numpy(raw.reshape(-1).copy())
+    size = BLOCK_FORMATS[kind][1]
+    raw = np.full((n, k // 32, size), 0xFF, np.uint8)
+    if kind == int(T.Q8_0):
+        raw[0::2, :, 2:], raw[1::2, :, 2:] = 0x80, 0x7F
+    raw[:, :, 0:2] = half
+    if kind == int(T.Q4_1):
+        raw[:, :, 2:4] = half
+    return pack_blocks(raw.reshape(-1), kind, n, k)
+
+
+@pytest.mark.parametrize("impl", LANES)
+@pytest.mark.parametrize("kind", KINDS + K_KERNEL)
+def test_the_lanes_hold_the_largest_products_exactly(ext, impl, kind):
+    """Toleranced, as above (float32 rounding of the terms): every weight at its largest magnitude times every
+    x at +-127 after rounding, the case where the AVX2 loop's 16-bit partial sums come nearest their limit
+    (a sum of more products in 16 bits, or Q8_0's stored q + 128 multiplied as it is, wraps or saturates
+    and misses by thousands of times the bound)."""
+    n, k = 20, 512
+    packed = _extreme_blocks(kind, n, k)
+    x = torch.tensor([[1.0], [-1.0], [3.0]]).repeat(1, k)
+    y = _linear(ext, impl, x, packed, kind, n, k)
+    x_hat = quantize_activations(x)
+    w = dequantize_blocks(packed, kind, n, k).double()
+    assert (w == w[:, :1]).all() and (w != 0).all()  # one weight a row, not zero
+    want = x_hat.double() @ w.T
+    terms = (x_hat.abs().double() @ _k_magnitude(packed, kind, n, k).T if kind in K_KERNEL
+             else _term_bound(x_hat, packed, kind, n, k))
+    assert ((y.double() - want).abs() <= 4 * (2 * k // 32 + 8) * U32 * terms + U32 * want.abs()).all()

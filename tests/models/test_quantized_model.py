@@ -63,8 +63,8 @@ def test_quantized_model_equals_dense_with_rounded_activations(qtype, tmp_path):
     assert all(m.dense is None for m in linears)
     assert not any(isinstance(m, layers.Linear) for m in quant.model.modules())
     traits = quant.model.prepare_for_serving(batch_invariant=True)  # 11 rows would go to the dense layers otherwise
-    # the layers multiply in the lanes layout where the VNNI loops are built
-    lanes = cpu.load().quant_vnni_compiled()
+    # the layers multiply in the lanes layout where the AVX2 loops are built
+    lanes = cpu.load().quant_avx2_compiled()
     assert traits.lane_linears == (len(linears) if lanes else 0)
     assert all((m.lane_blocks is not None) == lanes for m in linears)
     assert all((m.blocks is None) == lanes for m in linears)  # the lanes replace the row layout: one copy
@@ -331,8 +331,8 @@ def test_kquant_layers_equal_dense_with_rounded_activations(tmp_path):
     formats = {m.format for m in quant.model.modules() if isinstance(m, QuantizedLinear)}
     traits = quant.model.prepare_for_serving(batch_invariant=True)
     assert formats == {"Q4_K", "Q6_K"} and traits.padded_linears == 0
-    # in the lanes layout where the VNNI loops are built, so the comparison below checks that layout
-    assert traits.lane_linears == (4 * quant.config.num_layers + 1) * cpu.load().quant_vnni_compiled()
+    # in the lanes layout where the AVX2 loops are built, so the comparison below checks that layout
+    assert traits.lane_linears == (4 * quant.config.num_layers + 1) * cpu.load().quant_avx2_compiled()
     dense = dict(load_model(path, dtype="float32").model.named_modules())
     seen = []
     hooks = [m.register_forward_hook(lambda m, args, out, name=name: seen.append((name, args[0], out)))

@@ -93,7 +93,7 @@ def test_engine_greedy_tokens_and_logprobs_bitwise_with_and_without_the_loop(qua
     assert model.unrolled is not None
     if quantization == "gguf":  # mode on: each q|k|v call is the lanes kernel itself where the lanes are laid out
         bound = [hasattr(layer[3], "__self__") for layer in model.unrolled.layers]  # a module's own forward
-        assert bound == [not cpu.load().quant_vnni_compiled()] * len(bound)
+        assert bound == [not cpu.load().quant_avx2_compiled()] * len(bound)
     unrolled = run()
     loop, model.unrolled = model.unrolled, None
     plain = run()
