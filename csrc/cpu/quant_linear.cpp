@@ -305,8 +305,11 @@ void dot_cols(Scalar, const uint8_t* rows, const RowLayout& L, const QuantizedRo
 }
 
 #if defined(PAGED_QUANT_AVX2)
+// 16 int16 lanes added in pairs into 8 int32 ones (vpmaddwd by ones), exact.
+inline __m256i widen_pairs(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
 // Lane i of the result: sum of the products of bytes 4i..4i+3 (u unsigned, s signed), exact.
-inline __m256i dot4(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+inline __m256i dot4(__m256i u, __m256i s) { return widen_pairs(_mm256_maddubs_epi16(u, s)); }
 
 // Byte i: 16 where bit i of bits is set, else 0 (Q5_0's fifth bits, in place in their bytes).
 inline __m256i fifth_bits(uint32_t bits) {

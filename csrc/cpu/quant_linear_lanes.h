@@ -335,7 +335,6 @@ inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_
 // The AVX2 loop prefetches the bytes this far ahead of the record it reads (speed only; on a Zen 3, cold,
 // Q4_1 at one row went from 1.24 to 1.36 times the row layout's speed on one thread; 2048 gave no more).
 constexpr int64_t LANES_PREFETCH = 1024;
-inline __m256i widen_pairs(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
 // lanes_group's outputs for R rows of x: acc[r][h] holds output columns 8h..8h+7 of the group.
 template <int64_t TYPE, int R>
@@ -370,8 +369,7 @@ void lanes_group_avx2(const uint8_t* group, const LaneLayout& L, const Quantized
         for (int r = 0; r < R; ++r) {
           __m256i s = _mm256_setzero_si256();
           for (int v = 0; v < 8; ++v)
-            s = _mm256_add_epi32(s, widen_pairs(_mm256_maddubs_epi16(
-                                        w_abs[v], _mm256_sign_epi8(_mm256_set1_epi32(xw[r][v]), w[v]))));
+            s = _mm256_add_epi32(s, dot4(w_abs[v], _mm256_sign_epi8(_mm256_set1_epi32(xw[r][v]), w[v])));
           acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(xs[r]->d[b])), acc[r][h]);
         }
       } else if constexpr (TYPE == kQ6_K) {

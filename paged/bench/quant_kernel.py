@@ -44,6 +44,7 @@ from paged.models.layers import gemm
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 K_QUANT_BYTES = {12: (144, (0, 2)), 14: (210, (208,))}  # super-block bytes, offsets of its float16 factors
 COLD_BYTES = 64 << 20  # --cold: at least this many bytes of copies per system, more than a last-level cache
+LANE_LOOPS = {"lanes": "auto", "lanes-avx2": "avx2"}  # the lanes systems: quant_linear_lanes' impl for each
 
 
 def cycling(call, make, nbytes: int, cold: bool):
@@ -92,12 +93,12 @@ def run_case(ext, name: str, type_name: str, k: int, n: int, m: int, dtype_name:
     weight = dequantize_blocks(blocks, kind, n, k).to(dtype)
     x = (3 * torch.randn(m, k, generator=torch.Generator().manual_seed(int(rng.integers(2**31))))).to(dtype)
     systems = {impl: cycling(lambda w, impl=impl: ext.quant_linear(x, w, kind, n, k, impl=impl), blocks.clone,
-                             blocks.numel(), args.cold) for impl in impls if not impl.startswith("lanes")}
-    lane_impls = {"lanes": "auto", "lanes-avx2": "avx2"}
-    if any(impl in lane_impls for impl in impls):
+                             blocks.numel(), args.cold) for impl in impls if impl not in LANE_LOOPS}
+    lane_impls = [impl for impl in impls if impl in LANE_LOOPS]
+    if lane_impls:
         lanes = ext.quant_pack_lanes(blocks, kind, n, k)
-        for impl in (impl for impl in impls if impl in lane_impls):
-            systems[impl] = cycling(lambda w, loop=lane_impls[impl]: ext.quant_linear_lanes(x, w, kind, n, k, loop),
+        for impl in lane_impls:
+            systems[impl] = cycling(lambda w, loop=LANE_LOOPS[impl]: ext.quant_linear_lanes(x, w, kind, n, k, loop),
                                     lanes.clone, lanes.numel(), args.cold)
     systems["dense"] = cycling(lambda layer: gemm(layer, x), lambda: linear(weight, "plain"),
                                weight.numel() * weight.element_size(), args.cold)
