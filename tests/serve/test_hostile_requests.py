@@ -157,16 +157,15 @@ BIG_ANSWER_S = 20  # the large request's own answer (a few seconds of parsing an
 
 
 def filled(make) -> tuple[int, bytes]:
-    """The largest ``n`` (to 1%) whose body ``make(n)`` fits in ``BODY_LIMIT``, and that body as JSON."""
+    """The largest ``n`` whose body ``make(n)`` fits in ``BODY_LIMIT``, and that body as JSON. ``make(n)`` repeats
+    one item ``n`` times, so its size is ``a + b * n``: two small bodies give ``a`` and ``b``."""
     def size(n: int) -> int:
         return len(json.dumps(make(n)))
-    lo, hi = 1, 2
-    while size(hi) < BODY_LIMIT:
-        lo, hi = hi, hi * 2
-    while hi - lo > max(1, lo // 100):
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if size(mid) < BODY_LIMIT else (lo, mid)
-    return lo, json.dumps(make(lo)).encode()
+    step = size(2) - size(1)
+    n = (BODY_LIMIT - 1 - size(1)) // step + 1
+    raw = json.dumps(make(n)).encode()
+    assert len(raw) < BODY_LIMIT <= len(raw) + step, (n, len(raw), step)  # the largest: one more item would not fit
+    return n, raw
 
 
 @pytest.mark.parametrize("path, make, param", [c[1:] for c in BIG_BODIES], ids=[c[0] for c in BIG_BODIES])
