@@ -16,8 +16,9 @@ exponential race). It needs one vector of uniforms per row and no
 data-dependent loop.
 
 Log-probabilities, when asked, are those of the model's distribution
-(``log_softmax`` of the raw logits, before any penalty or mask), as vLLM
-returns them; ``prompt_logprobs`` gives the same for the prompt's tokens.
+(``log_softmax`` of the raw logits, before any penalty or mask), each with its
+rank among all the model's tokens, as vLLM returns them; ``prompt_logprobs``
+gives the same for the prompt's tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from paged.sampling.logits_processors import SamplingContext, process_logits
-from paged.sampling.result import SampleResult, num_top_logprobs
+from paged.sampling.result import Logprob, SampleResult, num_top_logprobs
 from paged.sampling.sampling_params import SamplingParams
 
 
@@ -127,17 +128,25 @@ def apply_logits_processors(logits: torch.Tensor, params: list[SamplingParams],
 
 
 def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, ks: list[int]) -> tuple[list, list]:
-    """Per row of ``logits`` [R, V]: the log-probability of ``token_ids[r]`` and ``{token: logprob}``
-    of its ``ks[r]`` most likely tokens (both under ``log_softmax(logits)``)."""
+    """Per row of ``logits`` [R, V]: the ``Logprob`` of ``token_ids[r]`` and ``{token: Logprob}`` of its
+    ``ks[r]`` most likely tokens (under ``log_softmax(logits)``), each with its rank among all ``V``.
+
+    The top tokens are ranked 1 to k in ``topk``'s order. The chosen token, when it is not among them,
+    is ranked as vLLM ranks it: by how many tokens are at least as likely, itself included (so
+    past k, even beside a tie)."""
     logp = logits.log_softmax(dim=1)
-    chosen = logp.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
+    chosen_v = logp.gather(1, token_ids.unsqueeze(1))  # [R, 1]
+    ranks = (logp >= chosen_v).sum(dim=1).tolist()
     k = max(ks)
     top_v, top_i = logp.topk(k, dim=1) if k > 0 else (None, None)
-    tops = [dict(zip(top_i[r, :n].tolist(), top_v[r, :n].tolist())) if n else {} for r, n in enumerate(ks)]
+    tops = [{t: Logprob(v, i + 1) for i, (t, v) in enumerate(zip(top_i[r, :n].tolist(), top_v[r, :n].tolist()))}
+            if n else {} for r, n in enumerate(ks)]
+    chosen = [top.get(t, Logprob(v, rank)) for t, v, rank, top in
+              zip(token_ids.tolist(), chosen_v.squeeze(1).tolist(), ranks, tops)]
     return chosen, tops
 
 
-def prompt_logprob_entries(logits: torch.Tensor, next_token_ids: list[int], k: int) -> list[dict[int, float]]:
+def prompt_logprob_entries(logits: torch.Tensor, next_token_ids: list[int], k: int) -> list[dict[int, Logprob]]:
     """Prompt logprobs of one chunk: row ``r`` of ``logits`` predicts ``next_token_ids[r]``;
     each entry holds the ``k`` most likely tokens and the prompt's own."""
     targets = torch.tensor(next_token_ids, device=logits.device)

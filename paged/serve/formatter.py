@@ -137,11 +137,11 @@ class Formatter:
     def prompt_logprobs(self, token_ids: list[int], entries: list[dict | None]) -> list[dict | None]:
         """vLLM's ``prompt_logprobs`` of a prompt: per token, null for the first, then ``{token id:
         PromptLogprob}``: the ``num_prompt_logprobs`` most likely tokens, ranked 1.., and the prompt's own
-        token, unranked (null) when it is not among them."""
+        token with its rank among all the model's tokens (the engine's ``Logprob.rank``)."""
         top = self.num_prompt_logprobs
         return [None if entry is None else {
-            str(t): PromptLogprob(logprob=lp, rank=i + 1 if i < top else None, decoded_token=self.token_text(t))
-            for i, (t, lp) in enumerate(_ranked(entry, tok, top))} for tok, entry in zip(token_ids, entries)]
+            str(t): PromptLogprob(logprob=lp, rank=lp.rank, decoded_token=self.token_text(t))
+            for t, lp in _ranked(entry, tok, top)} for tok, entry in zip(token_ids, entries)]
 
     def text_length(self, token_id: int) -> int:
         """The characters ``token_id`` adds to the returned text: none for a special token (a BOS

@@ -76,11 +76,12 @@ class ChatLogprobs(BaseModel):
 
 # -- whole responses ------------------------------------------------------------------
 class PromptLogprob(BaseModel):
-    """A token at a prompt position (vLLM's ``prompt_logprobs``): its logprob, its rank (1: the most likely;
-    null for the prompt's own token when it is not among the most likely asked for) and its text."""
+    """A token at a prompt position (vLLM's ``prompt_logprobs``): its logprob, its rank among all the model's
+    tokens (1: the most likely; the prompt's own token has its rank too, also when it is not among the most
+    likely asked for) and its text."""
 
     logprob: float
-    rank: int | None
+    rank: int = Field(ge=1)
     decoded_token: str
 
 

@@ -158,7 +158,7 @@ class LLM:
         return done
 
     def _finish(self, out: RequestOutput, params: SamplingParams) -> RequestOutput:
-        """vLLM's text keywords applied, logprob floats as ``Logprob`` objects."""
+        """vLLM's text keywords applied, each logprob's text filled in."""
         outputs = []
         for c in out.outputs:
             text = c.text
@@ -170,23 +170,17 @@ class LLM:
                 text += c.stop_reason
             if not params.detokenize:
                 text = ""
-            outputs.append(replace(c, text=text, logprobs=self._logprobs(c.logprobs, params.logprobs)))
-        return replace(out, outputs=outputs, prompt_logprobs=self._logprobs(out.prompt_logprobs,
-                                                                            params.prompt_logprobs))
+            outputs.append(replace(c, text=text, logprobs=self._logprobs(c.logprobs)))
+        return replace(out, outputs=outputs, prompt_logprobs=self._logprobs(out.prompt_logprobs))
 
-    def _logprobs(self, entries, top: int | None):
-        """Each ``{token id: float}`` entry as ``{token id: Logprob}``. An entry holds the ``top`` most likely
-        tokens and the chosen one: a token's rank is its place among the top ones; the chosen token, when it
-        is not among them, has a rank past ``top`` that the entry does not tell (None)."""
+    def _logprobs(self, entries):
+        """Each engine entry ``{token id: Logprob}`` with each token's text filled in (its rank is the engine's)."""
         if entries is None:
             return None
         decode = (lambda t: self.tokenizer.decode([t], skip_special_tokens=False)) if self.tokenizer else str
-        out = []
-        for entry in entries:
-            ranked = sorted(entry or {}, key=lambda t: -entry[t])
-            out.append(None if entry is None else {t: Logprob(entry[t], i + 1 if i < (top or 0) else None, decode(t))
-                                                   for i, t in enumerate(ranked)})
-        return out
+        return [None if entry is None else {t: Logprob(lp, lp.rank, decode(t))
+                                            for t, lp in sorted(entry.items(), key=lambda kv: -kv[1])}
+                for entry in entries]
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,

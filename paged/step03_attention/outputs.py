@@ -1,7 +1,7 @@
 """What ``LLM.generate`` and ``Engine.step`` return (vLLM's output shape).
 
-``LLM`` fills in what vLLM's offline API adds on top of the engine's outputs:
-``Logprob`` objects (the engine's logprob floats, with their rank and text),
+The engine's logprobs are ``Logprob`` s (a float with its rank among the model's
+tokens); ``LLM`` fills in what vLLM's offline API adds on top: each one's text,
 ``RequestOutput.metrics`` (when the request arrived, was first scheduled, got
 its first and last tokens), and ``LLM.beam_search``'s ``BeamSearchOutput``.
 """
@@ -9,6 +9,8 @@ its first and last tokens), and ``LLM.beam_search``'s ``BeamSearchOutput``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from paged.sampling.result import Logprob
 
 
 @dataclass
@@ -20,7 +22,7 @@ class CompletionOutput:
         text: the detokenized output (stop strings removed); "" without a tokenizer.
         token_ids: the generated token ids (an EOS or stop token id is kept).
         cumulative_logprob: sum of the sampled tokens' log-probabilities, if computed.
-        logprobs: per generated token, ``{token_id: logprob}`` of the top tokens
+        logprobs: per generated token, ``{token_id: Logprob}`` of the top tokens
             and the sampled one, when ``SamplingParams.logprobs`` is set.
         finish_reason: ``"stop"`` (EOS, stop token or stop string), ``"length"``
             (max_tokens or the model's context), ``"abort"``, ``"error"`` (the
@@ -33,7 +35,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
@@ -52,35 +54,13 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (step04)
-    # with SamplingParams.prompt_logprobs: None for the first prompt token, then {token id: logprob}
+    # with SamplingParams.prompt_logprobs: None for the first prompt token, then {token id: Logprob}
     # of the most likely tokens and the prompt's own at each position
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     # what ended the request when its own processing failed (its grammar met a limit: a RequestError
     # naming the field; a logits processor raised: that exception); None otherwise
     error: BaseException | None = None
     metrics: RequestMetrics | None = None  # filled by LLM.generate (the engine reports no times)
-
-
-class Logprob(float):
-    """A token's logprob as vLLM's offline API gives it: the value (this float itself, so arithmetic and
-    comparisons work as on the engine's floats), ``.logprob``, its ``.rank`` among the model's tokens
-    (1 = most likely; None for a drawn token that was not among the top ones asked for) and its
-    ``.decoded_token``."""
-
-    rank: int | None
-    decoded_token: str | None
-
-    def __new__(cls, logprob: float, rank: int | None = None, decoded_token: str | None = None):
-        self = super().__new__(cls, logprob)
-        self.rank, self.decoded_token = rank, decoded_token
-        return self
-
-    @property
-    def logprob(self) -> float:
-        return float(self)
-
-    def __repr__(self) -> str:
-        return f"Logprob(logprob={float(self)!r}, rank={self.rank!r}, decoded_token={self.decoded_token!r})"
 
 
 @dataclass

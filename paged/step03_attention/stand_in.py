@@ -9,7 +9,7 @@ returns seq id -> ``SampleResult`` for every sequence the plan samples, as a
   (so the same request draws the same tokens whatever the batch, as the real
   engine's per-request generators do);
 * when the request needs scores (beam search, best-of ranking, logprobs), a
-  log-probability from the same hash; beam search gets its ``2 x width``
+  log-probability from the same hash, ranked as a model's would be; beam search gets its ``2 x width``
   proposals, distinct tokens with decreasing log-probabilities drawn from a
   hash of (seed, sequence, position), so beams fork and die as in a real search;
 * a prompt that forks its parallel samples in this plan (``plan.fanout``,
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from paged.sampling.result import SampleResult, num_top_logprobs
+from paged.sampling.result import Logprob, SampleResult, num_top_logprobs
 
 VOCAB = 32000  # token ids drawn by the stand-in: 3 .. VOCAB - 1 (clear of BOS 1 and EOS 2)
 _MASK = 2**64 - 1
@@ -82,7 +82,7 @@ class StandInRunner:
                 tok = 3 + ((x >> 8) & 0xFFFFFF) % (VOCAB - 3)
                 while tok in tops:
                     tok = 3 + (tok - 2) % (VOCAB - 3)
-                tops[tok] = lp
+                tops[tok] = Logprob(lp, len(tops) + 1)
             best = next(iter(tops))
             return SampleResult(best, tops[best], tops)
         token = token_for(seed, position)
@@ -90,6 +90,8 @@ class StandInRunner:
             token = self.eos
         if k is None:
             return SampleResult(token)
-        lp = logprob_for(seed, position, 1)
-        tops = {token_for(seed, position, 2 + j): logprob_for(seed, position, 2 + j) for j in range(k)} if k else None
-        return SampleResult(token, lp, tops)
+        made = {token_for(seed, position, 2 + j): logprob_for(seed, position, 2 + j) for j in range(k)}
+        tops = {t: Logprob(made[t], i + 1) for i, t in enumerate(sorted(made, key=made.get, reverse=True))}
+        # ranked as a model's would be: the top ones 1.., the drawn one, when not among them, next, and no likelier
+        lp = tops.get(token, Logprob(min([logprob_for(seed, position, 1), *made.values()]), len(tops) + 1))
+        return SampleResult(token, lp, tops if k else None)

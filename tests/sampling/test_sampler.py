@@ -14,7 +14,8 @@
   goodness-of-fit test against softmax(logits / T) (restricted and
   renormalised for top-k / top-p), at significance ``SAMPLER_CHI2_ALPHA``.
 * Log-probabilities are ``log_softmax`` of the raw logits (toleranced,
-  ``FLOAT32``: the sampler computes them in float32, the test in float64).
+  ``FLOAT32``: the sampler computes them in float32, the test in float64); each
+  carries its rank among the whole vocabulary (exact, ties included).
 * A stop string spanning several tokens ends generation through the engine,
   and is not in the returned text.
 """
@@ -25,6 +26,7 @@ import re
 import pytest
 import torch
 
+from paged.sampling.sampler import logprobs_of
 from paged.step03_attention import LLM, RequestError, SamplingParams, sample
 from tests.hf_models import build_hf_model, save_checkpoint, write_tokenizer
 from tests.tolerances import FLOAT32, SAMPLER_CHI2_ALPHA
@@ -248,6 +250,24 @@ def test_sample_logprobs_are_log_softmax_of_raw_logits(dtype):
         assert sorted(res.top_logprobs) == sorted(top.indices.tolist())
         got = torch.tensor([res.top_logprobs[t] for t in top.indices.tolist()], dtype=torch.float64)
         torch.testing.assert_close(got, top.values, **FLOAT32)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_logprob_ranks_count_the_tokens_at_least_as_likely(k):
+    """Exact (integers): the top k are ranked 1..k in order; any other token has the rank vLLM gives it, the
+    number of tokens at least as likely, itself included — past k even when it ties the k-th. The logits
+    are small integers, so ties are exact and the reference counts them in Python on the integers."""
+    ints = torch.randint(-3, 4, (6, 12), generator=torch.Generator().manual_seed(k))
+    for r in range(ints.shape[0]):
+        row = ints[r].tolist()
+        every = torch.arange(len(row))  # each token of the row in turn is "the chosen one"
+        chosen, tops = logprobs_of(ints[r:r + 1].float().expand(len(row), -1), every, [k] * len(row))
+        top = tops[0]
+        assert [lp.rank for lp in top.values()] == list(range(1, k + 1))
+        assert sorted((row[t] for t in top), reverse=True) == sorted(row, reverse=True)[:k]  # the k likeliest
+        for t, lp in enumerate(chosen):
+            assert lp.rank == (top[t].rank if t in top else sum(v >= row[t] for v in row)), (r, t)
+            assert t in top or lp.rank > k
 
 
 # -- stop strings through the engine ------------------------------------------------

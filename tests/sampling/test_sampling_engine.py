@@ -13,7 +13,9 @@ reordering noise and the oracle comparisons below are exact or near it.
 * ``min_tokens``: with EOS biased to be certain, it still comes only after
   ``min_tokens`` tokens.
 * Prompt logprobs equal ``log_softmax`` of one contiguous forward pass over the
-  prompt (toleranced ``FLOAT64``: paged and contiguous attention sum in other orders).
+  prompt (toleranced ``FLOAT64``: paged and contiguous attention sum in other orders),
+  and each token's rank is its place in that pass's whole vocabulary (exact), also
+  with ``prompt_logprobs=0`` (the prompt's own token only).
 * ``logit_bias`` ids outside the vocabulary are refused with ``param="logit_bias"``.
 """
 
@@ -106,7 +108,9 @@ def test_min_tokens_holds_back_eos(model, prompt):
 
 
 def assert_prompt_logprobs_match(model, prompt: list[int], got: list, k: int) -> None:
-    """``got`` is the contiguous forward pass's log-softmax: top-k ids and every value (``FLOAT64``)."""
+    """``got`` is the contiguous forward pass's log-softmax: top-k ids and every value (``FLOAT64``), and each
+    token's rank among the whole vocabulary (exact: how many tokens are at least as likely; the model is
+    float64 and its logits have no ties this close)."""
     want = contiguous_logits(model, prompt).log_softmax(dim=-1)  # row p predicts token p + 1
     assert len(got) == len(prompt) and got[0] is None
     for p in range(1, len(prompt)):
@@ -115,11 +119,14 @@ def assert_prompt_logprobs_match(model, prompt: list[int], got: list, k: int) ->
         assert set(entry) == set(top.indices.tolist()) | {prompt[p]}
         for tok, lp in entry.items():
             torch.testing.assert_close(torch.tensor(lp, dtype=torch.float64), row[tok], **FLOAT64)
+            assert lp.rank == int((row >= row[tok]).sum()), (p, tok, lp.rank)
 
 
-def test_prompt_logprobs_equal_contiguous_log_softmax(model, prompt):
-    out = _run(model, prompt, temperature=0, max_tokens=1, prompt_logprobs=3)
-    assert_prompt_logprobs_match(model, prompt, out.prompt_logprobs, 3)
+@pytest.mark.parametrize("k", [3, 0])
+def test_prompt_logprobs_equal_contiguous_log_softmax(model, prompt, k):
+    out = _run(model, prompt, temperature=0, max_tokens=1, prompt_logprobs=k)
+    assert_prompt_logprobs_match(model, prompt, out.prompt_logprobs, k)
+    assert any(e[t].rank > k + 1 for e, t in zip(out.prompt_logprobs[1:], prompt[1:]))  # ranks past the top too
 
 
 def test_logit_bias_outside_the_vocabulary_is_refused(model, prompt):
