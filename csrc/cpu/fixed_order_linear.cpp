@@ -30,7 +30,8 @@
 //
 // Speed layout: a tile of MR = 4 rows of x times NR = 3 rows of w keeps 12
 // accumulators in registers, loading each w vector once for 4 rows and each x
-// vector once for 3 columns; threads split the columns (a call too small to pay
+// vector once for 3 columns (a lone row, as in decoding, takes 8 columns at a
+// time: 8 independent chains of multiply-adds); threads split the columns (a call too small to pay
 // for waking a second thread stays on one); rows go in chunks of 64 so a chunk
 // of x stays in L2 while w streams past it, and a tile asks for the next tile's
 // rows of w while it multiplies. A bfloat16 tile of w
@@ -64,6 +65,7 @@ namespace {
 constexpr int kLanes = 8;
 constexpr int kMR = 4;       // rows of x per tile
 constexpr int kNR = 3;       // rows of w (output columns) per tile
+constexpr int kNR1 = 8;      // rows of w per tile for a lone row of x (row_avx2; within kMR * kNR)
 constexpr int64_t kMC = 64;  // rows of x per chunk
 constexpr int64_t kPrefetchTiles = 1;  // a thread prefetches the tile of w this many ahead (speed only)
 
@@ -145,9 +147,54 @@ void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], fl
     }
 }
 
+// One row of x times NR rows of w: tile_avx2's loop for a lone row (the same operations per output, so the
+// same bits), each w vector widened and multiplied at once, so NR accumulators need NR + 2 registers.
+// Speed only: an output's lanes are one chain of fused multiply-adds over K, each waiting for the last
+// (4 cycles on a Zen 3), so 3 outputs at a time left the FMA units idle most of the time; 8 chains
+// keep them busy.
+template <typename T, int NR>
+void row_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], float* sums, const char* ahead,
+              int64_t ahead_bytes) {
+  __m256 acc[NR];
+  for (int j = 0; j < NR; ++j) acc[j] = _mm256_setzero_ps();
+  int64_t asked = 0;
+  for (int64_t k = 0; k + kLanes <= K; k += kLanes) {
+    if (asked < ahead_bytes) {
+      __builtin_prefetch(ahead + asked);
+      __builtin_prefetch(ahead + asked + 64);
+      asked += 128;
+    }
+    const __m256 xv = _mm256_loadu_ps(x + k);
+    for (int j = 0; j < NR; ++j) acc[j] = _mm256_fmadd_ps(xv, load8(w + j * K + k), acc[j]);
+  }
+  for (int j = 0; j < NR; ++j) {
+    if (K % kLanes == 0)
+      sums[j] = lane_tree8(acc[j]);
+    else
+      _mm256_storeu_ps(lanes[j], acc[j]);
+  }
+}
+
 template <typename T, int MR>
 void tile_rows(const float* x, const T* w, int nr, int64_t K, float (*lanes)[kLanes], float* sums, const char* ahead,
                int64_t ahead_bytes) {
+  if constexpr (MR == 1) {  // a lone row: its columns 8 at a time (row_avx2), the rest 4, 2, 1
+    for (int j0 = 0; j0 < nr;) {
+      const T* wj = w + j0 * K;
+      const char* a = j0 == 0 ? ahead : nullptr;
+      const int64_t a_bytes = j0 == 0 ? ahead_bytes : 0;
+      const int left = nr - j0;
+      const int take = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      switch (take) {
+        case 8: row_avx2<T, 8>(x, wj, K, lanes + j0, sums + j0, a, a_bytes); break;
+        case 4: row_avx2<T, 4>(x, wj, K, lanes + j0, sums + j0, a, a_bytes); break;
+        case 2: row_avx2<T, 2>(x, wj, K, lanes + j0, sums + j0, a, a_bytes); break;
+        default: row_avx2<T, 1>(x, wj, K, lanes + j0, sums + j0, a, a_bytes); break;
+      }
+      j0 += take;
+    }
+    return;
+  }
   // Speed only: the columns go in groups whose accumulators, w vectors and x vector fit in AVX2's 16
   // registers. A bfloat16 w widened in registers takes one more, so 4 x 3 would need 17, and GCC kept
   // an accumulator in memory (a store and a load on its chain every step of K); 4 rows take their
@@ -212,7 +259,8 @@ void rows_times_tile(const float* x, int64_t m0, int64_t m_end, const W* w, int6
 template <typename T>
 void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const T* bias, T* y,
                  int64_t second_thread_bytes) {
-  const int64_t tiles = (N + kNR - 1) / kNR;
+  const int nr_tile = M == 1 ? kNR1 : kNR;  // a lone row takes its columns 8 at a time (row_avx2)
+  const int64_t tiles = (N + nr_tile - 1) / nr_tile;
   // A second thread only for a call of at least second_thread_bytes of work (the caller's choice,
   // layers.SECOND_THREAD_BYTES): waking a sleeping thread costs tens of microseconds, so with the
   // idle threads asleep (paged's default wait policy) that is 2 MB (an AVX2 CPU, one bfloat16 row,
@@ -222,19 +270,19 @@ void linear_impl(const float* x, int64_t M, const T* w, int64_t N, int64_t K, co
   // few rows count little more than one: w is read once for all of them. Set by measuring (the
   // same AVX2 CPU, SmolLM2 in bfloat16 decoding 4 sequences: 92.1, 90.3 -> 96.5, 94.9 tokens/s
   // against counting every multiply-add as a byte of w; docs/benchmarks.md).
-  const int64_t tile_work = std::max<int64_t>(kNR * K * static_cast<int64_t>(sizeof(T)), M * K * kNR / 2);
+  const int64_t tile_work = std::max<int64_t>(nr_tile * K * static_cast<int64_t>(sizeof(T)), M * K * nr_tile / 2);
   const int64_t grain = std::max<int64_t>(1, second_thread_bytes / std::max<int64_t>(1, tile_work));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> wide;  // a bfloat16 tile's w rows widened once for a chunk of many x rows
     for (int64_t m0 = 0; m0 < M; m0 += kMC) {
       const int64_t m_end = std::min(M, m0 + kMC);
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n0 = t * kNR;
-        const int nr = static_cast<int>(std::min<int64_t>(kNR, N - n0));
+        const int64_t n0 = t * nr_tile;
+        const int nr = static_cast<int>(std::min<int64_t>(nr_tile, N - n0));
         // a later tile's rows of w, asked for while this one is multiplied: memory answers late
         const bool later = t + kPrefetchTiles < t1;
-        const char* ahead = later ? reinterpret_cast<const char*>(w + (n0 + kPrefetchTiles * kNR) * K) : nullptr;
-        const int64_t ahead_bytes = later ? kNR * K * static_cast<int64_t>(sizeof(T)) : 0;
+        const char* ahead = later ? reinterpret_cast<const char*>(w + (n0 + kPrefetchTiles * nr_tile) * K) : nullptr;
+        const int64_t ahead_bytes = later ? nr_tile * K * static_cast<int64_t>(sizeof(T)) : 0;
         if (std::is_same_v<T, c10::BFloat16> && m_end - m0 > kMR) {  // w read by several tiles of x rows
           wide.resize(static_cast<size_t>(nr * K));
           for (int64_t i = 0; i < nr * K; ++i) wide[i] = widen(w[n0 * K + i]);
