@@ -110,10 +110,19 @@ inline void keep_in_register(__m256& v) {
 #endif
 }
 
+// Speed only: two cache lines of `ahead` (a later tile of w) asked for, until its `ahead_bytes` are: called
+// once per step of K, so the requests are spread over the loop rather than all made at its start.
+inline void ask_ahead(const char* ahead, int64_t ahead_bytes, int64_t& asked) {
+  if (asked < ahead_bytes) {
+    __builtin_prefetch(ahead + asked);
+    __builtin_prefetch(ahead + asked + 64);
+    asked += 128;
+  }
+}
+
 // x rows i times w rows j over the 8-wide part of K: where K has no tail, the finished sums
 // sums[i * ld + j] (the tree taken in registers); else the 8 lanes lanes[i * ld + j], for finish.
-// Speed only: two cache lines of `ahead` (a later tile of w) are prefetched per step of K until
-// its `ahead_bytes` are asked for, spread over the loop rather than all at its start.
+// Speed only: `ahead` (a later tile of w) is asked for while the tile is multiplied (ask_ahead).
 template <typename T, int MR, int NR>
 void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], float* sums, int ld, const char* ahead,
                int64_t ahead_bytes) {
@@ -122,11 +131,7 @@ void tile_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], fl
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
   int64_t asked = 0;
   for (int64_t k = 0; k + kLanes <= K; k += kLanes) {
-    if (asked < ahead_bytes) {
-      __builtin_prefetch(ahead + asked);
-      __builtin_prefetch(ahead + asked + 64);
-      asked += 128;
-    }
+    ask_ahead(ahead, ahead_bytes, asked);
     __m256 wv[NR];
     for (int j = 0; j < NR; ++j) {
       wv[j] = load8(w + j * K + k);
@@ -159,11 +164,7 @@ void row_avx2(const float* x, const T* w, int64_t K, float (*lanes)[kLanes], flo
   for (int j = 0; j < NR; ++j) acc[j] = _mm256_setzero_ps();
   int64_t asked = 0;
   for (int64_t k = 0; k + kLanes <= K; k += kLanes) {
-    if (asked < ahead_bytes) {
-      __builtin_prefetch(ahead + asked);
-      __builtin_prefetch(ahead + asked + 64);
-      asked += 128;
-    }
+    ask_ahead(ahead, ahead_bytes, asked);
     const __m256 xv = _mm256_loadu_ps(x + k);
     for (int j = 0; j < NR; ++j) acc[j] = _mm256_fmadd_ps(xv, load8(w + j * K + k), acc[j]);
   }
