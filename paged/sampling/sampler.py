@@ -141,7 +141,7 @@ def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, ks: list[int]) ->
     top_v, top_i = logp.topk(k, dim=1) if k > 0 else (None, None)
     tops = [{t: Logprob(v, i + 1) for i, (t, v) in enumerate(zip(top_i[r, :n].tolist(), top_v[r, :n].tolist()))}
             if n else {} for r, n in enumerate(ks)]
-    chosen = [top.get(t, Logprob(v, rank)) for t, v, rank, top in
+    chosen = [top[t] if t in top else Logprob(v, rank) for t, v, rank, top in
               zip(token_ids.tolist(), chosen_v.squeeze(1).tolist(), ranks, tops)]
     return chosen, tops
 

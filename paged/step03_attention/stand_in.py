@@ -93,5 +93,5 @@ class StandInRunner:
         made = {token_for(seed, position, 2 + j): logprob_for(seed, position, 2 + j) for j in range(k)}
         tops = {t: Logprob(made[t], i + 1) for i, t in enumerate(sorted(made, key=made.get, reverse=True))}
         # ranked as a model's would be: the top ones 1.., the drawn one, when not among them, next, and no likelier
-        lp = tops.get(token, Logprob(min([logprob_for(seed, position, 1), *made.values()]), len(tops) + 1))
+        lp = tops[token] if token in tops else Logprob(min([logprob_for(seed, position, 1), *made.values()]), k + 1)
         return SampleResult(token, lp, tops if k else None)

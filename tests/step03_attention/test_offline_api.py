@@ -94,7 +94,10 @@ def test_logprobs_are_logprob_objects_with_their_rank(llm):
         assert all(isinstance(v, Logprob) and v.logprob == float(v) for v in entry.values())
         ranked = sorted(entry.values(), key=lambda v: -v.logprob)
         assert [v.rank for v in ranked[:3]] == [1, 2, 3]
-        assert entry[token].rank == ranked.index(entry[token]) + 1 if len(entry) == 3 else entry[token].rank > 3
+        if len(entry) == 3:  # the drawn token among the top 3: its place there (exact integers)
+            assert entry[token].rank == ranked.index(entry[token]) + 1
+        else:  # a fourth entry: the drawn token past the top 3
+            assert entry[token].rank > 3
         assert entry[token].decoded_token == llm.tokenizer.decode([token], skip_special_tokens=False)
     assert any(len(entry) == 4 for entry in c.logprobs)  # a drawn token past the top 3, ranked
     assert c.cumulative_logprob == pytest.approx(sum(e[t] for t, e in zip(c.token_ids, c.logprobs)))
